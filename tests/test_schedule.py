@@ -1,0 +1,197 @@
+"""Schedules as data: every generator validates, closed forms hold, the validator catches what it should."""
+import json
+import os
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from vp.methods import METHODS
+from vp.schedule import Action, Schedule, ScheduleError, build, simulate, unit_costs, validate
+from vp.schedule.rules import waits_on
+
+GOLDEN = Path(__file__).parent / "golden"
+ROOT = Path(__file__).parents[1]
+
+
+def grid():
+    for method, spec in METHODS.items():
+        for pp in range(2, 9):
+            for m in sorted({pp, pp + 1, 2 * pp + 1, 4 * pp}):
+                if spec.schedule == "interleaved" and m % pp:
+                    continue
+                yield method, pp, m
+
+
+@pytest.mark.parametrize("method", list(METHODS))
+def test_every_generator_validates_over_the_grid(method):
+    cases = [c for c in grid() if c[0] == method]
+    assert cases
+    for _, pp, m in cases:
+        chunks = 3 if METHODS[method].schedule == "interleaved" and pp % 2 else None
+        validate(build(method, pp, m, chunks))
+
+
+@pytest.mark.parametrize("pp,m", [(2, 4), (4, 8), (4, 16), (8, 32), (5, 7)])
+def test_1f1b_bubble_and_memory_closed_forms(pp, m):
+    r = simulate(build("baseline", pp, m))
+    assert r.bubble_rate == pytest.approx((pp - 1) / (m + pp - 1))
+    assert r.peak_activations == [float(pp - i) for i in range(pp)]
+
+
+@pytest.mark.parametrize("pp,m,v", [(2, 4, 2), (4, 8, 2), (4, 16, 3), (8, 32, 2)])
+def test_interleaved_bubble_closed_form(pp, m, v):
+    r = simulate(build("interleaved", pp, m, v))
+    assert r.bubble_rate == pytest.approx((pp - 1) / (v * m + pp - 1))
+
+
+@pytest.mark.parametrize("pp", [2, 3, 4, 6, 8])
+def test_peak_activations_of_each_method(pp):
+    m = 4 * pp
+    peak = {name: max(simulate(build(name, pp, m)).peak_activations)
+            for name in ("vocab-1", "vocab-2", "interlaced", "vhalf", "vhalf-vocab-2", "baseline")}
+    assert peak["vocab-1"] == pp + 2
+    assert peak["vocab-2"] == pp + 1
+    assert peak["interlaced"] == 3 * pp // 2
+    assert peak["vhalf"] <= pp / 2 + 1
+    assert peak["vhalf-vocab-2"] <= pp / 2 + 1.5
+
+
+@pytest.mark.parametrize("method", ["vocab-1", "vocab-2"])
+def test_vocab_warmup_and_one_s_slot_per_step(method):
+    pp, m = 4, 12
+    s = build(method, pp, m)
+    extra = 2 if method == "vocab-1" else 1
+    for r, acts in enumerate(s.ranks):
+        stage = [a for a in acts if a.kind in ("F", "B")]
+        first_b = next(i for i, a in enumerate(stage) if a.kind == "B")
+        assert first_b == pp - r + extra
+        texts = [a.text() for a in acts if a.kind in ("S", "T")]
+        for k in range(1, m - 1):  # steady state: T of k-1 right before S of k
+            assert texts.index(f"S{k}") == texts.index(f"T{k - 1}") + 1
+
+
+@pytest.mark.parametrize("method", ["vocab-1", "vocab-2", "vhalf-vocab-1", "vhalf-vocab-2"])
+def test_barriers_have_a_pass_to_overlap_with(method):
+    """Between entering C1 (or C2) and the first action that waits for it, each rank runs a compute pass,
+    in the steady state (between a rank's first B and its last F; before, the rank is idle anyway)."""
+    s = build(method, 4, 12)
+    for r, acts in enumerate(s.ranks):
+        entered = {}
+        first_b = next(i for i, a in enumerate(acts) if a.kind == "B")
+        last_f = max(i for i, a in enumerate(acts) if a.kind == "F")
+        for i, a in enumerate(acts):
+            if a.kind in ("C1", "C2"):
+                entered[(a.kind, a.mb)] = i
+            for group, _, mb in waits_on(s, a):
+                if group in ("C1", "C2") and first_b < i < last_f:
+                    between = acts[entered[(group, mb)] + 1:i]
+                    assert any(b.kind in ("F", "B", "W", "S", "T") for b in between), (r, a)
+
+
+def test_text_form_round_trips():
+    for method in METHODS:
+        s = build(method, 4, 8)
+        again = Schedule.from_text(s.to_text())
+        assert again == s
+    assert Action.parse(0, "C1:3") == Action(0, "C1", 3, 0)
+    assert Action.parse(2, "B3.1") == Action(2, "B", 3, 1)
+    with pytest.raises(ValueError, match="cannot parse"):
+        Action.parse(0, "X3")
+
+
+@pytest.mark.parametrize("method", ["baseline", "interleaved", "interlaced", "vocab-1", "vocab-2", "vhalf",
+                                    "vhalf-vocab-2"])
+def test_golden_snapshots(method):
+    """Small schedules in text, so that a review reads what changed. VP_UPDATE_GOLDEN=1 rewrites them."""
+    text = build(method, 4 if method != "interlaced" else 3, 8 if method != "interlaced" else 6).to_text()
+    path = GOLDEN / f"{method}.txt"
+    if os.environ.get("VP_UPDATE_GOLDEN"):
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(text)
+    assert path.read_text() == text
+
+
+def _mutate(s: Schedule, rank: int, fn) -> Schedule:
+    ranks = [list(acts) for acts in s.ranks]
+    ranks[rank] = fn(ranks[rank])
+    return replace(s, ranks=ranks)
+
+
+def test_validator_names_rank_step_and_action():
+    s = build("vocab-2", 4, 8)
+    missing = _mutate(s, 2, lambda acts: [a for a in acts if a.text() != "F3"])
+    with pytest.raises(ScheduleError, match=r"rank 2: F3 appears 0 time"):
+        validate(missing)
+    i = next(i for i, a in enumerate(s.ranks[1]) if a.text() == "B2")
+    j = next(i for i, a in enumerate(s.ranks[1]) if a.text() == "F2")
+    swapped = _mutate(s, 1, lambda acts: acts[:j] + [acts[i]] + acts[j:i] + acts[i + 1:])
+    with pytest.raises(ScheduleError, match=r"rank 1, step \d+ \(B2\): needs F2 earlier on rank 1"):
+        validate(swapped)
+
+
+def test_validator_catches_unmatched_send_and_collective_order():
+    s = build("baseline", 3, 6)
+    no_recv = _mutate(s, 1, lambda acts: [a for a in acts if a.text() != "RF4"] )
+    with pytest.raises(ScheduleError):
+        validate(no_recv)
+    v = build("vocab-2", 3, 6)
+
+    def swap_if(acts):
+        i = next(i for i, a in enumerate(acts) if a.text() == "IF4")
+        j = next(i for i, a in enumerate(acts) if a.text() == "IF5")
+        acts[i], acts[j] = acts[j], acts[i]
+        return acts
+    with pytest.raises(ScheduleError, match="collective group IF: rank 2 enters"):
+        validate(_mutate(v, 2, swap_if))
+
+
+def test_validator_catches_deadlock():
+    """Rank 1 waits for F1 from rank 0 before it sends B0, while rank 0 waits for B0 before F1."""
+    ranks = [[Action(0, k, mb) for k, mb in [("F", 0), ("SF", 0), ("RB", 0), ("B", 0), ("F", 1), ("SF", 1),
+                                             ("RB", 1), ("B", 1)]],
+             [Action(1, k, mb) for k, mb in [("RF", 0), ("F", 0), ("RF", 1), ("F", 1), ("B", 0), ("SB", 0),
+                                             ("B", 1), ("SB", 1)]]]
+    s = Schedule("baseline", 2, 2, 1, "loop", "local", False, ranks)
+    with pytest.raises(ScheduleError, match="deadlock: rank 0 blocked at step 2 \\(RB0\\); rank 1 blocked"):
+        validate(s)
+
+
+def test_stage_costs_scale_chunk_passes():
+    s = build("interleaved", 2, 4, 2)
+    costs = unit_costs(s)
+    assert costs.time("F", 0) == 0.5 and costs.time("B", 3) == 1.0
+
+
+def run_cli(*args):
+    return subprocess.run([sys.executable, "-m", "vp.schedule", *args], capture_output=True, text=True, cwd=ROOT)
+
+
+def test_cli_simulate_json_and_show(tmp_path):
+    out = run_cli("simulate", "--method", "baseline", "--pp", "4", "--microbatches", "8", "--json")
+    assert out.returncode == 0, out.stderr
+    data = json.loads(out.stdout)
+    assert data["bubble_rate"] == pytest.approx(3 / 11)
+    assert data["peak_activations"] == [4, 3, 2, 1] and len(data["busy"]) == 4
+    png = tmp_path / "s.png"
+    out = run_cli("show", "--method", "vocab-2", "--pp", "2", "--microbatches", "4", "--png", str(png),
+                  "--costs", "S=0.3,T=0.3")
+    assert out.returncode == 0, out.stderr
+    assert "rank 1" in out.stdout and "C1:0" in out.stdout
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--method", "nope", "--pp", "2", "--microbatches", "4"], "method='nope' is unknown"),
+    (["--method", "interleaved", "--pp", "4", "--microbatches", "6"], "needs a multiple of pp=4; use 8"),
+    (["--method", "vhalf", "--pp", "2", "--microbatches", "4", "--layers", "6"], "layers=6 cannot be split"),
+    (["--method", "baseline", "--pp", "1", "--microbatches", "4"], "needs pp >= 2"),
+    (["--method", "vocab-2", "--pp", "4", "--microbatches", "3"], "use microbatches >= 4"),
+    (["--method", "baseline", "--pp", "2", "--microbatches", "4", "--costs", "F=x"], "is not a number"),
+])
+def test_cli_refuses_bad_input(args, message):
+    out = run_cli("simulate", *args)
+    assert out.returncode == 2
+    assert message in out.stderr

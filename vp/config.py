@@ -1,0 +1,173 @@
+"""The run configuration, vocabulary padding and layer placement, with the checks that refuse bad input.
+
+Every user error is a ValueError that names the field and says how to fix it; nothing here touches torch.
+"""
+import math
+from dataclasses import asdict, dataclass, fields, replace
+
+from vp.flops import input_flops, layer_flops, output_flops
+from vp.methods import Method, chunks_for, get_method
+
+DEVICES = ("cpu", "cuda")
+DTYPES = ("fp32", "bf16", "fp16")
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    method: str = "vocab-2"
+    pp: int = 2
+    chunks: int | None = None  # model chunks per rank; only interleaved takes a value (default 2)
+    layers: int = 4
+    hidden: int = 64
+    heads: int = 4
+    ffn_hidden: int | None = None  # default 4 * hidden
+    seq_len: int = 32
+    vocab_size: int = 1000
+    pad_multiple: int | None = None  # default: the number of vocabulary shards
+    microbatches: int = 4
+    micro_batch_size: int = 1
+    iterations: int = 3
+    warmup: int = 1
+    seed: int = 1234
+    device: str = "cpu"
+    dtype: str = "fp32"
+    redis_last_layers: int | None = None  # redis only: layers on the last stage; None = balance by FLOPs
+    lr: float = 1e-3
+    timeout_s: float = 300.0
+
+    @property
+    def ffn(self) -> int:
+        return self.ffn_hidden or 4 * self.hidden
+
+    @property
+    def spec(self) -> Method:
+        return get_method(self.method)
+
+    @property
+    def n_chunks(self) -> int:
+        return chunks_for(self.spec, self.chunks)
+
+    @property
+    def vocab_shards(self) -> int:
+        return self.pp if self.spec.vocab_parallel else 1
+
+    @property
+    def padded_vocab_size(self) -> int:
+        return padded_vocab_size(self.vocab_size, self.pad_multiple, self.vocab_shards)
+
+    @property
+    def stage_layers(self) -> list[int]:
+        return stage_layers(self)
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d.update(ffn_hidden=self.ffn, chunks=self.n_chunks, padded_vocab_size=self.padded_vocab_size,
+                 pad_multiple=self.pad_multiple or self.vocab_shards, stage_layers=self.stage_layers)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "RunConfig":
+        names = {f.name for f in fields(cls)}
+        unknown = sorted(set(d) - names - {"padded_vocab_size", "stage_layers"})
+        if unknown:
+            raise ValueError(f"unknown run config field(s) {unknown}; known fields: {sorted(names)}")
+        return cls(**{k: v for k, v in d.items() if k in names})
+
+    def with_(self, **changes) -> "RunConfig":
+        return replace(self, **changes)
+
+
+def padded_vocab_size(vocab_size: int, pad_multiple: int | None, shards: int) -> int:
+    """The vocabulary rounded up to `pad_multiple`, which must split evenly over `shards`."""
+    if vocab_size < shards:
+        raise ValueError(f"vocab_size={vocab_size} is smaller than the {shards} vocabulary shards; "
+                         f"use vocab_size >= {shards} or fewer pipeline ranks")
+    multiple = shards if pad_multiple is None else pad_multiple
+    if multiple < 1:
+        raise ValueError(f"pad_multiple={multiple} must be a positive integer (for example {shards})")
+    if multiple % shards:
+        below = (multiple // shards) * shards
+        above = below + shards
+        near = f"{below} or {above}" if below else f"{above}"
+        raise ValueError(f"pad_multiple={multiple} is not divisible by the {shards} vocabulary shards; "
+                         f"use a multiple of {shards}: the nearest are {near}, "
+                         f"and {math.lcm(multiple, shards)} keeps your alignment to {multiple}")
+    return -(-vocab_size // multiple) * multiple
+
+
+def stage_layers(cfg: RunConfig) -> list[int]:
+    """Transformer layers of each global stage (pp * chunks of them), checked against the method."""
+    spec, pp, layers = cfg.spec, cfg.pp, cfg.layers
+    stages = pp * cfg.n_chunks
+    if spec.name == "redis":
+        last = cfg.redis_last_layers
+        if last is None:
+            last = balanced_last_layers(cfg)
+        if not 0 <= last <= layers - (pp - 1):
+            raise ValueError(f"redis_last_layers={last} leaves fewer than one layer for each of the other "
+                             f"{pp - 1} stages of layers={layers}; use 0..{layers - (pp - 1)}")
+        rest = layers - last
+        base, extra = divmod(rest, pp - 1)
+        return [base + (1 if s < extra else 0) for s in range(pp - 1)] + [last]
+    if cfg.redis_last_layers is not None:
+        raise ValueError(f"redis_last_layers={cfg.redis_last_layers} only applies to method=redis; "
+                         f"drop it for method={spec.name}")
+    if layers % stages:
+        lo = max(stages, (layers // stages) * stages)
+        raise ValueError(f"layers={layers} cannot be split evenly over the {stages} stages of method={spec.name} "
+                         f"with pp={pp}" + (f" and chunks={cfg.n_chunks}" if cfg.n_chunks > 1 else "")
+                         + f"; use a multiple of {stages} such as {lo} or {lo + stages}, or change pp")
+    return [layers // stages] * stages
+
+
+def balanced_last_layers(cfg: RunConfig) -> int:
+    """Layers on the last stage that minimise the largest stage's FLOPs (layer redistribution, redis)."""
+    tokens = cfg.micro_batch_size * cfg.seq_len
+    per_layer = layer_flops(tokens, cfg.seq_len, cfg.hidden, cfg.ffn)
+    head = output_flops(tokens, cfg.hidden, cfg.padded_vocab_size)
+    best = None
+    for last in range(0, cfg.layers - (cfg.pp - 1) + 1):
+        others = -(-(cfg.layers - last) // (cfg.pp - 1))
+        worst = max(others * per_layer + input_flops(tokens, cfg.hidden), last * per_layer + head)
+        if best is None or worst < best[0]:
+            best = (worst, last)
+    return best[1]
+
+
+def validate(cfg: RunConfig) -> RunConfig:
+    """Refuse a run that cannot work, naming the field and the fix; returns cfg unchanged."""
+    spec = get_method(cfg.method)
+    for name in ("pp", "layers", "hidden", "heads", "seq_len", "vocab_size", "microbatches",
+                 "micro_batch_size", "iterations"):
+        value = getattr(cfg, name)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"{name}={value!r} must be a positive integer")
+    if cfg.ffn_hidden is not None and (not isinstance(cfg.ffn_hidden, int) or cfg.ffn_hidden < 1):
+        raise ValueError(f"ffn_hidden={cfg.ffn_hidden!r} must be a positive integer (default 4 * hidden)")
+    if cfg.pp < 2:
+        raise ValueError(f"pp={cfg.pp}: method={spec.name} is a pipeline method and needs pp >= 2")
+    if not isinstance(cfg.warmup, int) or not 0 <= cfg.warmup < cfg.iterations:
+        raise ValueError(f"warmup={cfg.warmup!r} must be 0..iterations-1 = {cfg.iterations - 1} "
+                         f"so that at least one iteration is measured")
+    if cfg.hidden % cfg.heads:
+        raise ValueError(f"hidden={cfg.hidden} is not divisible by heads={cfg.heads}; "
+                         f"pick heads that divide hidden")
+    if cfg.device not in DEVICES:
+        raise ValueError(f"device={cfg.device!r} is unknown; use one of {', '.join(DEVICES)}")
+    if cfg.dtype not in DTYPES:
+        raise ValueError(f"dtype={cfg.dtype!r} is unknown; use one of {', '.join(DTYPES)}")
+    if cfg.device == "cpu" and cfg.dtype != "fp32":
+        raise ValueError(f"dtype={cfg.dtype} needs device=cuda; CPU runs use dtype=fp32")
+    if cfg.lr <= 0 or cfg.timeout_s <= 0:
+        raise ValueError(f"lr={cfg.lr} and timeout_s={cfg.timeout_s} must be positive")
+    chunks = chunks_for(spec, cfg.chunks)
+    padded_vocab_size(cfg.vocab_size, cfg.pad_multiple, cfg.vocab_shards)
+    stage_layers(cfg)
+    if cfg.microbatches < cfg.pp:
+        raise ValueError(f"microbatches={cfg.microbatches} is fewer than pp={cfg.pp}: the pipeline never "
+                         f"fills; use microbatches >= {cfg.pp}")
+    if spec.schedule == "interleaved" and cfg.microbatches % cfg.pp:
+        up = -(-cfg.microbatches // cfg.pp) * cfg.pp
+        raise ValueError(f"microbatches={cfg.microbatches}: interleaved 1F1B (chunks={chunks}) needs a "
+                         f"multiple of pp={cfg.pp}; use {up}")
+    return cfg

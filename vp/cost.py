@@ -1,0 +1,138 @@
+"""The cost model: pass times, communication times and memory of a run on a hardware profile.
+
+FLOPs come from vp.flops (the paper's counts); a pass takes FLOPs / (peak * efficiency of its kind);
+a message takes latency + bytes / bandwidth (one link model). Memory counts parameters, gradients and
+optimizer state per rank (bytes_per_param) and activations held between a pass and the one that frees it.
+"""
+import math
+from dataclasses import asdict, dataclass, field
+
+from vp.config import RunConfig
+from vp.flops import layer_flops
+from vp.schedule import Costs, Schedule
+
+GiB = 1024**3
+
+
+@dataclass(frozen=True)
+class Hardware:
+    name: str
+    peak_flops: float  # dense FLOP/s of one device at the run's dtype
+    efficiency: dict = field(default_factory=dict)  # achievable fraction of peak, per pass kind
+    link_bandwidth: float = 25e9  # bytes/s between two devices
+    link_latency: float = 10e-6  # seconds per message
+    memory_bytes: float = 80 * GiB
+    bytes_per_param: float = 18.0  # bf16 weight + fp32 grad + fp32 master weight and two Adam moments
+    act_bytes: int = 2  # bytes per activation element (bf16)
+    overhead_bytes: float = 2 * GiB  # CUDA context, communicator buffers, allocator slack
+
+    def eff(self, kind: str) -> float:
+        return self.efficiency.get(kind, self.efficiency.get("F", 0.5))
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Hardware":
+        known = set(cls.__dataclass_fields__)
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ValueError(f"hardware profile: unknown field(s) {unknown}; known: {sorted(known)}")
+        if float(d.get("peak_flops", 0)) <= 0:
+            raise ValueError("hardware profile: peak_flops must be a positive number of FLOP/s")
+        return cls(**d)
+
+
+# transformer passes (F, B, W); output-layer GEMMs (S, T), also when the whole output layer sits in the
+# last stage's F and B; input-layer lookups and their gradient (IF, IB), which are memory bound
+_GPU_EFF = {"F": 0.5, "B": 0.5, "W": 0.5, "S": 0.7, "T": 0.7, "IF": 0.02, "IB": 0.02}
+PROFILES = {
+    "a100_80g": Hardware("a100_80g", 312e12, dict(_GPU_EFF), 25e9, 10e-6, 80 * GiB),
+    "h100": Hardware("h100", 989e12, dict(_GPU_EFF), 50e9, 8e-6, 80 * GiB),
+    "h200": Hardware("h200", 989e12, dict(_GPU_EFF), 50e9, 8e-6, 141 * GiB),
+}
+
+
+def message_time(hw: Hardware, nbytes: float) -> float:
+    return hw.link_latency + nbytes / hw.link_bandwidth
+
+
+def layer_params(cfg: RunConfig) -> int:
+    h, f = cfg.hidden, cfg.ffn
+    return 4 * h * h + 2 * h * f + 9 * h + f  # qkv, out, fc1, fc2 (with biases) and two LayerNorms
+
+
+def layer_activation_bytes(cfg: RunConfig, hw: Hardware) -> float:
+    """Saved activations of one layer for one microbatch: 34 s b h bytes at 2 bytes/element (Korthikanti
+    et al., no recomputation, with flash attention so no s^2 term), scaled to the profile's element size."""
+    return 34 * cfg.seq_len * cfg.micro_batch_size * cfg.hidden * hw.act_bytes / 2
+
+
+def rank_params(cfg: RunConfig, sched: Schedule) -> list[int]:
+    """Parameters held by each rank: its layers, its vocabulary shard(s) or whole vocabulary layers."""
+    v, h = cfg.padded_vocab_size, cfg.hidden
+    per_stage = [n * layer_params(cfg) for n in cfg.stage_layers]
+    per_stage[0] += cfg.seq_len * h
+    per_stage[-1] += 2 * h
+    if not sched.vocab_parallel:
+        per_stage[0] += v * h
+        per_stage[-1] += v * h
+    out = [2 * (v // cfg.pp) * h if sched.vocab_parallel else 0 for _ in range(cfg.pp)]
+    for st, n in enumerate(per_stage):
+        out[sched.where(st)[0]] += n
+    return out
+
+
+def pass_costs(cfg: RunConfig, hw: Hardware, sched: Schedule) -> Costs:
+    """Seconds per action and bytes held per microbatch, for the simulator."""
+    n, h, s = cfg.micro_batch_size * cfg.seq_len, cfg.hidden, cfg.seq_len
+    v, p = cfg.padded_vocab_size, cfg.pp
+    layer = layer_flops(n, s, h, cfg.ffn)  # forward + backward of one layer
+    split = sched.split_w
+    frac = {"F": 1 / 3, "B": (1 / 3) if split else (2 / 3), "W": (1 / 3) if split else 0.0}
+    head = 2.0 * n * h * v  # one GEMM of the output layer
+    compute, memory = {}, {}
+    last = sched.n_stages - 1
+    speed = {k: hw.peak_flops * hw.eff(k) for k in ("F", "B", "W", "S", "T", "IF", "IB")}
+    for st, layers in enumerate(cfg.stage_layers):
+        for kind in ("F", "B", "W"):
+            t = layers * layer * frac[kind] / speed[kind]
+            if not sched.vocab_parallel and st == last:  # the whole output layer, at output-layer speed
+                t += {"F": head / speed["S"], "B": (1 if split else 2) * head / speed["T"],
+                      "W": (head if split else 0.0) / speed["T"]}[kind]
+            if not sched.vocab_parallel and st == 0:
+                t += {"F": n * h / speed["IF"], "B": 2 * n * h / speed["IB"], "W": 0.0}[kind]
+            compute[(kind, st)] = t
+        held = layers * layer_activation_bytes(cfg, hw)
+        if not sched.vocab_parallel and st == last:
+            held += n * v * 4 + n * h * hw.act_bytes  # fp32 softmax of the whole vocabulary and the layer input
+        memory[("F", st)] = held
+    if sched.vocab_parallel:
+        shard = head / p
+        s_flops, t_flops = {"alg1": (shard, 2 * shard), "alg2": (2 * shard, shard),
+                            "naive": (shard, 2 * shard)}[sched.vocab]
+        compute[("S", None)] = s_flops / speed["S"]
+        compute[("T", None)] = t_flops / speed["T"]
+        compute[("IF", None)] = n * h / speed["IF"]
+        compute[("IB", None)] = 2 * n * h / speed["IB"]
+        memory[("S", None)] = n * (v // p) * 4 + n * h * hw.act_bytes
+    act = n * h * hw.act_bytes
+    grad32 = n * h * 4
+    ring = 2 * (p - 1) / p
+    comm = {
+        "P2P": message_time(hw, act),
+        "C0": message_time(hw, act + 4 * n),
+        "C1": 2 * hw.link_latency + (p - 1) * 12 * n / hw.link_bandwidth
+        + (message_time(hw, ring * grad32) if sched.vocab == "alg2" else 0.0),
+        "C2": message_time(hw, ring * grad32),
+        "IF": message_time(hw, act),
+        "IB": message_time(hw, act),
+        "S": 2 * math.ceil(math.log2(max(p, 2))) * hw.link_latency,
+        "T": message_time(hw, ring * grad32),
+    }
+    return Costs(compute, comm, memory)
+
+
+def static_bytes(cfg: RunConfig, hw: Hardware, sched: Schedule) -> list[float]:
+    """Parameters, gradients and optimizer state per rank, plus the fixed overhead."""
+    return [n * hw.bytes_per_param + hw.overhead_bytes for n in rank_params(cfg, sched)]

@@ -1,0 +1,82 @@
+"""python -m vp.schedule show|simulate --method M --pp P --microbatches N [--chunks V] [--layers L] ...
+
+show      prints the per-rank action grid (and writes a timeline picture with --png FILE)
+simulate  prints makespan, bubble rate, per-rank busy time and peak activations (--json for one JSON object)
+"""
+import argparse
+import json
+import sys
+
+from vp.config import RunConfig, validate as validate_config
+from vp.schedule import build, simulate, unit_costs, validate
+from vp.schedule.simulate import COMPUTE_COST_KINDS
+
+COMM_KINDS = ("C0", "C1", "C2", "P2P")
+
+
+def parse_costs(text: str | None) -> tuple[dict, dict]:
+    """'F=1,B=2,...' -> (pass costs, communication costs)."""
+    passes, comm = {}, {}
+    for item in filter(None, (text or "").split(",")):
+        key, sep, value = item.partition("=")
+        key = key.strip()
+        if not sep or key not in COMPUTE_COST_KINDS + COMM_KINDS:
+            raise ValueError(f"--costs: cannot read {item!r}; use KIND=NUMBER with KIND in "
+                             f"{', '.join(COMPUTE_COST_KINDS + COMM_KINDS)}")
+        try:
+            number = float(value)
+        except ValueError:
+            raise ValueError(f"--costs: {key}={value!r} is not a number") from None
+        if number < 0:
+            raise ValueError(f"--costs: {key}={number} must not be negative")
+        (passes if key in COMPUTE_COST_KINDS else comm)[key] = number
+    return passes, comm
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m vp.schedule", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("command", choices=["show", "simulate"])
+    ap.add_argument("--method", required=True)
+    ap.add_argument("--pp", type=int, required=True)
+    ap.add_argument("--microbatches", type=int, required=True)
+    ap.add_argument("--chunks", type=int, default=None, help="model chunks per rank (interleaved only)")
+    ap.add_argument("--layers", type=int, default=None, help="check this layer count's split over the stages")
+    ap.add_argument("--costs", default=None, help="e.g. F=1,B=2,W=0,S=0,T=0,IF=0,IB=0,C1=0,P2P=0")
+    ap.add_argument("--json", action="store_true", help="simulate: print one JSON object")
+    ap.add_argument("--png", default=None, help="write the timeline picture to this file")
+    args = ap.parse_args(argv)
+    try:
+        cfg = RunConfig(method=args.method, pp=args.pp, microbatches=args.microbatches, chunks=args.chunks,
+                        layers=args.layers or 1, vocab_size=max(1000, args.pp))
+        cfg = cfg.with_(layers=args.layers or args.pp * cfg.n_chunks)
+        validate_config(cfg)
+        passes, comm = parse_costs(args.costs)
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    sched = validate(build(cfg.method, cfg.pp, cfg.microbatches, cfg.n_chunks))
+    share = cfg.layers / cfg.pp
+    costs = unit_costs(sched, passes, [n / share for n in cfg.stage_layers], comm)
+    result = simulate(sched, costs)
+    if args.command == "show":
+        print(sched.to_text() if args.json else sched.header() + "\n" + sched.grid())
+    else:
+        out = {"method": cfg.method, "pp": cfg.pp, "microbatches": cfg.microbatches, "chunks": cfg.n_chunks,
+               **result.summary()}
+        if args.json:
+            print(json.dumps(out))
+        else:
+            print(f"{cfg.method}: pp={cfg.pp} microbatches={cfg.microbatches} chunks={cfg.n_chunks}")
+            print(f"  makespan {result.makespan:g}   bubble rate {result.bubble_rate:.4f}")
+            for r in range(cfg.pp):
+                print(f"  rank {r}: busy {result.busy[r]:g}  idle {result.idle_fraction[r]:.3f}  "
+                      f"peak activations {result.peak_activations[r]:g}")
+    if args.png:
+        from vp.schedule.picture import draw
+        print(f"wrote {draw(sched, result, args.png)}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,47 @@
+"""Timeline pictures of a simulated schedule, in the style of the paper's figures: one row per rank,
+one box per pass with its microbatch inside, idle time left white."""
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from vp.schedule.actions import Schedule  # noqa: E402
+from vp.schedule.simulate import SimResult  # noqa: E402
+
+COLORS = {"F": "#4e79a7", "B": "#59a14f", "W": "#8cd17d", "S": "#f28e2b", "T": "#e15759",
+          "IF": "#b07aa1", "IB": "#d4a6c8"}
+CHUNK_SHADE = 0.35  # later chunks are drawn lighter
+
+
+def _shade(color: str, chunk: int) -> tuple:
+    rgb = matplotlib.colors.to_rgb(color)
+    mix = min(1.0, CHUNK_SHADE * chunk)
+    return tuple(c + (1 - c) * mix for c in rgb)
+
+
+def draw(s: Schedule, result: SimResult, path: str, title: str | None = None) -> str:
+    """Write a PNG (or PDF, by suffix) timeline of `result` to `path`; returns path."""
+    span = result.makespan or 1.0
+    width = min(40.0, max(8.0, 0.12 * sum(len(tl) for tl in result.timeline) / s.pp))
+    fig, ax = plt.subplots(figsize=(width, 0.45 * s.pp + 1.0))
+    for r, tl in enumerate(result.timeline):
+        for a, t0, t1 in tl:
+            if a.kind not in COLORS or t1 <= t0:
+                continue
+            ax.add_patch(plt.Rectangle((t0, r - 0.4), t1 - t0, 0.8, facecolor=_shade(COLORS[a.kind], a.chunk),
+                                       edgecolor="black", linewidth=0.3))
+            if (t1 - t0) / span > 0.006:
+                ax.text((t0 + t1) / 2, r, str(a.mb), ha="center", va="center", fontsize=6)
+    ax.set_xlim(0, span)
+    ax.set_ylim(s.pp - 0.5, -0.5)
+    ax.set_yticks(range(s.pp), [f"rank {r}" for r in range(s.pp)])
+    ax.set_xlabel("time")
+    handles = [plt.Rectangle((0, 0), 1, 1, facecolor=c) for k, c in COLORS.items()]
+    ax.legend(handles, list(COLORS), ncol=len(COLORS), loc="upper center", bbox_to_anchor=(0.5, -0.25 - 0.1 / s.pp),
+              fontsize=7, frameon=False)
+    ax.set_title(title or f"{s.method}  pp={s.pp}  microbatches={s.microbatches}  "
+                 f"bubble={result.bubble_rate:.3f}", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=150)
+    plt.close(fig)
+    return path

@@ -1,0 +1,185 @@
+"""The one simulator: per-rank start and end of every action, makespan, bubble rate and peak activations.
+
+Execution model (the same one the runtime follows):
+- each rank runs its actions in order, one at a time;
+- a compute action starts when the previous action on its rank is done, its same-rank inputs are done
+  (rules.local_needs) and the collectives it waits on are complete (rules.waits_on);
+- a send (SF, SB) is posted without blocking; a receive (RF, RB) blocks until the matching send has
+  been posted, plus the transfer time (the runtime keeps each direction of traffic on its own process
+  group, so sends and receives on one link are always in the same order on both sides);
+- a collective instance completes when every rank has entered it, plus its communication time, except
+  that a receiver of C0 or IB (copies sent from one root) waits for the root alone; entering never
+  blocks (collectives are launched asynchronously, each group on its own process group).
+"""
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from vp.schedule.actions import COLLECTIVES, P2P, Action, Schedule
+from vp.schedule.rules import enters, local_needs, p2p_peer, root_of, waits_on
+
+COMPUTE_COST_KINDS = ("F", "B", "W", "S", "T", "IF", "IB")
+
+
+class ScheduleError(ValueError):
+    """A schedule that cannot run; the message names rank, step and action."""
+
+
+@dataclass(frozen=True)
+class Costs:
+    """Durations and memory of actions.
+
+    compute[(kind, stage)] for F/B/W and compute[(kind, None)] for S/T/IF/IB (per rank);
+    comm[kind] for the collective instances (C0, C1, C2, IF, IB, and S/T of the naive algorithm)
+    and 'P2P' per stage-to-stage transfer; memory[(kind, stage)] is what F (or S) holds until its
+    B or W (or T) releases it.
+    """
+    compute: dict = field(default_factory=dict)
+    comm: dict = field(default_factory=dict)
+    memory: dict = field(default_factory=dict)
+
+    def time(self, kind: str, stage: int | None) -> float:
+        return self.compute.get((kind, stage), self.compute.get((kind, None), 0.0))
+
+    def mem(self, kind: str, stage: int | None) -> float:
+        return self.memory.get((kind, stage), self.memory.get((kind, None), 0.0))
+
+
+def unit_costs(s: Schedule, passes: dict | None = None, stage_weights: list[float] | None = None,
+               comm: dict | None = None) -> Costs:
+    """Costs from per-pass costs of one rank's full share of layers; a stage pass costs its share.
+
+    Defaults: F=1, B=2 (B=1 and W=1 where W is split), everything else 0; a stage's weight is its share
+    of one rank's layers (1/chunks for an even split), which is also its activation memory.
+    """
+    p = {"F": 1.0, "B": 1.0 if s.split_w else 2.0, "W": 1.0 if s.split_w else 0.0,
+         "S": 0.0, "T": 0.0, "IF": 0.0, "IB": 0.0}
+    p.update(passes or {})
+    weights = stage_weights or [1.0 / s.chunks] * s.n_stages
+    compute = {(k, st): p[k] * weights[st] for k in ("F", "B", "W") for st in range(s.n_stages)}
+    compute.update({(k, None): p[k] for k in ("S", "T", "IF", "IB")})
+    memory = {("F", st): weights[st] for st in range(s.n_stages)}
+    return Costs(compute, dict(comm or {}), memory)
+
+
+@dataclass
+class SimResult:
+    makespan: float
+    busy: list[float]
+    peak_activations: list[float]
+    timeline: list[list[tuple[Action, float, float]]]
+
+    @property
+    def bubble_rate(self) -> float:
+        total = len(self.busy) * self.makespan
+        return 1.0 - sum(self.busy) / total if total else 0.0
+
+    @property
+    def idle_fraction(self) -> list[float]:
+        return [1.0 - b / self.makespan if self.makespan else 0.0 for b in self.busy]
+
+    def summary(self) -> dict:
+        return {"makespan": self.makespan, "bubble_rate": self.bubble_rate, "busy": self.busy,
+                "idle_fraction": self.idle_fraction, "peak_activations": self.peak_activations}
+
+
+def simulate(s: Schedule, costs: Costs | None = None) -> SimResult:
+    costs = costs or unit_costs(s)
+    pp, ranks = s.pp, s.ranks
+    idx, clock = [0] * pp, [0.0] * pp
+    end: dict[tuple, float] = {}
+    entered: dict[tuple, dict[int, float]] = defaultdict(dict)
+    posted: dict[tuple, float] = {}
+    timeline: list[list] = [[] for _ in range(pp)]
+    busy, mem, peak = [0.0] * pp, [0.0] * pp, [0.0] * pp
+    changed = [False]  # an entry was recorded without the rank advancing
+
+    def completion(inst, r):
+        """When rank r has the result of a collective instance, or None while it cannot be known."""
+        got = entered[inst]
+        if inst[0] in ("C0", "IB"):  # the root sends a copy to each rank
+            root = root_of(s, inst[0])
+            if root not in got or r not in got:
+                return None
+            return max(got[root], got[r]) + (0.0 if r == root else costs.comm.get(inst[1], 0.0))
+        if len(got) < pp:
+            return None
+        return max(got.values()) + costs.comm.get(inst[1], 0.0)
+
+    def ready_after_local(r, i, a):
+        t = clock[r]
+        for need in local_needs(s, a):
+            key = (r, *need)
+            if key not in end:
+                raise ScheduleError(f"rank {r}, step {i} ({a.text()}): needs "
+                                    f"{Action(r, *need).text()} earlier on rank {r}\n" + s.grid((r, i), 6))
+            t = max(t, end[key])
+        return t
+
+    def step_p2p(r, i, a):
+        ready = ready_after_local(r, i, a)
+        peer, key = p2p_peer(s, a)
+        if a.kind[0] == "S":
+            posted[(r, peer, key)] = finish = ready
+        else:
+            sent = posted.get((peer, r, key))
+            if sent is None:
+                return False
+            finish = max(ready, sent) + costs.comm.get("P2P", 0.0)
+        end[(r, a.kind, a.mb, a.chunk)] = finish
+        timeline[r].append((a, ready, finish))
+        clock[r], idx[r] = finish, i + 1
+        return True
+
+    def step(r):
+        i = idx[r]
+        a = ranks[r][i]
+        if a.kind in P2P:
+            return step_p2p(r, i, a)
+        ready = ready_after_local(r, i, a)
+        entry = enters(s, a)
+        if entry and entry[3] == "start" and r not in entered[entry[:3]]:
+            entered[entry[:3]][r] = ready
+            changed[0] = True
+        start = ready
+        for inst in waits_on(s, a):
+            t = completion(inst, r)
+            if t is None:
+                return False
+            start = max(start, t)
+        if a.kind in COLLECTIVES:
+            end[(r, a.kind, a.mb, a.chunk)] = start
+            timeline[r].append((a, start, start))
+            clock[r], idx[r] = start, i + 1
+            return True
+        st = s.stage(r, a.chunk) if a.kind in ("F", "B", "W") else None
+        dur = costs.time(a.kind, st)
+        finish = start + dur
+        if a.kind in ("F", "S"):
+            mem[r] += costs.mem(a.kind, st)
+            peak[r] = max(peak[r], mem[r])
+        elif a.kind == "W" or (a.kind == "B" and not s.split_w):
+            mem[r] -= costs.mem("F", st)
+        elif a.kind == "T":
+            mem[r] -= costs.mem("S", None)
+        if entry and entry[3] == "end":
+            entered[entry[:3]][r] = finish
+        end[(r, a.kind, a.mb, a.chunk)] = finish
+        timeline[r].append((a, start, finish))
+        busy[r] += dur
+        clock[r], idx[r] = finish, i + 1
+        return True
+
+    progress = True
+    while progress:
+        progress = False
+        for r in range(pp):
+            while idx[r] < len(ranks[r]) and step(r):
+                progress = True
+            progress = progress or changed[0]
+            changed[0] = False
+    stuck = [r for r in range(pp) if idx[r] < len(ranks[r])]
+    if stuck:
+        lines = [f"rank {r} blocked at step {idx[r]} ({ranks[r][idx[r]].text()})" for r in stuck]
+        raise ScheduleError("deadlock: " + "; ".join(lines) + "\n" + s.grid((stuck[0], idx[stuck[0]]), 6))
+    makespan = max((max(e for _, _, e in tl) for tl in timeline if tl), default=0.0)
+    return SimResult(makespan, busy, peak, timeline)
