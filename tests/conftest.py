@@ -1,0 +1,26 @@
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+from dist_pool import DistPool  # noqa: E402
+
+os.environ.setdefault("WANDB_MODE", "offline")
+os.environ.setdefault("WANDB_SILENT", "true")
+
+
+@pytest.fixture(scope="session")
+def pools(tmp_path_factory):
+    """pools(world) -> a DistPool of that many gloo processes, shared by every test of the session."""
+    made = {}
+
+    def get(world: int) -> DistPool:
+        if world not in made:
+            made[world] = DistPool(world, tmp_path_factory.mktemp(f"pool{world}"))
+        return made[world]
+
+    yield get
+    for pool in made.values():
+        pool.close()

@@ -1,0 +1,1 @@
+"""Vocabulary parallelism: the output and input layers split over all pipeline ranks."""

@@ -1,0 +1,27 @@
+"""The input embedding split over p ranks along the vocabulary (arXiv 2411.05288, section 4.3).
+
+IF: each rank looks up the token ids that fall in its rows (other tokens give zero rows); a SUM reduce to
+    the first stage's rank yields exactly embedding(ids).
+IB: the first stage's gradient of that embedding is sent to every rank, and each rank adds it to the rows
+    of its own tokens: grad W_i[id - start] += grad_t for every token t whose id is in shard i.
+"""
+import torch
+
+from vp.vocab.output import Shard, check_inputs
+
+
+def local_lookup(shard: Shard, weight: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """ids [b, s] -> [b, s, h]: rows of this shard, zero for tokens outside it."""
+    check_inputs(shard, weight, None, ids)
+    with torch.no_grad():
+        local, inside = shard.local_targets(ids)
+        return weight[local] * inside[..., None].to(weight.dtype)
+
+
+def accumulate_grad(shard: Shard, weight: torch.Tensor, ids: torch.Tensor, grad: torch.Tensor):
+    """grad [b, s, h] of the summed embedding -> weight.grad rows of this shard's tokens."""
+    with torch.no_grad():
+        local, inside = shard.local_targets(ids.flatten())
+        g = torch.zeros_like(weight)
+        g.index_add_(0, local[inside], grad.reshape(-1, grad.shape[-1])[inside].to(weight.dtype))
+        weight.grad = g if weight.grad is None else weight.grad.add_(g)

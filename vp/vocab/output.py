@@ -1,0 +1,202 @@
+"""The output layer and softmax cross-entropy split over p ranks along the vocabulary, as pass functions
+a schedule places (arXiv 2411.05288, section 4).
+
+Rank i holds W_i = rows [i V/p, (i+1) V/p) of the padded output weight. With X [n, h] on every rank
+(broadcast C0), targets y [n] and loss weights w [n] (w_t = mask_t / (tokens * microbatches)):
+
+  loss = sum_t w_t (log sum_j exp(Y_tj - m_t) + m_t - Y_t,y_t)            Y = X W^T, m_t = max_j Y_tj
+  grad Y = w (softmax(Y) - onehot(y)),   grad W_i = grad Y_i^T X,   grad X = sum_i grad Y_i W_i
+
+naive   (Megatron, interlaced): S = logits, all-reduce max, all-reduce (sum exp, target logit);
+        T = grad W_i and G_i = grad Y_i W_i, all-reduce G: three barriers.
+alg1    S = logits and local statistics m_i, s_i = sum exp(Y_i - m_i), target logit, local softmax P_i;
+        C1 all-gathers the statistics (m = max m_i, s = sum s_i exp(m_i - m), exactly);
+        T = grad W_i and G_i; C2 all-reduces G into grad X: two barriers.
+alg2    S also computes A_i = P_i W_i and E_i = W_i[y] (0 where y is not in shard i);
+        C1 all-gathers the statistics and then all-reduces sum_i w (alpha_i A_i - E_i) = grad X,
+        alpha_i = s_i exp(m_i - m) / s rescaling the local softmax; T only computes grad W_i: one barrier.
+Padded rows get logit -inf, so they never receive probability mass or gradient.
+"""
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from vp.comm import Comm
+
+
+@dataclass(frozen=True)
+class Shard:
+    """Rows [start, start + rows) of a padded vocabulary, of which the first `valid` are real tokens."""
+    index: int
+    count: int
+    rows: int
+    vocab_size: int
+
+    @property
+    def start(self) -> int:
+        return self.index * self.rows
+
+    @property
+    def valid(self) -> int:
+        return max(0, min(self.rows, self.vocab_size - self.start))
+
+    @classmethod
+    def of(cls, index: int, count: int, padded_vocab_size: int, vocab_size: int) -> "Shard":
+        assert padded_vocab_size % count == 0, "padded vocabulary must split evenly over the shards"
+        return cls(index, count, padded_vocab_size // count, vocab_size)
+
+    def local_targets(self, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(index of each target within the shard, clamped into range; whether the target is in the shard)."""
+        local = targets - self.start
+        inside = (local >= 0) & (local < self.rows)
+        return local.clamp(0, self.rows - 1), inside
+
+
+@dataclass
+class OutputState:
+    """What one microbatch's output layer keeps between its S, C1, T and C2 on one rank."""
+    x: torch.Tensor  # [n, h]
+    targets: torch.Tensor  # [n]
+    weights: torch.Tensor  # [n] loss weights (gradient of the loss w.r.t. each token's loss)
+    probs: torch.Tensor  # [n, V/p] local softmax P_i (naive: global softmax)
+    stats: torch.Tensor  # [3, n] local max m_i, local sum s_i, target logit (0 outside the shard)
+    a: torch.Tensor | None = None  # [n, h] alg2: P_i W_i
+    e: torch.Tensor | None = None  # [n, h] alg2: W_i[y]
+    alpha: torch.Tensor | None = None  # [n] after C1: s_i exp(m_i - m) / s
+    loss: torch.Tensor | None = None  # [] after C1: sum_t w_t loss_t
+    partial_grad_x: torch.Tensor | None = None  # [n, h] alg1 after T: G_i
+    grad_x: torch.Tensor | None = None  # [n, h] after the last barrier
+
+    def nbytes(self) -> int:
+        tensors = [self.x, self.probs, self.stats, self.a, self.e, self.partial_grad_x, self.grad_x]
+        return sum(t.numel() * t.element_size() for t in tensors if t is not None)
+
+
+def check_inputs(shard: Shard, weight: torch.Tensor, x: torch.Tensor, ids: torch.Tensor):
+    """Refuse mismatched shapes and token ids outside the vocabulary (ids are range-checked on CPU only,
+    to keep GPU runs free of host syncs; the runtime checks its data on CPU before moving it)."""
+    if weight.shape[0] != shard.rows:
+        raise ValueError(f"weight has {weight.shape[0]} rows but shard {shard.index} of {shard.count} has "
+                         f"{shard.rows}; build the shard from padded_vocab_size / shards")
+    if x is not None and (x.dim() != 2 or x.shape[1] != weight.shape[1]):
+        raise ValueError(f"x has shape {tuple(x.shape)}; expected [tokens, {weight.shape[1]}] "
+                         f"(hidden size of the vocabulary weight)")
+    if x is not None and ids.shape != (x.shape[0],):
+        raise ValueError(f"targets have shape {tuple(ids.shape)}; expected [{x.shape[0]}], one per row of x")
+    if ids.device.type == "cpu" and ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= shard.vocab_size):
+        bad = int(ids.max()) if int(ids.max()) >= shard.vocab_size else int(ids.min())
+        raise ValueError(f"token id {bad} is outside the vocabulary [0, {shard.vocab_size}); "
+                         f"fix the data or raise vocab_size")
+
+
+def _logits(shard: Shard, weight: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    y = x @ weight.t()  # [n, V/p]
+    if shard.valid < shard.rows:
+        y[:, shard.valid:] = float("-inf")
+    return y.float()
+
+
+def _local_stats(shard: Shard, y: torch.Tensor, targets: torch.Tensor):
+    m = y.max(dim=-1).values.clamp_min(torch.finfo(y.dtype).min)  # [n]; finite even for an all-padding shard
+    e = torch.exp(y - m[:, None])  # [n, V/p]
+    s = e.sum(dim=-1)  # [n]
+    local, inside = shard.local_targets(targets)
+    t = torch.where(inside, y.gather(1, local[:, None])[:, 0], torch.zeros_like(m))  # target logit or 0
+    return e, torch.stack([m, s, t])
+
+
+def s_pass(shard: Shard, weight: torch.Tensor, x: torch.Tensor, targets: torch.Tensor,
+           weights: torch.Tensor, algorithm: str) -> OutputState:
+    """S of alg1 / alg2: local logits, statistics and softmax; alg2 also A_i and E_i."""
+    check_inputs(shard, weight, x, targets)
+    with torch.no_grad():
+        y = _logits(shard, weight, x)
+        e, stats = _local_stats(shard, y, targets)
+        probs = e / stats[1].clamp_min(torch.finfo(e.dtype).tiny)[:, None]  # P_i = exp(Y_i - m_i) / s_i
+        state = OutputState(x, targets, weights, probs, stats)
+        if algorithm == "alg2":
+            w = weight.to(probs.dtype)
+            local, inside = shard.local_targets(targets)
+            state.a = probs @ w  # [n, h]
+            state.e = w[local] * inside[:, None]  # [n, h]
+        return state
+
+
+def _combine(state: OutputState, gathered: torch.Tensor, me: int):
+    """Exact global softmax statistics from every shard's [m_i, s_i, t_i] (gathered: [p, 3, n])."""
+    m_all, s_all, t_all = gathered.unbind(1)  # each [p, n]
+    m = m_all.max(dim=0).values
+    scaled = s_all * torch.exp(m_all - m)  # s_i exp(m_i - m)
+    s = scaled.sum(dim=0)
+    # loss_t = log s + m - Y_t,y_t
+    state.loss = (state.weights * (torch.log(s) + m - t_all.sum(dim=0))).sum()
+    state.alpha = scaled[me] / s
+
+
+def c1_step(state: OutputState, comm: Comm, algorithm: str) -> OutputState:
+    """C1: the one barrier of alg2 (statistics, then grad X) or the first of alg1 (statistics)."""
+    with torch.no_grad(), comm.barrier("C1"):
+        _combine(state, comm.all_gather(state.stats, "C1"), comm.me)
+        if algorithm == "alg2":
+            w = state.weights[:, None]
+            grad_x = w * (state.alpha[:, None] * state.a - state.e)  # w (alpha_i A_i - E_i)
+            state.grad_x = comm.all_reduce(grad_x, "C1")
+            state.a = state.e = None
+    return state
+
+
+def t_pass(shard: Shard, weight: torch.Tensor, state: OutputState, algorithm: str) -> OutputState:
+    """T: grad W_i += grad Y_i^T X (and, in alg1, the local input gradient G_i = grad Y_i W_i)."""
+    with torch.no_grad():
+        grad_y = state.probs.mul_(state.alpha[:, None])  # global softmax restricted to shard i
+        local, inside = shard.local_targets(state.targets)
+        grad_y[inside, local[inside]] -= 1.0
+        grad_y.mul_(state.weights[:, None])  # [n, V/p]
+        _accumulate(weight, grad_y.t().to(state.x.dtype) @ state.x)
+        if algorithm == "alg1":
+            state.partial_grad_x = grad_y.to(weight.dtype) @ weight
+        state.probs = None
+    return state
+
+
+def c2_step(state: OutputState, comm: Comm) -> OutputState:
+    """C2 of alg1: all-reduce sum_i G_i into grad X."""
+    with torch.no_grad(), comm.barrier("C2"):
+        state.grad_x = comm.all_reduce(state.partial_grad_x, "C2")
+        state.partial_grad_x = None
+    return state
+
+
+def naive_forward(shard: Shard, weight: torch.Tensor, x: torch.Tensor, targets: torch.Tensor,
+                  weights: torch.Tensor, comm: Comm) -> OutputState:
+    """S of the naive algorithm: two synchronous barriers, max and (sum of exp, target logit)."""
+    check_inputs(shard, weight, x, targets)
+    with torch.no_grad():
+        y = _logits(shard, weight, x)
+        local_max = y.max(dim=-1).values.clamp_min(torch.finfo(y.dtype).min)
+        with comm.barrier("max"):
+            m = comm.all_reduce(local_max, "naive", op=dist.ReduceOp.MAX)
+        e = torch.exp(y - m[:, None])
+        local, inside = shard.local_targets(targets)
+        t = torch.where(inside, y.gather(1, local[:, None])[:, 0], torch.zeros_like(m))
+        with comm.barrier("sum"):
+            s, t = comm.all_reduce(torch.stack([e.sum(dim=-1), t]), "naive").unbind(0)
+        state = OutputState(x, targets, weights, e / s[:, None], torch.stack([m, s, t]))
+        state.loss = (weights * (torch.log(s) + m - t)).sum()
+        state.alpha = torch.ones_like(s)
+        return state
+
+
+def naive_backward(shard: Shard, weight: torch.Tensor, state: OutputState, comm: Comm) -> OutputState:
+    """T of the naive algorithm: grad W_i and the synchronous all-reduce of grad X."""
+    t_pass(shard, weight, state, "alg1")
+    with torch.no_grad(), comm.barrier("grad_x"):
+        state.grad_x = comm.all_reduce(state.partial_grad_x, "naive")
+        state.partial_grad_x = None
+    return state
+
+
+def _accumulate(param: torch.Tensor, grad: torch.Tensor):
+    grad = grad.to(param.dtype)
+    param.grad = grad if param.grad is None else param.grad.add_(grad)
