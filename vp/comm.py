@@ -6,6 +6,7 @@ its own group over a pipeline row, so that no two kinds of traffic share an orde
   fwd+ fwd-  activations sent to a higher / lower rank      bwd+ bwd-  input gradients likewise
   C0 C1 C2   the output layer's steps                       IF IB      the input layer's steps
   naive      the synchronous all-reduces of the naive (Megatron / interlaced) output layer
+  step       end-of-iteration agreement (fp16 overflow check, metrics)
 Ranks in a Comm are pipeline ranks 0..pp-1; it maps them to global ranks.
 """
 import contextlib
@@ -15,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 import torch
 import torch.distributed as dist
 
-CHANNELS = ("fwd+", "fwd-", "bwd+", "bwd-", "C0", "C1", "C2", "IF", "IB", "naive")
+CHANNELS = ("fwd+", "fwd-", "bwd+", "bwd-", "C0", "C1", "C2", "IF", "IB", "naive", "step")
 
 
 def rank_grid(world: int, pp: int) -> torch.Tensor:

@@ -34,14 +34,15 @@ class _Linear(torch.autograd.Function):
     @staticmethod
     @torch.amp.custom_fwd(device_type="cuda")
     def forward(ctx, x, weight, bias, store):
-        ctx.save_for_backward(x, weight)
-        ctx.store, ctx.has_bias = store, bias is not None
+        ctx.save_for_backward(x)
+        # the parameter itself, not a saved copy: W accumulates into its .grad
+        ctx.weight, ctx.store, ctx.has_bias = weight, store, bias is not None
         return F.linear(x, weight, bias)
 
     @staticmethod
     @torch.amp.custom_bwd(device_type="cuda")
     def backward(ctx, grad_out):
-        x, weight = ctx.saved_tensors
+        (x,), weight = ctx.saved_tensors, ctx.weight
         grad_x = grad_out @ weight.to(grad_out.dtype)
         grad_b = grad_out.reshape(-1, grad_out.shape[-1]).sum(0).to(weight.dtype) if ctx.has_bias else None
         if ctx.store is None:

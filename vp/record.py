@@ -1,0 +1,56 @@
+"""The result record (DESIGN.md): one JSON object per run, the same for measured and simulated runs."""
+import hashlib
+import json
+import os
+import subprocess
+import tempfile
+from datetime import datetime, timezone
+from pathlib import Path
+
+STATUSES = ("ok", "failed", "oom", "timeout")
+NOT_SEMANTIC = ("timeout_s",)  # changing these does not change what a run measures
+
+
+def run_id(config: dict, backend: str, hardware: str | None = None) -> str:
+    """A hash of the semantic config: the same run anywhere gets the same id (paths, times, loggers excluded)."""
+    semantic = {k: v for k, v in sorted(config.items()) if k not in NOT_SEMANTIC}
+    semantic["backend"] = backend
+    if backend == "sim":
+        semantic["hardware"] = hardware
+    blob = json.dumps(semantic, sort_keys=True, default=str)
+    return hashlib.sha1(blob.encode()).hexdigest()[:12]
+
+
+def now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def git_commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
+                              cwd=Path(__file__).parent).stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def make_record(config: dict, metrics: dict | None, env: dict, status: str = "ok", error: str | None = None,
+                experiment: str | None = None, backend: str = "real", hardware: str | None = None) -> dict:
+    assert status in STATUSES, status
+    return {"run_id": run_id(config, backend, hardware), "experiment": experiment, "status": status,
+            "error": error, "backend": backend, "config": config, "metrics": metrics or {}, "env": env}
+
+
+def write_atomic(path: Path, record: dict) -> Path:
+    """Write JSON to a temporary file in the same folder and rename it, so no reader sees half a record."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(record, f, indent=1, sort_keys=True)
+            f.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return path

@@ -1,0 +1,24 @@
+"""The single-process reference: the uncut model trained on the same data with the same optimizer, in
+one process. Every method and layout must reproduce its loss curve and final parameters."""
+import torch
+
+from vp.data import loss_weights, microbatch
+from vp.model import reference_model
+
+
+def train_reference(cfg) -> tuple[list[float], dict[str, torch.Tensor]]:
+    model = reference_model(cfg, cfg.seed)
+    params = list(model.parameters())
+    opt = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.01)
+    losses = []
+    for it in range(cfg.iterations):
+        opt.zero_grad(set_to_none=True)
+        total = 0.0
+        for mb in range(cfg.microbatches):
+            ids, targets, mask = microbatch(cfg.seed, it, mb, cfg.micro_batch_size, cfg.seq_len, cfg.vocab_size)
+            loss = model.loss(model(ids), targets, loss_weights(mask, cfg.microbatches))
+            loss.backward()
+            total += loss.item()
+        opt.step()
+        losses.append(total)
+    return losses, {n: p.detach().clone() for n, p in model.named_parameters()}

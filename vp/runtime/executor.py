@@ -1,0 +1,259 @@
+"""What each action does on one rank. The dispatch loop (loop.py) calls, per action: launch() if the
+action enters a collective at its start, wait() for each collective it needs (rules.waits_on), compute(),
+and launch() if it enters one at its end -- the order the simulator assumes.
+"""
+import contextlib
+from dataclasses import dataclass
+
+import torch
+
+from vp.comm import Comm
+from vp.data import loss_weights, microbatch
+from vp.model import Stage
+from vp.runtime.memory import ActivationMeter
+from vp.runtime.state import IterState
+from vp.schedule import Action, Schedule
+from vp.schedule.rules import p2p_peer, root_of
+from vp.vocab import input as vocab_in
+from vp.vocab import output as vocab_out
+from vp.wgrad import WeightGradStore
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+@dataclass
+class RankModel:
+    """The parameters one rank holds: its stages (by chunk) and, under vocabulary parallelism, its shard
+    of the output weight and of the input embedding."""
+    stages: dict[int, Stage]
+    shard: vocab_out.Shard | None = None
+    out_weight: torch.nn.Parameter | None = None
+    in_weight: torch.nn.Parameter | None = None
+
+    def parameters(self) -> list[torch.nn.Parameter]:
+        params = [p for st in self.stages.values() for p in st.parameters()]
+        return params + [p for p in (self.out_weight, self.in_weight) if p is not None]
+
+
+class Executor:
+    def __init__(self, cfg, sched: Schedule, rank: int, model: RankModel, comm: Comm, device: torch.device,
+                 meter: ActivationMeter):
+        self.cfg, self.s, self.rank, self.model, self.comm, self.device = cfg, sched, rank, model, comm, device
+        self.meter = meter
+        self.dtype = DTYPES[cfg.dtype]
+        self.act_shape = (cfg.micro_batch_size, cfg.seq_len, cfg.hidden)
+        self.tokens = cfg.micro_batch_size * cfg.seq_len
+        self.last_stage = sched.n_stages - 1
+        self.loss_scale = 1.0
+        self.st: IterState | None = None
+
+    def autocast(self):
+        if self.device.type == "cuda" and self.dtype != torch.float32:
+            return torch.autocast("cuda", dtype=self.dtype)
+        return contextlib.nullcontext()
+
+    # -- data ---------------------------------------------------------------------------------------
+    def batch(self, mb: int):
+        if mb not in self.st.batches:
+            ids, targets, mask = microbatch(self.cfg.seed, self.st.iteration, mb, self.cfg.micro_batch_size,
+                                            self.cfg.seq_len, self.cfg.vocab_size)
+            self.st.batches[mb] = tuple(t.to(self.device, non_blocking=True) for t in (ids, targets, mask))
+        return self.st.batches[mb]
+
+    def loss_weights(self, mb: int) -> torch.Tensor:
+        return loss_weights(self.batch(mb)[2], self.s.microbatches) * self.loss_scale
+
+    # -- collectives --------------------------------------------------------------------------------
+    def launch(self, a: Action):
+        """Start the collective an action enters, on its channel's CommStream."""
+        st, comm, mb, inst = self.st, self.comm, a.mb, (a.kind, a.kind, a.mb)
+        if a.kind == "C0":  # the last stage's X and the loss weights, [n, h + 1] in fp32, to every rank
+            root = root_of(self.s, "C0")
+            if self.rank == root:
+                x = st.x_last[mb].reshape(self.tokens, -1).float()
+                buf = torch.cat([x, self.loss_weights(mb).reshape(-1, 1)], dim=1)
+            else:
+                buf = torch.empty(self.tokens, self.cfg.hidden + 1, device=self.device)
+            st.pending[inst] = comm.submit("C0", lambda: comm.broadcast(buf, root, "C0"))
+        elif a.kind in ("C1", "C2"):
+            out = st.out[mb]
+            if a.kind == "C2":
+                self._used_out(mb)
+
+            def step():  # fills `out` in place (statistics, loss, grad X); consumers read st.out[mb]
+                if a.kind == "C1":
+                    vocab_out.c1_step(out, comm, self.s.vocab)
+                else:
+                    vocab_out.c2_step(out, comm)
+
+            st.pending[inst] = comm.submit(a.kind, step)
+        elif a.kind == "IF":  # sum the partial embeddings on the first stage's rank
+            local, first = st.embed_local.pop(mb), root_of(self.s, "IF")
+            st.pending[inst] = comm.submit("IF", lambda: comm.reduce(local, first, "IF"))
+        elif a.kind == "IB":  # the first stage's embedding gradient to every rank
+            root = root_of(self.s, "IB")
+            buf = st.embed_grad.pop(mb) if self.rank == root else torch.empty(self.act_shape, device=self.device)
+            st.pending[inst] = comm.submit("IB", lambda: comm.broadcast(buf, root, "IB"))
+            if self.rank == root:
+                st.ready[inst] = buf
+        # S and T of the naive algorithm synchronise inside their compute: nothing to launch
+
+    def wait(self, inst, timeout: float):
+        """Wait for a collective this rank consumes; its result (if any) goes to `ready` for the consumer."""
+        handle = self.st.pending.pop(inst, None)
+        if handle is not None:
+            self.st.ready[inst] = handle.wait(timeout)
+
+    def drain(self, timeout: float):
+        """End of iteration: wait for every send and every collective nobody here consumed."""
+        for work, _ in self.st.sends:
+            work.wait()
+        self.st.sends.clear()
+        for inst in list(self.st.pending):
+            self.st.pending.pop(inst).wait(timeout)
+        results = {k for k, v in self.st.ready.items() if v is not None}
+        assert not results, f"collective results never consumed: {sorted(results)}"
+        self.st.ready.clear()
+
+    # -- passes -------------------------------------------------------------------------------------
+    def compute(self, a: Action):
+        getattr(self, "_" + a.kind)(a)
+
+    def _C0(self, a):
+        pass
+
+    _C1 = _C2 = _C0
+
+    def _F(self, a: Action):
+        st, mb, c = self.st, a.mb, a.chunk
+        stage_idx = self.s.stage(self.rank, c)
+        stage = self.model.stages[c]
+        if stage_idx == 0:
+            if self.s.vocab_parallel:
+                x_in = st.ready.pop(("IF", "IF", mb)).to(self.dtype).reshape(self.act_shape).requires_grad_()
+            else:
+                x_in = self.batch(mb)[0]
+        else:
+            prev_rank, prev_chunk = self.s.where(stage_idx - 1)
+            x_in = (st.local_act.pop((mb, prev_chunk)).detach().requires_grad_() if prev_rank == self.rank
+                    else st.recv_act.pop((mb, c)))  # local_act is keyed by the chunk that produced it
+        store = WeightGradStore() if self.s.split_w else None
+        with self.meter.track((mb, c)), self.autocast():
+            out = stage(x_in, store)
+            if stage_idx == self.last_stage and not self.s.vocab_parallel:
+                _, targets, _ = self.batch(mb)
+                out = stage.loss(out, targets, self.loss_weights(mb), store)
+                st.losses[mb] = out.detach() / self.loss_scale
+            elif stage_idx < self.last_stage:
+                out = out.to(self.dtype)
+        st.fwd[(mb, c)] = (x_in, out, store)
+        if stage_idx == self.last_stage:
+            if self.s.vocab_parallel:
+                st.x_last[mb] = out.detach()
+            return
+        if self.s.where(stage_idx + 1)[0] == self.rank:
+            st.local_act[(mb, c)] = out
+        else:
+            st.to_send[(mb, c)] = out.detach()
+
+    def _B(self, a: Action):
+        st, mb, c = self.st, a.mb, a.chunk
+        stage_idx = self.s.stage(self.rank, c)
+        x_in, out, store = st.fwd.pop((mb, c))
+        if stage_idx == self.last_stage:
+            grad = None
+            if self.s.vocab_parallel:
+                grad = st.out[mb].grad_x.reshape(out.shape).to(out.dtype)
+                self._used_out(mb)
+        else:
+            next_rank, next_chunk = self.s.where(stage_idx + 1)
+            grad = st.local_grad.pop((mb, next_chunk)) if next_rank == self.rank else st.recv_grad.pop((mb, c))
+        torch.autograd.backward(out, grad)
+        if x_in.requires_grad:
+            if stage_idx == 0:
+                st.embed_grad[mb] = x_in.grad
+            else:  # keyed by this chunk, the one that produced the gradient
+                local = self.s.where(stage_idx - 1)[0] == self.rank
+                (st.local_grad if local else st.to_send_grad)[(mb, c)] = x_in.grad
+        if store is not None:
+            st.wgrad[(mb, c)] = store
+        else:
+            self.meter.release((mb, c))
+
+    def _W(self, a: Action):
+        self.st.wgrad.pop((a.mb, a.chunk)).flush()
+        self.meter.release((a.mb, a.chunk))
+
+    def _channel(self, a: Action) -> tuple[int, str]:
+        peer, _ = p2p_peer(self.s, a)
+        kind = "fwd" if a.kind in ("SF", "RF") else "bwd"
+        sender, receiver = (self.rank, peer) if a.kind[0] == "S" else (peer, self.rank)
+        return peer, kind + ("+" if receiver > sender else "-")
+
+    def _SF(self, a: Action):
+        peer, channel = self._channel(a)
+        t = self.st.to_send.pop((a.mb, a.chunk))
+        self.st.sends.append((self.comm.isend(t, peer, channel), t))
+
+    def _SB(self, a: Action):
+        peer, channel = self._channel(a)
+        t = self.st.to_send_grad.pop((a.mb, a.chunk)).to(self.dtype)
+        self.st.sends.append((self.comm.isend(t, peer, channel), t))
+
+    def _RF(self, a: Action):
+        peer, channel = self._channel(a)
+        buf = torch.empty(self.act_shape, dtype=self.dtype, device=self.device)
+        self.comm.irecv(buf, peer, channel).wait()
+        self.st.recv_act[(a.mb, a.chunk)] = buf.requires_grad_()
+
+    def _RB(self, a: Action):
+        peer, channel = self._channel(a)
+        buf = torch.empty(self.act_shape, dtype=self.dtype, device=self.device)
+        self.comm.irecv(buf, peer, channel).wait()
+        self.st.recv_grad[(a.mb, a.chunk)] = buf
+
+    def _S(self, a: Action):
+        st, mb, m = self.st, a.mb, self.model
+        _, targets, _ = self.batch(mb)
+        if self.rank == self.s.last_rank:
+            x, w = st.x_last.pop(mb).reshape(self.tokens, -1), self.loss_weights(mb)
+            w = w.reshape(-1)
+        else:
+            pack = st.ready.pop(("C0", "C0", mb))
+            x, w = pack[:, :-1], pack[:, -1]
+        with self.autocast():
+            if self.s.vocab == "naive":
+                out = vocab_out.naive_forward(m.shard, m.out_weight, x, targets.reshape(-1), w, self.comm)
+            else:
+                out = vocab_out.s_pass(m.shard, m.out_weight, x, targets.reshape(-1), w, self.s.vocab)
+        st.out[mb] = out
+        # consumers of `out` on this rank: T, C2 (Algorithm 1), B of the last stage (on its rank)
+        st.out_uses[mb] = 1 + (self.s.vocab == "alg1") + (self.rank == self.s.last_rank)
+        self.meter.add(("S", mb), out.nbytes())
+
+    def _T(self, a: Action):
+        st, mb, m = self.st, a.mb, self.model
+        out = st.out[mb]
+        with self.autocast():
+            if self.s.vocab == "naive":
+                vocab_out.naive_backward(m.shard, m.out_weight, out, self.comm)
+            else:
+                vocab_out.t_pass(m.shard, m.out_weight, out, self.s.vocab)
+        if self.rank == 0:
+            st.losses[mb] = out.loss.detach() / self.loss_scale
+        self.meter.release(("S", mb))
+        self._used_out(mb)
+
+    def _used_out(self, mb: int):
+        self.st.out_uses[mb] -= 1
+        if not self.st.out_uses[mb]:
+            del self.st.out_uses[mb]
+            del self.st.out[mb]
+
+    def _IF(self, a: Action):
+        ids = self.batch(a.mb)[0]
+        self.st.embed_local[a.mb] = vocab_in.local_lookup(self.model.shard, self.model.in_weight, ids)
+
+    def _IB(self, a: Action):
+        grad = self.st.ready.pop(("IB", "IB", a.mb))
+        vocab_in.accumulate_grad(self.model.shard, self.model.in_weight, self.batch(a.mb)[0], grad)

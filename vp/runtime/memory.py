@@ -1,0 +1,37 @@
+"""CPU memory accounting: bytes of tensors saved for backward by each stage pass, of the output layer's
+state between S and T, and of received buffers, tracked from the action that creates them to the action
+that frees them. (On CUDA the allocator's own peak figures are reported instead.)"""
+import contextlib
+
+import torch
+
+
+class ActivationMeter:
+    def __init__(self, parameters):
+        self._params = {p.untyped_storage().data_ptr() for p in parameters}
+        self.live: dict = {}
+        self.current = 0
+        self.peak = 0
+
+    def add(self, key, nbytes: int):
+        self.live[key] = self.live.get(key, 0) + nbytes
+        self.current += nbytes
+        self.peak = max(self.peak, self.current)
+
+    def release(self, key):
+        self.current -= self.live.pop(key, 0)
+
+    @contextlib.contextmanager
+    def track(self, key):
+        """Counts each storage saved for backward inside the block once, parameters excluded."""
+        seen = {}
+
+        def pack(t):
+            storage = t.untyped_storage()
+            if storage.data_ptr() not in self._params:
+                seen[storage.data_ptr()] = storage.nbytes()
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            yield
+        self.add(key, sum(seen.values()))

@@ -1,0 +1,277 @@
+"""python -m vp.train --method M --pp P [sizes ...] [--json]: one real training run.
+
+Started by a distributed launcher (torchrun sets RANK and WORLD_SIZE), each process runs its rank;
+otherwise this starts `pp` local processes itself (CPU + gloo, or one per GPU with --device cuda).
+Rank 0 prints one result record (DESIGN.md) with --json, or a summary. A failed run prints the failing
+rank's error to stderr, exits non-zero and prints no record.
+"""
+import argparse
+import json
+import multiprocessing as mp
+import os
+import socket
+import sys
+import tempfile
+import time
+import traceback
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from vp.comm import Comm, rank_grid
+from vp.config import RunConfig, validate
+from vp.metrics import device_peak, summarize
+from vp.model import build_stage, vocab_rows
+from vp.record import git_commit, make_record, now, write_atomic
+from vp.runtime.executor import RankModel
+from vp.runtime.loop import Runtime
+from vp.schedule import build
+from vp.schedule import validate as validate_schedule
+from vp.vocab.output import Shard
+
+
+class RunFailed(RuntimeError):
+    def __init__(self, status: str, message: str):
+        super().__init__(message)
+        self.status = status
+
+
+def classify(error: str) -> str:
+    """The record status of a failure, from its error text."""
+    if "OutOfMemoryError" in error or "CUDA out of memory" in error:
+        return "oom"
+    if "Timeout" in error or "timed out" in error.lower() or "Timed out" in error:
+        return "timeout"
+    return "failed"
+
+
+def build_rank_model(cfg: RunConfig, sched, rank: int, device: torch.device) -> RankModel:
+    vp_on = sched.vocab_parallel
+    stages = {c: build_stage(cfg, cfg.seed, sched.stage(rank, c), cfg.stage_layers, local_vocab=not vp_on).to(device)
+              for c in range(sched.chunks)}
+    if not vp_on:
+        return RankModel(stages)
+    shard = Shard.of(rank, cfg.pp, cfg.padded_vocab_size, cfg.vocab_size)
+    end = shard.start + shard.rows
+
+    def rows(name):
+        return torch.nn.Parameter(vocab_rows(cfg.seed, name, cfg.vocab_size, shard.start, end, cfg.hidden).to(device))
+
+    return RankModel(stages, shard, rows("head.weight"), rows("embed.weight"))
+
+
+def train_rank(cfg: RunConfig, rank: int, comm: Comm, device: torch.device, fault=None) -> dict:
+    """Run every iteration on this rank (process groups already up); returns this rank's measurements."""
+    sched = validate_schedule(build(cfg.method, cfg.pp, cfg.microbatches, cfg.n_chunks))
+    model = build_rank_model(cfg, sched, rank, device)
+    runtime = Runtime(cfg, sched, rank, model, comm, device, fault)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    results = [runtime.iteration(it) for it in range(cfg.iterations)]
+    measured = results[cfg.warmup:]
+    pass_s, pass_n = {}, {}
+    for r in measured:
+        for kind, times in r["pass_s"].items():
+            pass_s.setdefault(kind, []).extend(times)
+    for kind, times in pass_s.items():
+        pass_n[kind] = len(times) // len(measured)
+        pass_s[kind] = sum(times) / len(times)
+    busy = [sum(sum(t) for t in r["pass_s"].values()) for r in measured]
+    idle = sum(1 - b / r["seconds"] for b, r in zip(busy, measured)) / len(measured)
+    n_params = sum(p.numel() for p in model.parameters())
+    if device.type == "cuda":
+        peak = torch.cuda.max_memory_allocated(device)
+        detail = {"allocated": peak, "reserved": torch.cuda.max_memory_reserved(device)}
+    else:  # fp32 parameter, gradient and two AdamW moments; activations as accounted
+        static = 16 * n_params
+        detail = {"static": static, "activations": runtime.meter.peak}
+        peak = static + runtime.meter.peak
+    its, mbs = cfg.iterations, cfg.iterations * cfg.microbatches
+    return {
+        "rank": rank,
+        "host": socket.gethostname(),
+        "losses": [r["loss"] for r in results],
+        "seconds": [r["seconds"] for r in results],
+        "pass_s": pass_s,
+        "pass_n": pass_n,
+        "idle": idle,
+        "peak_memory_bytes": peak,
+        "memory_detail": detail,
+        "parameters": n_params,
+        "bytes_sent": sum(comm.bytes_sent.values()) / its,
+        "collectives": {k: v / its for k, v in sorted(comm.calls.items())},
+        "barriers": sum(comm.barriers.values()) / mbs,
+        "executed": [a.text(sched.chunks > 1) for a in results[-1]["executed"]],
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+    }
+
+
+def run_rank(cfg: RunConfig, rank: int, world: int, init_method: str, local_rank: int = 0, fault=None,
+             experiment: str | None = None) -> dict | None:
+    """One process of a run: process groups, training, gathering; returns the record on rank 0."""
+    if world != cfg.pp:
+        raise ValueError(f"world size {world} differs from pp={cfg.pp}; launch exactly pp processes")
+    device = torch.device("cuda", local_rank) if cfg.device == "cuda" else torch.device("cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    started = now()
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", init_method=init_method, rank=rank,
+                            world_size=world, timeout=timedelta(seconds=cfg.timeout_s))
+    comm = None
+    try:
+        comm = Comm(rank_grid(world, cfg.pp)[0].tolist(), rank, device)
+        peak, how = device_peak(device)
+        mine = train_rank(cfg, rank, comm, device, fault)
+        mine["peak_flops"] = peak
+        gathered = [None] * world
+        dist.all_gather_object(gathered, mine)
+    finally:
+        if comm is not None:
+            comm.close()
+        dist.destroy_process_group()
+    if rank != 0:
+        return None
+    peak = sum(r["peak_flops"] for r in gathered) / world
+    metrics = summarize(cfg, gathered, peak)
+    env = {"torch": torch.__version__, "python": sys.version.split()[0], "device": gathered[0]["device"],
+           "hosts": sorted({r["host"] for r in gathered}), "git_commit": git_commit(), "start": started,
+           "end": now(), "peak_flops_source": how, "world_size": world}
+    return make_record(cfg.to_dict(), metrics, env, experiment=experiment)
+
+
+# -- starting local processes ------------------------------------------------------------------------
+def _local_worker(cfg_dict, rank, world, init_method, workdir, fault):
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
+    try:
+        record = run_rank(RunConfig.from_dict(cfg_dict), rank, world, init_method, local_rank=rank, fault=fault)
+        if record is not None:
+            write_atomic(Path(workdir) / "record.json", record)
+    except BaseException:  # noqa: BLE001 - reported through a file, then the process exits non-zero
+        text = traceback.format_exc()
+        (Path(workdir) / f"error-{rank}.txt").write_text(text)
+        print(text, file=sys.stderr, flush=True)
+        sys.exit(1)
+
+
+def run_local(cfg: RunConfig, fault=None) -> dict:
+    """Start pp processes here, wait for them, return rank 0's record; RunFailed if any rank fails."""
+    ctx = mp.get_context("spawn")
+    with tempfile.TemporaryDirectory(prefix="vp-run-") as workdir:
+        init = f"file://{workdir}/rendezvous"
+        procs = [ctx.Process(target=_local_worker, args=(cfg.to_dict(), r, cfg.pp, init, workdir, fault))
+                 for r in range(cfg.pp)]
+        for p in procs:
+            p.start()
+        failed_at, order = None, []  # order: ranks in the order they were seen failing
+        while any(p.exitcode is None for p in procs):
+            time.sleep(0.05)
+            order += [r for r, p in enumerate(procs) if p.exitcode not in (None, 0) and r not in order]
+            if order and failed_at is None:
+                failed_at = time.monotonic()
+            if failed_at is not None and time.monotonic() - failed_at > cfg.timeout_s + 30:
+                for p in procs:  # the others did not give up on their own: stop them
+                    if p.exitcode is None:
+                        p.kill()
+        for p in procs:
+            p.join()
+        errors = {r: (Path(workdir) / f"error-{r}.txt") for r in range(cfg.pp)}
+        failures = [r for r, p in enumerate(procs) if p.exitcode != 0]
+        if failures:
+            order += [r for r in failures if r not in order]
+            died = [r for r in order if not errors[r].exists()]  # killed, or exited without a Python error
+            first = died[0] if died else order[0]
+            texts = {r: errors[r].read_text() if errors[r].exists() else f"exited with code {procs[r].exitcode}"
+                     for r in failures}
+            summary = "; ".join(f"rank {r}: {_last_line(texts[r])}" for r in failures)
+            raise RunFailed(classify("\n".join(texts.values())), f"{summary}\n\n{texts[first]}")
+        return json.loads((Path(workdir) / "record.json").read_text())
+
+
+def _last_line(text: str) -> str:
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    for line in lines:  # the RankFailure line names rank, iteration, step and action
+        if "failed at iteration" in line:
+            return line.split("RankFailure: ")[-1]
+    return lines[-1] if lines else text
+
+
+def launcher_env(env=os.environ) -> tuple[int, int, int, str] | None:
+    """(rank, world, local rank, init method) when started by torchrun or a similar launcher."""
+    if "RANK" in env and "WORLD_SIZE" in env:
+        return int(env["RANK"]), int(env["WORLD_SIZE"]), int(env.get("LOCAL_RANK", 0)), "env://"
+    return None
+
+
+# -- command line ------------------------------------------------------------------------------------
+def parse_args(argv=None):
+    d = RunConfig()
+    ap = argparse.ArgumentParser(prog="python -m vp.train", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--method", default=d.method)
+    ap.add_argument("--pp", type=int, default=d.pp)
+    ap.add_argument("--chunks", type=int, default=None)
+    ap.add_argument("--layers", type=int, default=d.layers)
+    ap.add_argument("--hidden", type=int, default=d.hidden)
+    ap.add_argument("--heads", type=int, default=d.heads)
+    ap.add_argument("--ffn-hidden", type=int, default=None)
+    ap.add_argument("--seq-len", type=int, default=d.seq_len)
+    ap.add_argument("--vocab-size", type=int, default=d.vocab_size)
+    ap.add_argument("--pad-multiple", type=int, default=None)
+    ap.add_argument("--microbatches", type=int, default=d.microbatches)
+    ap.add_argument("--micro-batch-size", type=int, default=d.micro_batch_size)
+    ap.add_argument("--iterations", type=int, default=d.iterations)
+    ap.add_argument("--warmup", type=int, default=d.warmup)
+    ap.add_argument("--seed", type=int, default=d.seed)
+    ap.add_argument("--device", default=d.device)
+    ap.add_argument("--dtype", default=d.dtype)
+    ap.add_argument("--redis-last-layers", type=int, default=None)
+    ap.add_argument("--lr", type=float, default=d.lr)
+    ap.add_argument("--timeout-s", type=float, default=d.timeout_s)
+    ap.add_argument("--json", action="store_true", help="print the result record as one JSON object")
+    ap.add_argument("--inject-fault", default=None, metavar="RANK:ACTION[:exit|hang]",
+                    help="testing aid: make a rank die (or hang) at an action of the first iteration")
+    args = ap.parse_args(argv)
+    fields = {k: v for k, v in vars(args).items() if k not in ("json", "inject_fault")}
+    cfg = RunConfig(**fields)
+    fault = None
+    if args.inject_fault:
+        parts = args.inject_fault.split(":")
+        if len(parts) not in (2, 3) or not parts[0].isdigit() or (len(parts) == 3 and parts[2] not in ("exit", "hang")):
+            raise ValueError(f"--inject-fault={args.inject_fault!r}: use RANK:ACTION[:exit|hang], e.g. 1:F2:exit")
+        fault = (int(parts[0]), parts[1], parts[2] if len(parts) == 3 else "exit")
+    return cfg, args.json, fault
+
+
+def main(argv=None) -> int:
+    try:
+        cfg, as_json, fault = parse_args(argv)
+        validate(cfg)
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    launched = launcher_env()
+    try:
+        if launched:
+            rank, world, local_rank, init = launched
+            record = run_rank(cfg, rank, world, init, local_rank, fault)
+        else:
+            record = run_local(cfg, fault)
+    except RunFailed as err:
+        print(f"run failed ({err.status}): {err}", file=sys.stderr)
+        return 1
+    if record is None:
+        return 0
+    if as_json:
+        print(json.dumps(record))
+    else:
+        m = record["metrics"]
+        print(f"{cfg.method} pp={cfg.pp}: loss {m['loss']}  iteration {m['iteration_time_s']:.4f} s  "
+              f"{m['tokens_per_s']:.0f} tokens/s  MFU {m['mfu']:.3f}")
+        print("  peak memory per rank (MiB): " + " ".join(f"{b / 2**20:.1f}" for b in m["peak_memory_bytes"]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
