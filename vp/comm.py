@@ -11,7 +11,9 @@ Ranks in a Comm are pipeline ranks 0..pp-1; it maps them to global ranks.
 """
 import contextlib
 from collections import Counter
+from datetime import timedelta
 from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 
 import torch
 import torch.distributed as dist
@@ -29,12 +31,16 @@ def rank_grid(world: int, pp: int) -> torch.Tensor:
 class Handle:
     """The result of a step submitted to a CommStream; wait() returns what the step returned."""
 
-    def __init__(self, future=None, event=None, result=None):
-        self._future, self._event, self._result = future, event, result
+    def __init__(self, channel: str, future=None, event=None, result=None):
+        self.channel, self._future, self._event, self._result = channel, future, event, result
 
     def wait(self, timeout: float | None = None):
         if self._future is not None:
-            return self._future.result(timeout)
+            try:
+                return self._future.result(timeout)
+            except FutureTimeout:
+                raise TimeoutError(f"the {self.channel} communication step gave no result within {timeout} s "
+                                   f"(a peer rank died or hangs)") from None
         torch.cuda.current_stream().wait_event(self._event)
         return self._result
 
@@ -43,8 +49,8 @@ class CommStream:
     """Runs communication steps off the compute path: a worker thread on CPU (gloo blocks the caller),
     a CUDA stream on GPU (NCCL and the step's small kernels run there; the caller waits on an event)."""
 
-    def __init__(self, device: torch.device):
-        self.device = device
+    def __init__(self, device: torch.device, channel: str):
+        self.device, self.channel = device, channel
         if device.type == "cuda":
             self.stream = torch.cuda.Stream(device)
         else:
@@ -57,8 +63,8 @@ class CommStream:
                 result = step()
                 event = torch.cuda.Event()
                 event.record(self.stream)
-            return Handle(event=event, result=result)
-        return Handle(future=self.pool.submit(step))
+            return Handle(self.channel, event=event, result=result)
+        return Handle(self.channel, future=self.pool.submit(step))
 
     def close(self):
         if self.device.type != "cuda":
@@ -66,11 +72,14 @@ class CommStream:
 
 
 class Comm:
-    def __init__(self, pp_ranks: list[int], me: int, device: torch.device):
+    def __init__(self, pp_ranks: list[int], me: int, device: torch.device, timeout_s: float | None = None):
         """pp_ranks: global ranks of this pipeline; me: this process's pipeline rank. Every process of the
-        world must construct its Comm at the same time (new_group is collective)."""
+        world must construct its Comm at the same time (new_group is collective). An operation that waits
+        longer than timeout_s fails (the rest of the run then fails with it)."""
         self.ranks, self.me, self.size, self.device = list(pp_ranks), me, len(pp_ranks), device
-        self.groups = {ch: dist.new_group(self.ranks) for ch in CHANNELS} if dist.is_initialized() else {}
+        timeout = timedelta(seconds=timeout_s) if timeout_s else None
+        self.groups = ({ch: dist.new_group(self.ranks, timeout=timeout) for ch in CHANNELS}
+                       if dist.is_initialized() else {})
         self.calls, self.bytes_sent, self.barriers = Counter(), Counter(), Counter()
         self._streams: dict[str, CommStream] = {}
 
@@ -88,7 +97,7 @@ class Comm:
 
     def stream(self, channel: str) -> CommStream:
         if channel not in self._streams:
-            self._streams[channel] = CommStream(self.device)
+            self._streams[channel] = CommStream(self.device, channel)
         return self._streams[channel]
 
     def submit(self, channel: str, step) -> Handle:

@@ -32,6 +32,9 @@ from vp.schedule import validate as validate_schedule
 from vp.vocab.output import Shard
 
 
+KILL_GRACE_S = 10.0  # after one rank failed, how long the others get to fail on their own before a kill
+
+
 class RunFailed(RuntimeError):
     def __init__(self, status: str, message: str):
         super().__init__(message)
@@ -121,7 +124,7 @@ def run_rank(cfg: RunConfig, rank: int, world: int, init_method: str, local_rank
                             world_size=world, timeout=timedelta(seconds=cfg.timeout_s))
     comm = None
     try:
-        comm = Comm(rank_grid(world, cfg.pp)[0].tolist(), rank, device)
+        comm = Comm(rank_grid(world, cfg.pp)[0].tolist(), rank, device, cfg.timeout_s)
         peak, how = device_peak(device)
         mine = train_rank(cfg, rank, comm, device, fault)
         mine["peak_flops"] = peak
@@ -164,37 +167,39 @@ def run_local(cfg: RunConfig, fault=None) -> dict:
                  for r in range(cfg.pp)]
         for p in procs:
             p.start()
-        failed_at, order = None, []  # order: ranks in the order they were seen failing
+        failed_at, order, killed = None, [], set()  # order: ranks in the order they were seen failing
         while any(p.exitcode is None for p in procs):
             time.sleep(0.05)
             order += [r for r, p in enumerate(procs) if p.exitcode not in (None, 0) and r not in order]
             if order and failed_at is None:
                 failed_at = time.monotonic()
-            if failed_at is not None and time.monotonic() - failed_at > cfg.timeout_s + 30:
-                for p in procs:  # the others did not give up on their own: stop them
+            if failed_at is not None and time.monotonic() - failed_at > KILL_GRACE_S:
+                for r, p in enumerate(procs):  # the others did not give up on their own: stop them
                     if p.exitcode is None:
                         p.kill()
+                        killed.add(r)
         for p in procs:
             p.join()
         errors = {r: (Path(workdir) / f"error-{r}.txt") for r in range(cfg.pp)}
         failures = [r for r, p in enumerate(procs) if p.exitcode != 0]
         if failures:
             order += [r for r in failures if r not in order]
-            died = [r for r in order if not errors[r].exists()]  # killed, or exited without a Python error
+            died = [r for r in order if not errors[r].exists() and r not in killed]  # crashed without a Python error
             first = died[0] if died else order[0]
-            texts = {r: errors[r].read_text() if errors[r].exists() else f"exited with code {procs[r].exitcode}"
+            texts = {r: errors[r].read_text() if errors[r].exists() else
+                     ("stopped after the others failed" if r in killed else f"exited with code {procs[r].exitcode}")
                      for r in failures}
-            summary = "; ".join(f"rank {r}: {_last_line(texts[r])}" for r in failures)
+            summary = "; ".join(_summary_line(r, texts[r]) for r in failures)
             raise RunFailed(classify("\n".join(texts.values())), f"{summary}\n\n{texts[first]}")
         return json.loads((Path(workdir) / "record.json").read_text())
 
 
-def _last_line(text: str) -> str:
+def _summary_line(rank: int, text: str) -> str:
     lines = [line for line in text.strip().splitlines() if line.strip()]
     for line in lines:  # the RankFailure line names rank, iteration, step and action
-        if "failed at iteration" in line:
-            return line.split("RankFailure: ")[-1]
-    return lines[-1] if lines else text
+        if "RankFailure: " in line:
+            return line.split("RankFailure: ", 1)[1]
+    return f"rank {rank}: {lines[-1] if lines else text}"
 
 
 def launcher_env(env=os.environ) -> tuple[int, int, int, str] | None:
@@ -252,6 +257,10 @@ def main(argv=None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     launched = launcher_env()
+    if launched and launched[1] != cfg.pp:
+        print(f"error: the launcher started {launched[1]} processes but pp={cfg.pp}; "
+              f"start exactly pp processes (e.g. torchrun --nproc-per-node {cfg.pp})", file=sys.stderr)
+        return 2
     try:
         if launched:
             rank, world, local_rank, init = launched
