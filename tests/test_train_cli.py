@@ -36,7 +36,7 @@ def test_json_record_has_the_design_fields():
 @pytest.mark.parametrize("args,message", [
     (["--method", "nope"], "method='nope' is unknown"),
     (["--method", "vhalf", "--layers", "6"], "layers=6 cannot be split evenly over the 4 stages"),
-    (["--method", "interleaved", "--layers", "4", "--microbatches", "3"], "microbatches=3 is fewer than pp=2"),
+    (["--method", "interleaved", "--layers", "4", "--microbatches", "1"], "microbatches=1 is fewer than pp=2"),
     (["--method", "interleaved", "--layers", "4", "--microbatches", "5"], "microbatches=5: interleaved"),
     (["--method", "vocab-1", "--device", "tpu"], "device='tpu' is unknown"),
     (["--method", "vocab-2", "--pad-multiple", "3"], "pad_multiple=3 is not divisible by the 2 vocabulary shards"),
