@@ -1,0 +1,131 @@
+"""Benchmarks that print ratios measured side by side in one run (never asserted in tests).
+
+python -m vp.bench vocab     S+T of one vocabulary shard against the single-device output layer
+python -m vp.bench pipeline  real 2-rank CPU runs of a vocabulary-heavy GPT, against baseline and the simulator
+"""
+import argparse
+import statistics
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+from vp.comm import Comm
+from vp.vocab.output import Shard, c1_step, c2_step, naive_backward, naive_forward, s_pass, t_pass
+
+
+def _best(fn, reps: int) -> float:
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return min(times)
+
+
+def bench_vocab(hidden: int, vocabs: list[int], tokens: int, reps: int):
+    """One process: the passes of one shard of V/p rows (communication excluded, group of one)."""
+    torch.manual_seed(0)
+    comm = Comm([0], 0, torch.device("cpu"))
+    x = torch.randn(tokens, hidden)
+    weights = torch.full((tokens,), 1.0 / tokens)
+    print(f"S+T of one vocabulary shard vs the single-device output layer (h={hidden}, {tokens} tokens, "
+          f"{torch.get_num_threads()} threads, best of {reps}); ideal ratio = 1/p")
+    print(f"{'V':>7} {'algorithm':>9} {'p':>2} {'shard ms':>9} {'ratio':>6}")
+    for vocab in vocabs:
+        w_full = torch.randn(vocab, hidden) * 0.02
+        targets = torch.randint(0, vocab, (tokens,))
+
+        def single():
+            xr, wr = x.clone().requires_grad_(), w_full.clone().requires_grad_()
+            (weights * F.cross_entropy(xr @ wr.t(), targets, reduction="none")).sum().backward()
+
+        ref = _best(single, reps)
+        print(f"{vocab:>7} {'single':>9} {1:>2} {ref * 1e3:>9.1f} {1.0:>6.2f}")
+        for algorithm in ("naive", "alg1", "alg2"):
+            for p in (1, 2, 4):
+                shard = Shard(0, p, vocab // p, vocab)
+                w = torch.nn.Parameter(w_full[: shard.rows].clone())
+
+                def passes():
+                    if algorithm == "naive":
+                        naive_backward(shard, w, naive_forward(shard, w, x, targets, weights, comm), comm)
+                        return
+                    state = c1_step(s_pass(shard, w, x, targets, weights, algorithm), comm, algorithm)
+                    state = t_pass(shard, w, state, algorithm)
+                    if algorithm == "alg1":
+                        c2_step(state, comm)
+
+                t = _best(passes, reps)
+                print(f"{vocab:>7} {algorithm:>9} {p:>2} {t * 1e3:>9.1f} {t / ref:>6.2f}")
+
+
+def bench_pipeline(methods: list[str], args):
+    from vp.config import RunConfig, validate
+    from vp.schedule import build, simulate
+    from vp.schedule.simulate import Costs
+    from vp.train import run_local
+
+    rows = []
+    for method in methods:
+        cfg = validate(RunConfig(method=method, pp=2, layers=args.layers, hidden=args.hidden, heads=args.heads,
+                                 seq_len=args.seq_len, vocab_size=args.vocab_size, microbatches=args.microbatches,
+                                 iterations=args.iterations, warmup=1, timeout_s=900))
+        rec = run_local(cfg)
+        m = rec["metrics"]
+        sched = build(method, cfg.pp, cfg.microbatches, cfg.n_chunks)
+        pass_s = m["pass_time_s"]
+        compute = {}
+        for st in range(sched.n_stages):
+            r = sched.where(st)[0]
+            for kind in ("F", "B", "W"):
+                if kind in pass_s and pass_s[kind][r] is not None:
+                    compute[(kind, st)] = pass_s[kind][r]
+        for kind in ("S", "T", "IF", "IB"):
+            if kind in pass_s:
+                compute[(kind, None)] = statistics.mean(t for t in pass_s[kind] if t is not None)
+        predicted = simulate(sched, Costs(compute)).makespan
+        rows.append((method, m["iteration_time_s"], m["tokens_per_s"], predicted, m["peak_memory_bytes"]))
+        print(f"  ran {method}: {m['iteration_time_s']:.3f} s/iteration", file=sys.stderr, flush=True)
+    base = next(r for r in rows if r[0] == "baseline")
+    print(f"2 CPU ranks, h={args.hidden}, {args.layers} layers, seq {args.seq_len}, V={args.vocab_size}, "
+          f"{args.microbatches} microbatches; prediction = simulator on the pass times measured in the same run "
+          f"(communication not modelled)")
+    print(f"{'method':>12} {'s/iter':>8} {'tokens/s':>9} {'vs baseline':>11} {'predicted s':>11} "
+          f"{'measured/pred':>13} {'peak MiB per rank':>18}")
+    for method, t, tps, pred, mem in rows:
+        print(f"{method:>12} {t:>8.3f} {tps:>9.0f} {base[1] / t:>10.2f}x {pred:>11.3f} {t / pred:>13.2f} "
+              f"{' '.join(f'{b / 2**20:.0f}' for b in mem):>18}")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m vp.bench", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="what", required=True)
+    v = sub.add_parser("vocab")
+    v.add_argument("--hidden", type=int, default=1024)
+    v.add_argument("--vocab", type=int, nargs="+", default=[32000, 128000])
+    v.add_argument("--tokens", type=int, default=256)
+    v.add_argument("--reps", type=int, default=3)
+    p = sub.add_parser("pipeline")
+    p.add_argument("--methods", nargs="+", default=["baseline", "redis", "interlaced", "vocab-1", "vocab-2"])
+    p.add_argument("--hidden", type=int, default=256)
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--layers", type=int, default=4)
+    p.add_argument("--seq-len", type=int, default=256)
+    p.add_argument("--vocab-size", type=int, default=64000)
+    p.add_argument("--microbatches", type=int, default=8)
+    p.add_argument("--iterations", type=int, default=3)
+    args = ap.parse_args(argv)
+    if args.what == "vocab":
+        bench_vocab(args.hidden, args.vocab, args.tokens, args.reps)
+    else:
+        if "baseline" not in args.methods:
+            args.methods.insert(0, "baseline")
+        bench_pipeline(args.methods, args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
