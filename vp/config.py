@@ -158,8 +158,10 @@ def validate(cfg: RunConfig) -> RunConfig:
         raise ValueError(f"dtype={cfg.dtype!r} is unknown; use one of {', '.join(DTYPES)}")
     if cfg.device == "cpu" and cfg.dtype != "fp32":
         raise ValueError(f"dtype={cfg.dtype} needs device=cuda; CPU runs use dtype=fp32")
-    if cfg.lr <= 0 or cfg.timeout_s <= 0:
-        raise ValueError(f"lr={cfg.lr} and timeout_s={cfg.timeout_s} must be positive")
+    if not cfg.lr > 0:
+        raise ValueError(f"lr={cfg.lr} must be positive (the default is 1e-3)")
+    if not cfg.timeout_s > 0:
+        raise ValueError(f"timeout_s={cfg.timeout_s} must be a positive number of seconds")
     chunks = chunks_for(spec, cfg.chunks)
     padded_vocab_size(cfg.vocab_size, cfg.pad_multiple, cfg.vocab_shards)
     stage_layers(cfg)

@@ -1,0 +1,160 @@
+"""Dispatch jobs with submitit: one multi-task job per run (pp tasks), on local processes or on SLURM.
+
+cluster=local runs one job at a time (timings are not disturbed) and prints progress with an ETA;
+cluster=slurm submits every job with sbatch and, with cluster.wait=true, follows them to the end. A job
+that dies without writing its record (a killed rank, a time limit) gets a failure record here.
+"""
+import time
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from harness.records import failure_record, finish_run, status_of
+from harness.task import run_task
+
+
+def _spec(job, cfg) -> dict:
+    folder = Path(cfg.cluster.folder).resolve() / cfg.experiment / job.run_id
+    return {"config": job.run.to_dict(), "path": str(job.path.resolve()), "experiment": cfg.experiment,
+            "labels": job.labels, "folder": str(folder),
+            "logger": OmegaConf.to_container(cfg.logger, resolve=True),
+            "wandb_root": str(Path.cwd()), "fault": _fault(job, cfg)}
+
+
+def _fault(job, cfg):
+    """Testing aid: fault={method: M, at: RANK:ACTION[:exit|hang]} makes runs of method M fail there."""
+    fault = cfg.get("fault")
+    if not fault or fault.get("method") != job.run.method:
+        return None
+    rank, action, *mode = str(fault.at).split(":")
+    return int(rank), action, (mode[0] if mode else "exit")
+
+
+def executor_for(job, cfg, folder: Path):
+    import submitit
+
+    cl = cfg.cluster
+    if cl.name == "local":
+        ex = submitit.LocalExecutor(folder=str(folder))
+        ex.update_parameters(timeout_min=int(cl.timeout_min), nodes=1, tasks_per_node=job.run.pp,
+                             gpus_per_node=job.run.pp if job.run.device == "cuda" else 0)
+        return ex
+    ex = submitit.SlurmExecutor(folder=str(folder))
+    per_node = cl.tasks_per_node or cl.gpus_per_node or job.run.pp
+    params = dict(partition=cl.partition, nodes=job.run.pp // per_node, ntasks_per_node=per_node,
+                  cpus_per_task=cl.cpus_per_task, time=int(cl.time_min), setup=list(cl.setup),
+                  job_name=f"vp-{cfg.experiment}-{job.run_id}")
+    if cl.gpus_per_node:
+        params["gpus_per_node"] = cl.gpus_per_node
+    for key in ("account", "qos"):
+        if cl.get(key):
+            params[key] = cl[key]
+    if cl.get("mem_gb"):
+        params["mem"] = f"{cl.mem_gb}GB"
+    ex.update_parameters(**params)
+    return ex
+
+
+def _record_failure_if_missing(job, cfg, error: str, started: str, timed_out: bool = False) -> str:
+    """After a job ended: keep the record its rank 0 wrote, or write one from what is known."""
+    from vp.train import classify
+
+    if status_of(job.path) is not None and _written_since(job.path, started):
+        return status_of(job.path)
+    status = "timeout" if timed_out or "timed out" in error.lower() else classify(error)
+    finish_run(failure_record(job.run.to_dict(), cfg.experiment, "real", job.labels, status,
+                              error or "the job ended without writing a record", started),
+               job.path, OmegaConf.to_container(cfg.logger, resolve=True), Path.cwd())
+    return status
+
+
+def _slurm_state(job_id: str) -> str | None:
+    """The job's state from squeue (works without SLURM accounting, where sacct, and so submitit, cannot
+    tell a job that died); None while squeue does not answer."""
+    import subprocess
+
+    out = subprocess.run(["squeue", "-h", "-t", "all", "-j", str(job_id), "-o", "%T"], capture_output=True,
+                         text=True, timeout=30)
+    if out.returncode != 0 and "Invalid job id" not in out.stderr:
+        return None
+    return out.stdout.strip() or "GONE"
+
+
+ACTIVE = ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED", "RESIZING")
+
+
+def _tail(handle, lines: int = 30) -> str:
+    try:
+        return "\n".join((handle.stderr() or "").strip().splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+def _written_since(path: Path, started: str) -> bool:
+    from datetime import datetime
+
+    return path.stat().st_mtime >= datetime.fromisoformat(started).timestamp() - 1
+
+
+def _fmt(seconds: float) -> str:
+    return f"{seconds / 60:.1f} min" if seconds >= 90 else f"{seconds:.0f} s"
+
+
+def run_local(jobs, cfg, log=print) -> dict:
+    """One job at a time; progress lines: done / total, the current run, elapsed and an ETA."""
+    from vp.record import now
+
+    counts, began, total = {}, time.monotonic(), len(jobs)
+    for i, job in enumerate(jobs):
+        spec = _spec(job, cfg)
+        elapsed = time.monotonic() - began
+        eta = f", ETA {_fmt(elapsed / i * (total - i))}" if i else ""
+        log(f"[{i}/{total} done{eta}] running {job.name} (run {job.run_id})")
+        started = now()
+        t0 = time.monotonic()
+        handle = executor_for(job, cfg, Path(spec["folder"])).submit(run_task, spec)
+        error = ""
+        try:
+            handle.results()
+        except Exception as err:  # noqa: BLE001 - the failure becomes the record's error text
+            error = f"{type(err).__name__}: {err}"
+        status = _record_failure_if_missing(job, cfg, error, started, "TIMEOUT" in str(handle.state))
+        counts[status] = counts.get(status, 0) + 1
+        log(f"    {status} in {_fmt(time.monotonic() - t0)}" + ("" if status == "ok" else f": see {job.path}"))
+    log(f"[{total}/{total} done in {_fmt(time.monotonic() - began)}] " +
+        ", ".join(f"{n} {s}" for s, n in sorted(counts.items())))
+    return counts
+
+
+def run_slurm(jobs, cfg, log=print) -> dict:
+    """Submit every job; with cluster.wait, follow them and record those that die without a record."""
+    from vp.record import now
+
+    started, handles = now(), []
+    for job in jobs:
+        spec = _spec(job, cfg)
+        handles.append((job, executor_for(job, cfg, Path(spec["folder"])).submit(run_task, spec)))
+        log(f"submitted {job.name} (run {job.run_id}) as SLURM job {handles[-1][1].job_id}")
+    if not cfg.cluster.wait:
+        log(f"{len(handles)} jobs submitted; rerun the same command later to resume what did not finish")
+        return {"submitted": len(handles)}
+    counts, last, total = {}, None, len(handles)
+    pending = list(handles)
+    while pending:
+        still = []
+        for job, handle in pending:
+            state = _slurm_state(handle.job_id)
+            if state is None or state in ACTIVE:
+                still.append((job, handle))
+                continue
+            error = "" if state == "COMPLETED" else f"SLURM job {handle.job_id} ended {state}: " + _tail(handle)
+            status = _record_failure_if_missing(job, cfg, error, started, state == "TIMEOUT")
+            counts[status] = counts.get(status, 0) + 1
+        pending = still
+        line = f"[{total - len(pending)}/{total} done] " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
+        if line != last:
+            log(line)
+            last = line
+        if pending:
+            time.sleep(2)
+    return counts

@@ -1,0 +1,41 @@
+"""What each submitit task runs: one rank of one run, through the same vp entry as `python -m vp.train`.
+
+Rank, world size and the node come from submitit's job environment (local processes or SLURM tasks);
+ranks meet through a fresh file in the job's folder (shared between nodes on a cluster). Rank 0 writes
+the record (and logs it to W&B); when the run fails with a Python error, rank 0 records the failure.
+"""
+import os
+from pathlib import Path
+
+from harness.records import failure_record, finish_run, status_of
+
+
+def run_task(spec: dict) -> dict | None:
+    import submitit
+    import torch
+
+    from vp.config import RunConfig
+    from vp.record import now
+    from vp.train import classify, run_rank
+
+    env = submitit.JobEnvironment()
+    rank, world, local_rank = env.global_rank, env.num_tasks, env.local_rank
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, world // max(1, env.num_nodes))))
+    cfg = RunConfig.from_dict(spec["config"])
+    path = Path(spec["path"])
+    init = f"file://{Path(spec['folder']).resolve()}/rendezvous-{env.job_id}"
+    started = now()
+    try:
+        record = run_rank(cfg, rank, world, init, local_rank, fault=spec.get("fault"), experiment=spec["experiment"])
+    except BaseException as err:
+        if rank == 0 and status_of(path) != "ok":
+            text = f"{type(err).__name__}: {err}"
+            finish_run(failure_record(spec["config"], spec["experiment"], "real", spec["labels"], classify(text),
+                                      text, started), path, spec["logger"], Path(spec["wandb_root"]))
+        raise
+    if rank != 0:
+        return None
+    record["labels"] = spec["labels"]
+    finish_run(record, path, spec["logger"], Path(spec["wandb_root"]))
+    return {"run_id": record["run_id"], "status": record["status"],
+            "iteration_time_s": record["metrics"]["iteration_time_s"]}
