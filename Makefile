@@ -28,7 +28,7 @@ report: venv
 paper-tables: venv
 	$(PY) -m harness.sweep experiment=paper_1f1b backend=sim logger=off report=false $(ARGS)
 	$(PY) -m harness.sweep experiment=paper_vhalf backend=sim logger=off report=false $(ARGS)
-	$(PY) -m harness.report experiments=paper_1f1b,paper_vhalf
+	$(PY) -m harness.report --experiment paper_1f1b paper_vhalf
 
 bench: venv
 	$(PY) -m vp.bench vocab

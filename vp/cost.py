@@ -25,6 +25,7 @@ class Hardware:
     bytes_per_param: float = 18.0  # bf16 weight + fp32 grad + fp32 master weight and two Adam moments
     act_bytes: int = 2  # bytes per activation element (bf16)
     overhead_bytes: float = 2 * GiB  # CUDA context, communicator buffers, allocator slack
+    pass_overhead_s: float = 0.0  # fixed cost of launching any pass (CPU runs: Python and dispatch)
 
     def eff(self, kind: str) -> float:
         return self.efficiency.get(kind, self.efficiency.get("F", 0.5))
@@ -83,38 +84,51 @@ def rank_params(cfg: RunConfig, sched: Schedule) -> list[int]:
     return out
 
 
-def pass_costs(cfg: RunConfig, hw: Hardware, sched: Schedule) -> Costs:
-    """Seconds per action and bytes held per microbatch, for the simulator."""
-    n, h, s = cfg.micro_batch_size * cfg.seq_len, cfg.hidden, cfg.seq_len
-    v, p = cfg.padded_vocab_size, cfg.pp
-    layer = layer_flops(n, s, h, cfg.ffn)  # forward + backward of one layer
+EFF_KINDS = ("F", "B", "W", "S", "T", "IF", "IB")
+
+
+def pass_flops(cfg: RunConfig, sched: Schedule) -> dict:
+    """FLOPs of each pass, split by the efficiency that applies to them: {(kind, stage): {eff_kind: flops}}
+    for F/B/W (stage passes) and {(kind, None): ...} for S/T/IF/IB. The whole output layer in a last stage
+    runs at output-layer speed (S forward, T backward), the whole input layer in a first stage at IF/IB."""
+    n, h = cfg.micro_batch_size * cfg.seq_len, cfg.hidden
+    layer = layer_flops(n, cfg.seq_len, h, cfg.ffn)  # forward + backward of one layer
     split = sched.split_w
     frac = {"F": 1 / 3, "B": (1 / 3) if split else (2 / 3), "W": (1 / 3) if split else 0.0}
-    head = 2.0 * n * h * v  # one GEMM of the output layer
-    compute, memory = {}, {}
+    head = 2.0 * n * h * cfg.padded_vocab_size  # one GEMM of the whole output layer
     last = sched.n_stages - 1
-    speed = {k: hw.peak_flops * hw.eff(k) for k in ("F", "B", "W", "S", "T", "IF", "IB")}
+    out = {}
     for st, layers in enumerate(cfg.stage_layers):
         for kind in ("F", "B", "W"):
-            t = layers * layer * frac[kind] / speed[kind]
-            if not sched.vocab_parallel and st == last:  # the whole output layer, at output-layer speed
-                t += {"F": head / speed["S"], "B": (1 if split else 2) * head / speed["T"],
-                      "W": (head if split else 0.0) / speed["T"]}[kind]
-            if not sched.vocab_parallel and st == 0:
-                t += {"F": n * h / speed["IF"], "B": 2 * n * h / speed["IB"], "W": 0.0}[kind]
-            compute[(kind, st)] = t
+            parts = {kind: layers * layer * frac[kind]}
+            if not sched.vocab_parallel and st == last:
+                parts.update({"F": {"S": head}, "B": {"T": (1 if split else 2) * head},
+                              "W": {"T": head if split else 0.0}}[kind])
+            if not sched.vocab_parallel and st == 0 and kind != "W":
+                parts[{"F": "IF", "B": "IB"}[kind]] = (1 if kind == "F" else 2) * n * h
+            out[(kind, st)] = parts
+    if sched.vocab_parallel:
+        shard = head / cfg.pp
+        s_flops, t_flops = {"alg1": (shard, 2 * shard), "alg2": (2 * shard, shard),
+                            "naive": (shard, 2 * shard)}[sched.vocab]
+        out.update({("S", None): {"S": s_flops}, ("T", None): {"T": t_flops}, ("IF", None): {"IF": n * h},
+                    ("IB", None): {"IB": 2 * n * h}})
+    return out
+
+
+def pass_costs(cfg: RunConfig, hw: Hardware, sched: Schedule) -> Costs:
+    """Seconds per action and bytes held per microbatch, for the simulator."""
+    n, h, v, p = cfg.micro_batch_size * cfg.seq_len, cfg.hidden, cfg.padded_vocab_size, cfg.pp
+    speed = {k: hw.peak_flops * hw.eff(k) for k in EFF_KINDS}
+    compute = {key: hw.pass_overhead_s + sum(f / speed[k] for k, f in parts.items())
+               for key, parts in pass_flops(cfg, sched).items()}
+    memory = {}
+    for st, layers in enumerate(cfg.stage_layers):
         held = layers * layer_activation_bytes(cfg, hw)
-        if not sched.vocab_parallel and st == last:
+        if not sched.vocab_parallel and st == sched.n_stages - 1:
             held += n * v * 4 + n * h * hw.act_bytes  # fp32 softmax of the whole vocabulary and the layer input
         memory[("F", st)] = held
     if sched.vocab_parallel:
-        shard = head / p
-        s_flops, t_flops = {"alg1": (shard, 2 * shard), "alg2": (2 * shard, shard),
-                            "naive": (shard, 2 * shard)}[sched.vocab]
-        compute[("S", None)] = s_flops / speed["S"]
-        compute[("T", None)] = t_flops / speed["T"]
-        compute[("IF", None)] = n * h / speed["IF"]
-        compute[("IB", None)] = 2 * n * h / speed["IB"]
         memory[("S", None)] = n * (v // p) * 4 + n * h * hw.act_bytes
     act = n * h * hw.act_bytes
     grad32 = n * h * 4

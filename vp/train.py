@@ -111,6 +111,31 @@ def train_rank(cfg: RunConfig, rank: int, comm: Comm, device: torch.device, faul
     }
 
 
+def link_probe(comm: Comm, sizes=(4096, 262144, 4194304), reps: int = 3) -> list[list[float]]:
+    """[bytes, seconds] of one message between pipeline ranks 0 and 1 (half a ping-pong, best of reps),
+    for fitting a link model (python -m harness.calibrate); counters are reset afterwards."""
+    out = []
+    if comm.me in (0, 1):
+        for size in sizes:
+            buf = torch.zeros(size // 4, device=comm.device)
+            best = float("inf")
+            for _ in range(reps):
+                t0 = time.perf_counter()
+                if comm.me == 0:
+                    comm.isend(buf, 1, "fwd+").wait()
+                    comm.irecv(buf, 1, "fwd-").wait()
+                else:
+                    comm.irecv(buf, 0, "fwd+").wait()
+                    comm.isend(buf, 0, "fwd-").wait()
+                if comm.device.type == "cuda":
+                    torch.cuda.synchronize()
+                best = min(best, (time.perf_counter() - t0) / 2)
+            out.append([size, best])
+    comm.calls.clear()
+    comm.bytes_sent.clear()
+    return out
+
+
 def run_rank(cfg: RunConfig, rank: int, world: int, init_method: str, local_rank: int = 0, fault=None,
              experiment: str | None = None) -> dict | None:
     """One process of a run: process groups, training, gathering; returns the record on rank 0."""
@@ -126,6 +151,7 @@ def run_rank(cfg: RunConfig, rank: int, world: int, init_method: str, local_rank
     try:
         comm = Comm(rank_grid(world, cfg.pp)[0].tolist(), rank, device, cfg.timeout_s)
         peak, how = device_peak(device)
+        probe = link_probe(comm)
         mine = train_rank(cfg, rank, comm, device, fault)
         mine["peak_flops"] = peak
         gathered = [None] * world
@@ -140,7 +166,7 @@ def run_rank(cfg: RunConfig, rank: int, world: int, init_method: str, local_rank
     metrics = summarize(cfg, gathered, peak)
     env = {"torch": torch.__version__, "python": sys.version.split()[0], "device": gathered[0]["device"],
            "hosts": sorted({r["host"] for r in gathered}), "git_commit": git_commit(), "start": started,
-           "end": now(), "peak_flops_source": how, "world_size": world}
+           "end": now(), "peak_flops_source": how, "world_size": world, "link_probe": probe}
     return make_record(cfg.to_dict(), metrics, env, experiment=experiment)
 
 

@@ -1,0 +1,31 @@
+"""python -m harness.report [--results-dir results] [--reports-dir reports] [--experiment NAME ...]
+
+Prints the README.md of each report written. Exit code 2 when there is nothing to report on.
+"""
+import argparse
+import sys
+from pathlib import Path
+
+from harness.report.build import build_reports
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m harness.report",
+                                     description="Tables and figures of reports/<experiment>/ from results/.")
+    parser.add_argument("--results-dir", type=Path, default=Path("results"))
+    parser.add_argument("--reports-dir", type=Path, default=Path("reports"))
+    parser.add_argument("--experiment", nargs="+", action="extend", metavar="NAME",
+                        help="experiments to report on (default: every folder under --results-dir)")
+    try:
+        args = parser.parse_args(argv)
+        written = build_reports(args.results_dir, args.reports_dir, args.experiment)
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    for path in written:
+        print(path)
+    print(args.reports_dir / "README.md")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

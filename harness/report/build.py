@@ -1,0 +1,114 @@
+"""reports/<experiment>/ from results/<experiment>/: tables (Markdown and LaTeX), figures, runs.csv and a README
+that indexes them; then reports/README.md over every experiment folder there. Reads only records on disk."""
+import re
+from pathlib import Path
+
+import pandas as pd
+
+from harness.records import load
+from harness.report.figures import Figure, all_figures
+from harness.report.frame import STATUS_LABEL, records_frame, summary
+from harness.report.render import latex, markdown
+from harness.report.tables import Table, all_tables
+
+# what a rebuild writes; such files left from an earlier build (a backend no longer there) are removed
+GENERATED = re.compile(r"^(README\.md|tables\.md|runs\.csv|(mfu_memory|speedup_vs|real_vs_sim|mfu_vs_vocab|"
+                       r"memory_per_rank|bubble_per_rank|throughput_vs_gpus|timeline)\S*\.(tex|png|pdf))$")
+CSV_COLUMNS = ["run_id", "status", "backend", "hardware", "method", "pp", "seq_len", "vocab_size", "vocab", "model",
+               "variant", "iteration_time_s", "tokens_per_s", "mfu", "max_memory_bytes", "error"]
+SUMMARY = re.compile(r"^\d+ runs: ")
+
+
+def experiment_dirs(results_dir: Path) -> list[str]:
+    return [p.name for p in sorted(results_dir.iterdir())
+            if p.is_dir() and not p.name.startswith(".") and p.name != "wandb"]
+
+
+def build_reports(results_dir: Path, reports_dir: Path, experiments: list[str] | None = None) -> list[Path]:
+    """Write reports/<experiment>/ for each experiment (all under results_dir when None) and reports/README.md;
+    returns the README.md of each experiment. Every experiment is read before anything is written."""
+    results_dir, reports_dir = Path(results_dir), Path(reports_dir)
+    if not results_dir.is_dir():
+        raise ValueError(f"results_dir={results_dir} does not exist; run a sweep first (make sweep) or point "
+                         f"--results-dir at the folder that holds <experiment>/<run_id>.json")
+    known = experiment_dirs(results_dir)
+    records = {name: load(results_dir, name) for name in (experiments or known)}
+    empty = [name for name, recs in records.items() if not recs]
+    if experiments and empty:
+        raise ValueError(f"experiment {', '.join(empty)} has no records under {results_dir}/; folders there: "
+                         f"{', '.join(n for n in known if n not in empty) or 'none'}")
+    records = {name: recs for name, recs in records.items() if recs}
+    if not records:
+        raise ValueError(f"no records under {results_dir}/<experiment>/; run a sweep first (make sweep)")
+    written = [build_experiment(name, recs, reports_dir / name, results_dir / name) for name, recs in records.items()]
+    write_index(reports_dir)
+    return written
+
+
+def _write(path: Path, text: str) -> Path:
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def _table_md(table: Table, level: str) -> str:
+    return f"{level} {table.title}\n\n{table.note} LaTeX: [{table.name}.tex]({table.name}.tex).\n\n{markdown(table)}\n"
+
+
+def _figure_md(fig: Figure) -> str:
+    if not fig.paths:
+        return f"- **{fig.title}**: not drawn, {fig.skipped}."
+    links = ", ".join(f"[{p.name}]({p.name})" for p in fig.paths)
+    return f"- **{fig.title}**: {fig.what} {links}" + (f" (Also {fig.skipped}.)" if fig.skipped else "")
+
+
+def _failure_md(run: dict) -> str:
+    variant = f" ({run['variant']})" if run["variant"] else ""
+    return (f"- `{run['run_id']}` {run['group']}, {run['setup']}, {run['method']}, vocabulary {run['vocab']}{variant}: "
+            f"**{STATUS_LABEL[run['status']]}**: {run['error'] or 'no error text'}")
+
+
+def readme(name: str, source: Path, df: pd.DataFrame, tables: list[Table], skipped: list[str],
+           figures: list[Figure]) -> str:
+    failures = [_failure_md(r) for r in df[df["status"] != "ok"].to_dict("records")]
+    lines = [f"# Report: {name}", "", summary(df), "",
+             f"Built by `python -m harness.report` from the records in `{source}/`. The tables are also in "
+             f"[tables.md](tables.md) and, as LaTeX (booktabs), in the .tex file named under each; every run is a "
+             f"row of [runs.csv](runs.csv).", "", "## Tables", ""]
+    lines += [_table_md(t, "###") for t in tables]
+    lines += [f"Not written: {s}" for s in skipped] + ([""] if skipped else [])
+    lines += ["## Figures", "", *[_figure_md(f) for f in figures], "", "## Runs that did not finish", ""]
+    lines += failures or ["None: every run ended ok."]
+    return "\n".join(lines) + "\n"
+
+
+def build_experiment(name: str, records: list[dict], out: Path, source: Path) -> Path:
+    out.mkdir(parents=True, exist_ok=True)
+    df = records_frame(records)
+    tables, skipped = all_tables(df)
+    written = [_write(out / f"{t.name}.tex", latex(t)) for t in tables]
+    written.append(_write(out / "tables.md", f"# Tables: {name}\n\n" + "\n".join(_table_md(t, "##") for t in tables)))
+    written.append(_write(out / "runs.csv", df[CSV_COLUMNS].to_csv(index=False)))
+    figures = all_figures(df, out)
+    written += [p for f in figures for p in f.paths]
+    written.append(_write(out / "README.md", readme(name, source, df, tables, skipped, figures)))
+    for path in out.iterdir():
+        if path.is_file() and GENERATED.match(path.name) and path not in written:
+            path.unlink()
+    return out / "README.md"
+
+
+def _summary_of(readme_path: Path) -> str:
+    if not readme_path.is_file():
+        return "no README.md (not written by harness.report)"
+    lines = readme_path.read_text(encoding="utf-8").splitlines()
+    return next((line for line in lines if SUMMARY.match(line)), "README.md without a run summary")
+
+
+def write_index(reports_dir: Path) -> Path:
+    """reports/README.md: every experiment folder under reports_dir with a link and its run counts."""
+    names = [p.name for p in sorted(reports_dir.iterdir()) if p.is_dir() and not p.name.startswith(".")]
+    lines = ["# Reports", "", "One folder per experiment, built by `python -m harness.report` from "
+             "`results/<experiment>/`.", ""]
+    lines += [f"- [{n}]({n}/README.md): {_summary_of(reports_dir / n / 'README.md')}" for n in names]
+    lines += [] if names else ["No experiment reports yet."]
+    return _write(reports_dir / "README.md", "\n".join(lines) + "\n")

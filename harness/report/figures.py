@@ -1,0 +1,164 @@
+"""The paper's figures from the runs frame, with seaborn, each as PNG and PDF: MFU against vocabulary size,
+per-rank peak memory and idle fraction (the imbalance vocabulary parallelism removes), throughput against GPU
+count, and the schedule timelines of a few runs. A figure without data is skipped with the reason."""
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import pandas as pd  # noqa: E402
+import seaborn as sns  # noqa: E402
+from matplotlib.ticker import MaxNLocator, NullLocator  # noqa: E402
+
+from harness.report.frame import METHOD_ORDER, ok_runs, per_rank  # noqa: E402
+from harness.report.tables import memory_unit, slug  # noqa: E402
+
+DPI = 100
+PANEL = dict(height=2.4, aspect=1.25)  # inches per panel: many panels still make a moderate figure
+
+
+@dataclass
+class Figure:
+    title: str
+    what: str  # one line: what it shows
+    paths: list[Path] = field(default_factory=list)  # empty when skipped
+    skipped: str = ""  # why it was not drawn
+
+
+def _methods(data: pd.DataFrame) -> list[str]:
+    present = set(data["method"])
+    return [m for m in METHOD_ORDER if m in present] + sorted(present - set(METHOD_ORDER))
+
+
+def _setups(data: pd.DataFrame) -> list[str]:
+    return list(data.sort_values(["pp", "seq_len"])["setup"].drop_duplicates())
+
+
+def _vocabs(data: pd.DataFrame) -> list[str]:
+    return list(data.sort_values("vocab_size")["vocab"].drop_duplicates())
+
+
+def _save(grid: sns.FacetGrid, out: Path, stem: str) -> list[Path]:
+    paths = [out / f"{stem}.png", out / f"{stem}.pdf"]
+    grid.figure.savefig(paths[0], dpi=DPI)
+    grid.figure.savefig(paths[1], metadata={"CreationDate": None})  # no timestamp: rebuilds compare equal
+    plt.close(grid.figure)
+    return paths
+
+
+def _log2_ticks(grid: sns.FacetGrid, values: list, labels: list[str]) -> None:
+    for ax in grid.axes.flat:
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(values, labels)
+        ax.xaxis.set_minor_locator(NullLocator())
+
+
+def mfu_vs_vocab(g: pd.DataFrame, group: str, out: Path) -> Figure:
+    fig = Figure(f"MFU against vocabulary size, {group}",
+                 "MFU of each method as the vocabulary grows, one panel per setup (GPUs, sequence length).")
+    data = ok_runs(g, "mfu").assign(mfu_pct=lambda d: d["mfu"] * 100)
+    if data.empty:
+        fig.skipped = "no ok run records an MFU"
+        return fig
+    setups = _setups(data)
+    grid = sns.relplot(data=data, x="vocab_size", y="mfu_pct", hue="method", hue_order=_methods(data),
+                       col="setup", col_order=setups, col_wrap=min(len(setups), 4), kind="line", marker="o",
+                       errorbar=None, **PANEL)
+    sizes = sorted(set(data["vocab_size"]))
+    _log2_ticks(grid, sizes, [data.loc[data["vocab_size"] == s, "vocab"].iloc[0] for s in sizes])
+    grid.set_titles("{col_name}").set_axis_labels("vocabulary size", "MFU (%)")
+    fig.paths = _save(grid, out, f"mfu_vs_vocab_{slug(group)}")
+    return fig
+
+
+def _per_rank(g: pd.DataFrame, out: Path, column: str, scale: float, ylabel: str, stem: str, fig: Figure) -> Figure:
+    data = per_rank(g, column)
+    if data.empty:
+        fig.skipped = f"no ok run records {column}"
+        return fig
+    data["value"] = data["value"] / scale
+    grid = sns.relplot(data=data, x="rank", y="value", hue="vocab", hue_order=_vocabs(data), row="setup",
+                       row_order=_setups(data), col="method", col_order=_methods(data), kind="line", marker="o",
+                       errorbar=None, facet_kws={"sharex": "row", "sharey": "row", "margin_titles": True},
+                       height=2.0, aspect=1.2)
+    for ax in grid.axes.flat:
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    grid.set_titles(row_template="{row_name}", col_template="{col_name}").set_axis_labels("rank", ylabel)
+    fig.paths = _save(grid, out, stem)
+    return fig
+
+
+def memory_per_rank(g: pd.DataFrame, group: str, out: Path) -> Figure:
+    fig = Figure(f"Peak memory per rank, {group}",
+                 "peak memory of every pipeline rank, one panel per setup and method, one line per vocabulary: "
+                 "without vocabulary parallelism the first and last ranks hold more.")
+    scale, unit = memory_unit(g)
+    return _per_rank(g, out, "peak_memory_bytes", scale, f"peak memory ({unit})", f"memory_per_rank_{slug(group)}",
+                     fig)
+
+
+def bubble_per_rank(g: pd.DataFrame, group: str, out: Path) -> Figure:
+    fig = Figure(f"Idle fraction per rank, {group}",
+                 "fraction of the iteration each rank is idle (pipeline bubble), one panel per setup and method, "
+                 "one line per vocabulary.")
+    return _per_rank(g, out, "bubble_fraction", 1.0, "idle fraction", f"bubble_per_rank_{slug(group)}", fig)
+
+
+def throughput_vs_gpus(g: pd.DataFrame, group: str, out: Path) -> Figure:
+    fig = Figure(f"Throughput against GPU count, {group}",
+                 "tokens/s of each method against the number of GPUs (pipeline ranks), one panel per vocabulary, "
+                 "one line style per sequence length.")
+    data = ok_runs(g, "tokens_per_s").assign(seq=lambda d: "seq " + d["seq_len"].astype(str))
+    if data.empty:
+        fig.skipped = "no ok run records tokens/s"
+        return fig
+    vocabs = _vocabs(data)
+    grid = sns.relplot(data=data, x="pp", y="tokens_per_s", hue="method", hue_order=_methods(data), style="seq",
+                       style_order=sorted(set(data["seq"]), key=lambda s: int(s.split()[1])), col="vocab",
+                       col_order=vocabs, col_wrap=min(len(vocabs), 4), kind="line", marker="o", errorbar=None,
+                       **PANEL)
+    gpus = sorted(set(data["pp"]))
+    _log2_ticks(grid, gpus, [str(p) for p in gpus])
+    grid.set_titles("vocabulary {col_name}").set_axis_labels("GPUs", "tokens/s")
+    fig.paths = _save(grid, out, f"throughput_vs_gpus_{slug(group)}")
+    return fig
+
+
+def timelines(g: pd.DataFrame, group: str, out: Path) -> Figure:
+    """One timeline per method, of the smallest setup and vocabulary that has runs with pass times."""
+    from harness.timeline import draw_timeline
+
+    fig = Figure(f"Schedule timelines, {group}",
+                 "the schedule of each method replayed with the pass times its record holds, for the smallest "
+                 "setup and vocabulary (PNG only).")
+    data = g[(g["status"] == "ok") & g["has_passes"]]
+    if data.empty:
+        fig.skipped = "no ok run records pass times"
+        return fig
+    first = data.sort_values(["pp", "seq_len", "vocab_size"]).iloc[0]
+    data = data[(data["pp"] == first["pp"]) & (data["seq_len"] == first["seq_len"])
+                & (data["vocab_size"] == first["vocab_size"])]
+    fig.what += f" Here: {first['setup']}, vocabulary {first['vocab']}."
+    failed = []
+    for method in _methods(data):
+        run = data[data["method"] == method].sort_values(["variant", "run_id"]).iloc[0]
+        try:
+            fig.paths.append(draw_timeline(run["record"], out / f"timeline_{slug(group)}_{method}.png"))
+        except ValueError as err:  # a record whose config no longer builds a schedule
+            failed.append(f"{method} ({err})")
+        plt.close("all")
+    if failed:
+        fig.skipped = "not drawn for " + "; ".join(failed)
+    return fig
+
+
+def all_figures(df: pd.DataFrame, out: Path) -> list[Figure]:
+    figures = []
+    for group, g in df.groupby("group", sort=False):
+        with sns.axes_style("whitegrid"), sns.plotting_context("paper"):  # scoped: timelines keep their style
+            figures += [draw(g, group, out) for draw in (mfu_vs_vocab, memory_per_rank, bubble_per_rank,
+                                                          throughput_vs_gpus)]
+        figures.append(timelines(g, group, out))
+    return figures

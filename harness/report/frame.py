@@ -1,0 +1,128 @@
+"""Result records -> one tidy pandas DataFrame, one row per run: the axes of the paper's tables (backend,
+setup, method, vocabulary), the scalar metrics, and the per-rank lists kept as lists."""
+import json
+import re
+
+import pandas as pd
+
+from vp.methods import METHODS
+from vp.record import NOT_SEMANTIC
+
+METHOD_ORDER = list(METHODS)  # the paper's order: baseline, redis, interleaved, interlaced, vocab-1, ...
+STATUS_ORDER = ("ok", "failed", "oom", "timeout")
+STATUS_LABEL = {"failed": "failed", "oom": "OOM", "timeout": "timeout"}
+MISSING = "–"
+# Config fields that are table axes or follow from them. Any other field that differs between runs of one
+# table cell (pad_multiple in experiment=vocab_padding, say) becomes the row's variant, so no run is hidden.
+AXES = ("method", "pp", "seq_len", "vocab_size", "padded_vocab_size", "stage_layers", *NOT_SEMANTIC)
+CELL = ["group", "pp", "seq_len", "method", "vocab_size"]
+COLUMNS = ["run_id", "status", "error", "backend", "hardware", "group", "method", "method_rank", "pp", "seq_len",
+           "setup", "vocab_size", "vocab", "model", "variant", "config_key", "iteration_time_s", "tokens_per_s",
+           "mfu", "max_memory_bytes", "peak_memory_bytes", "bubble_fraction", "has_passes", "record"]
+
+
+def vocab_label(size: int) -> str:
+    """32000 -> '32k' (the names of conf/vocab), other sizes as they are."""
+    return f"{size // 1000}k" if size % 1000 == 0 else str(size)
+
+
+def setup_label(pp: int, seq_len: int) -> str:
+    return f"{pp} GPUs, seq {seq_len}"
+
+
+def method_rank(method: str) -> int:
+    return METHOD_ORDER.index(method) if method in METHOD_ORDER else len(METHOD_ORDER)
+
+
+def first_line(error) -> str:
+    lines = [line.strip() for line in str(error or "").splitlines() if line.strip()]
+    return lines[0][:200] if lines else ""
+
+
+def natural_key(text: str) -> list:
+    """'pad_multiple=24' before 'pad_multiple=96' before 'pad_multiple=192'."""
+    return [(0, int(t), "") if t.isdigit() else (1, 0, t) for t in re.split(r"(\d+)", text)]
+
+
+def _hardware(rec: dict) -> str | None:
+    if rec.get("backend") != "sim":
+        return None
+    hw = (rec.get("env") or {}).get("hardware")
+    return (rec.get("labels") or {}).get("hardware") or (hw.get("name") if isinstance(hw, dict) else hw)
+
+
+def _row(rec: dict) -> dict:
+    cfg, metrics, labels = rec["config"], rec.get("metrics") or {}, rec.get("labels") or {}
+    hardware = _hardware(rec)
+    backend = rec.get("backend", "real")
+    memory, bubble = metrics.get("peak_memory_bytes"), metrics.get("bubble_fraction")
+    measured = [b for b in memory or [] if b is not None]
+    semantic = {k: v for k, v in cfg.items() if k not in NOT_SEMANTIC}
+    return {"run_id": rec["run_id"], "status": rec["status"], "error": first_line(rec.get("error")),
+            "backend": backend, "hardware": hardware,
+            "group": f"{backend} ({hardware})" if hardware else backend,
+            "method": cfg["method"], "method_rank": method_rank(cfg["method"]), "pp": cfg["pp"],
+            "seq_len": cfg["seq_len"], "setup": setup_label(cfg["pp"], cfg["seq_len"]),
+            "vocab_size": cfg["vocab_size"], "vocab": labels.get("vocab"), "model": labels.get("model"),
+            "config_key": json.dumps(semantic, sort_keys=True, default=str),
+            "iteration_time_s": metrics.get("iteration_time_s"), "tokens_per_s": metrics.get("tokens_per_s"),
+            "mfu": metrics.get("mfu"), "max_memory_bytes": max(measured) if measured else None,
+            "peak_memory_bytes": memory or None, "bubble_fraction": bubble or None,
+            "has_passes": bool(metrics.get("pass_time_s")), "record": rec}
+
+
+def _variants(df: pd.DataFrame) -> pd.Series:
+    """'k=v, ...' of the config fields that differ between the runs of one cell; '' for a cell of one run."""
+    out = pd.Series("", index=df.index, dtype=object)
+    for _, cell in df.groupby(CELL, sort=False):
+        if len(cell) < 2:
+            continue
+        configs = [r["config"] for r in cell["record"]]
+        keys = sorted({k for c in configs for k in c} - set(AXES))
+        varying = [k for k in keys if len({json.dumps(c.get(k), default=str) for c in configs}) > 1]
+        for idx, c in zip(cell.index, configs):
+            out[idx] = ", ".join(f"{k}={c.get(k)}" for k in varying)
+    return out
+
+
+def records_frame(records: list[dict]) -> pd.DataFrame:
+    """One row per run, sorted: real before sim, then setup, method in the paper's order, vocabulary, run id."""
+    rows = [_row(r) for r in records]
+    df = pd.DataFrame(rows, columns=COLUMNS).drop_duplicates("run_id")
+    for column in ("iteration_time_s", "tokens_per_s", "mfu", "max_memory_bytes"):
+        df[column] = pd.to_numeric(df[column]).astype(float)  # None (no measurement) -> NaN
+    # a status not written by vp.record reads as failed rather than breaking the whole report
+    df["status"] = df["status"].where(df["status"].isin(STATUS_ORDER), "failed")
+    # one label per vocabulary size: the sweep's name where a record has it, else derived (old records)
+    names = {size: sorted(set(g["vocab"].dropna())) for size, g in df.groupby("vocab_size")}
+    df["vocab"] = [names[s][0] if names[s] else vocab_label(s) for s in df["vocab_size"]]
+    df["variant"] = _variants(df) if len(df) else pd.Series(dtype=object)
+    df["group_rank"] = [0 if b == "real" else 1 for b in df["backend"]]
+    variants = sorted(set(df["variant"]), key=natural_key)
+    df["variant_rank"] = [variants.index(v) for v in df["variant"]]
+    df = df.sort_values(["group_rank", "group", "pp", "seq_len", "method_rank", "method", "vocab_size",
+                         "variant_rank", "run_id"], kind="stable")
+    return df.drop(columns=["group_rank", "variant_rank"]).reset_index(drop=True)
+
+
+def ok_runs(df: pd.DataFrame, column: str) -> pd.DataFrame:
+    """The ok runs that have a value in `column`."""
+    return df[(df["status"] == "ok") & df[column].notna()]
+
+
+def per_rank(df: pd.DataFrame, column: str) -> pd.DataFrame:
+    """Long form of a per-rank list column of the ok runs: one row per (run, rank) with `value`."""
+    runs = ok_runs(df, column)
+    rows = [{**{k: r[k] for k in ("group", "setup", "pp", "seq_len", "method", "vocab", "vocab_size")},
+             "rank": rank, "value": value}
+            for r in runs.to_dict("records") for rank, value in enumerate(r[column]) if value is not None]
+    return pd.DataFrame(rows, columns=["group", "setup", "pp", "seq_len", "method", "vocab", "vocab_size",
+                                       "rank", "value"])
+
+
+def summary(df: pd.DataFrame) -> str:
+    """'22 runs: 16 ok, 1 failed, 2 oom, 1 timeout; backends: real: 19, sim (a100_80g): 3'."""
+    counts = df["status"].value_counts()
+    statuses = ", ".join(f"{int(counts.get(s, 0))} {s}" for s in STATUS_ORDER)
+    groups = df.groupby("group", sort=False).size()
+    return f"{len(df)} runs: {statuses}; backends: " + ", ".join(f"{g}: {n}" for g, n in groups.items())

@@ -1,0 +1,161 @@
+"""The paper's tables from the runs frame, as string cells: MFU and peak memory per setup, method and vocabulary
+(Tables 3 and 4 of arXiv 2411.05288), throughput relative to a reference method, and measured runs against
+simulated runs of the same config. Formats are fixed and rows sorted, so the same records give the same bytes."""
+import re
+from dataclasses import dataclass
+
+import pandas as pd
+
+from harness.report.frame import MISSING, STATUS_LABEL, method_rank, natural_key
+
+REFERENCES = ("baseline", "interleaved")
+
+
+@dataclass
+class Table:
+    name: str  # file stem of its .tex
+    title: str
+    note: str  # one line: what it shows
+    data: pd.DataFrame  # string cells; columns are (top, bottom) pairs, top '' for the row keys
+    blocks: int = 2  # leading key columns that form a block (the setup), ruled apart in LaTeX
+
+
+def slug(group: str) -> str:
+    """'sim (a100_80g)' -> 'sim_a100_80g', for file names."""
+    return re.sub(r"[^A-Za-z0-9-]+", "_", group).strip("_")
+
+
+def memory_unit(df: pd.DataFrame) -> tuple[float, str]:
+    """GiB as in the paper; MiB when no run reaches 1 GiB (tiny CPU models), so the digits still differ."""
+    top = df["max_memory_bytes"].max()
+    return (2**30, "GiB") if pd.notna(top) and top >= 2**30 else (2**20, "MiB")
+
+
+def _num(value, fmt: str) -> str:
+    return MISSING if value is None or pd.isna(value) else format(value, fmt)
+
+
+def _cell(run: dict | None, value, fmt: str) -> str:
+    """A run's number (value(run)), or what happened to it: OOM / failed / timeout; '–' where there is no run."""
+    if run is None:
+        return MISSING
+    if run["status"] != "ok":
+        return STATUS_LABEL[run["status"]]
+    return _num(value(run), fmt)
+
+
+def _runs_by_cell(g: pd.DataFrame) -> dict:
+    """(pp, seq_len, method, variant, vocab_size) -> run; an ok run wins over a failed one of the same cell."""
+    cells = {}
+    for r in g.to_dict("records"):
+        key = (r["pp"], r["seq_len"], r["method"], r["variant"], r["vocab_size"])
+        if key not in cells or (cells[key]["status"] != "ok" and r["status"] == "ok"):
+            cells[key] = r
+    return cells
+
+
+def _row_keys(g: pd.DataFrame) -> list[tuple]:
+    """Every setup x every method of the group (a row of '–' shows a combination never run), with variants."""
+    setups = sorted(set(zip(g["pp"], g["seq_len"])))
+    methods = sorted(set(g["method"]), key=lambda m: (method_rank(m), m))
+    variants = {k: sorted(set(v), key=natural_key) for k, v in g.groupby(["pp", "seq_len", "method"])["variant"]}
+    return [(pp, seq, m, v) for pp, seq in setups for m in methods for v in variants.get((pp, seq, m), [""])]
+
+
+def _keys_part(keys: list[tuple]) -> tuple[list[tuple], list[list[str]]]:
+    with_variant = any(k[3] for k in keys)
+    columns = [("", "GPUs"), ("", "Seq"), ("", "Method")] + ([("", "Variant")] if with_variant else [])
+    return columns, [[str(pp), str(seq), m] + ([v] if with_variant else []) for pp, seq, m, v in keys]
+
+
+def _vocabs(g: pd.DataFrame) -> list[tuple[int, str]]:
+    return sorted(set(zip(g["vocab_size"], g["vocab"])))
+
+
+def _frame(columns: list[tuple], rows: list[list[str]]) -> pd.DataFrame:
+    return pd.DataFrame(rows, columns=pd.MultiIndex.from_tuples(columns), dtype=object)
+
+
+def mfu_memory(g: pd.DataFrame, group: str) -> Table:
+    cells, keys, vocabs = _runs_by_cell(g), _row_keys(g), _vocabs(g)
+    scale, unit = memory_unit(g)
+    columns, rows = _keys_part(keys)
+    for _, label in vocabs:
+        columns += [(label, "MFU (%)"), (label, f"Mem ({unit})")]
+    for key, row in zip(keys, rows):
+        for size, _ in vocabs:
+            run = cells.get((*key, size))
+            row.append(_cell(run, lambda r: r["mfu"] * 100, ".2f"))
+            row.append(_cell(run, lambda r: r["max_memory_bytes"] / scale, ".2f"))
+    return Table(f"mfu_memory_{slug(group)}", f"MFU and peak memory, {group}",
+                 f"MFU in percent and peak memory in {unit} (the largest over ranks) per setup, method and "
+                 f"vocabulary; OOM, failed and timeout say how a run ended, – marks a run that does not exist.",
+                 _frame(columns, rows))
+
+
+def speedup(g: pd.DataFrame, group: str, reference: str) -> Table | None:
+    """tokens/s of each method over the reference method's, same setup, vocabulary and variant."""
+    cells, keys, vocabs = _runs_by_cell(g), _row_keys(g), _vocabs(g)
+    if not ((g["method"] == reference) & (g["status"] == "ok") & g["tokens_per_s"].notna()).any():
+        return None
+    top = f"tokens/s relative to {reference}"
+    columns, rows = _keys_part(keys)
+    columns += [(top, label) for _, label in vocabs]
+    for (pp, seq, method, variant), row in zip(keys, rows):
+        for size, _ in vocabs:
+            run = cells.get((pp, seq, method, variant, size))
+            ref = cells.get((pp, seq, reference, variant, size)) or cells.get((pp, seq, reference, "", size))
+            if ref is None or ref["status"] != "ok" or pd.isna(ref["tokens_per_s"]):
+                row.append(MISSING if run is None or run["status"] == "ok" else STATUS_LABEL[run["status"]])
+            else:
+                row.append(_cell(run, lambda r: r["tokens_per_s"] / ref["tokens_per_s"], ".3f"))
+    return Table(f"speedup_vs_{reference}_{slug(group)}", f"Throughput relative to {reference}, {group}",
+                 f"tokens/s of each method divided by that of {reference} for the same setup and vocabulary, "
+                 f"where {reference} ran ok; above 1 is faster.", _frame(columns, rows))
+
+
+def real_vs_sim(df: pd.DataFrame) -> Table | None:
+    """Runs measured and simulated with the same config (every semantic field equal), side by side."""
+    real, sim = df[df["backend"] == "real"], df[df["backend"] == "sim"]
+    pairs = real.merge(sim, on="config_key", suffixes=("", "_sim"))
+    if pairs.empty:
+        return None
+    pairs["hardware_sim"] = pairs["hardware_sim"].fillna(MISSING)
+    pairs = pairs.sort_values(["pp", "seq_len", "method_rank", "method", "vocab_size", "variant",
+                               "hardware_sim", "run_id"], kind="stable")
+    keys = [(r["pp"], r["seq_len"], r["method"], r["variant"]) for r in pairs.to_dict("records")]
+    columns, rows = _keys_part(keys)
+    columns += [("", "Vocab"), ("", "Hardware")]
+    for what in ("Iteration time (s)", "MFU (%)"):
+        columns += [(what, "measured"), (what, "simulated"), (what, "measured / simulated")]
+    for r, row in zip(pairs.to_dict("records"), rows):
+        simulated = {"status": r["status_sim"], "iteration_time_s": r["iteration_time_s_sim"], "mfu": r["mfu_sim"]}
+        row += [r["vocab"], r["hardware_sim"]]
+        for col, scale, fmt in (("iteration_time_s", 1, ".4g"), ("mfu", 100, ".2f")):
+            row.append(_cell(r, lambda x: x[col] * scale, fmt))
+            row.append(_cell(simulated, lambda x: x[col] * scale, fmt))
+            both = r["status"] == "ok" and r["status_sim"] == "ok" and r[f"{col}_sim"]
+            row.append(_num(r[col] / r[f"{col}_sim"], ".3f") if both else MISSING)
+    return Table("real_vs_sim", "Measured against simulated",
+                 "Runs with both a real and a sim record of the same config: iteration time and MFU as measured "
+                 "and as simulated, and measured / simulated (1 means the cost model is exact).",
+                 _frame(columns, rows))
+
+
+def all_tables(df: pd.DataFrame) -> tuple[list[Table], list[str]]:
+    """The tables of one experiment, one set per backend (and sim hardware), and why any was left out."""
+    tables, skipped = [], []
+    for group, g in df.groupby("group", sort=False):
+        tables.append(mfu_memory(g, group))
+        for reference in REFERENCES:
+            table = speedup(g, group, reference)
+            if table is None:
+                skipped.append(f"Throughput relative to {reference}, {group}: no ok {reference} run.")
+            else:
+                tables.append(table)
+    table = real_vs_sim(df)
+    if table is None:
+        skipped.append("Measured against simulated: no config has both a real and a sim record.")
+    else:
+        tables.append(table)
+    return tables, skipped

@@ -1,0 +1,249 @@
+"""harness.report on the fixture records in tests/fixtures/records/mini: two setups (2 and 4 GPUs), two
+vocabularies, five methods, a failed, an OOM and a timeout run, a combination never run, and configs that have
+both a real and a sim record (one of the sim records an OOM that keeps its metrics)."""
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import matplotlib.image
+import pytest
+
+from harness.records import load
+from harness.report import build_reports
+from harness.report.__main__ import main
+from harness.report.figures import memory_per_rank, mfu_vs_vocab
+from harness.report.frame import records_frame
+from harness.report.tables import all_tables
+from vp.config import RunConfig, validate
+
+FIXTURES = Path(__file__).parent / "fixtures" / "records"
+LABEL = {"failed": "failed", "oom": "OOM", "timeout": "timeout"}
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def fixture_records(backend: str | None = None) -> list[dict]:
+    recs = [json.loads(p.read_text()) for p in sorted((FIXTURES / "mini").glob("*.json"))]
+    return [r for r in recs if backend is None or r["backend"] == backend]
+
+
+def md_table(text: str, title: str) -> list[dict]:
+    """The rows of the Markdown table under the heading `title`, as {column name: cell}."""
+    section = text.split(f" {title}\n", 1)[1]
+    lines = [line for line in section.split("\n\n", 2)[1].splitlines() if line.startswith("|")]
+    header = [c.strip() for c in lines[0].strip("|").split("|")]
+    return [dict(zip(header, (c.strip() for c in line.strip("|").split("|")))) for line in lines[2:]]
+
+
+def row_of(rows: list[dict], pp: int, seq: int, method: str) -> dict:
+    [row] = [r for r in rows if (r["GPUs"], r["Seq"], r["Method"]) == (str(pp), str(seq), method)]
+    return row
+
+
+def label(rec: dict) -> str:
+    return rec["labels"]["vocab"] if "labels" in rec else f"{rec['config']['vocab_size'] // 1000}k"
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    root = tmp_path_factory.mktemp("report")
+    shutil.copytree(FIXTURES, root / "results")
+    written = build_reports(root / "results", root / "reports")
+    return root, written
+
+
+def test_fixture_configs_are_valid_runs():
+    for rec in fixture_records():
+        validate(RunConfig.from_dict(rec["config"]))
+    statuses = {r["status"] for r in fixture_records()}
+    assert statuses == {"ok", "failed", "oom", "timeout"}
+
+
+def test_build_writes_tables_figures_and_indexes(built):
+    root, written = built
+    out = root / "reports" / "mini"
+    assert written == [out / "README.md"]
+    for name in ("tables.md", "runs.csv", "mfu_memory_real.tex", "speedup_vs_baseline_real.tex",
+                 "speedup_vs_interleaved_real.tex", "mfu_memory_sim_a100_80g.tex", "real_vs_sim.tex"):
+        assert (out / name).is_file(), name
+    for stem in ("mfu_vs_vocab", "memory_per_rank", "bubble_per_rank", "throughput_vs_gpus"):
+        for group in ("real", "sim_a100_80g"):
+            assert (out / f"{stem}_{group}.png").read_bytes().startswith(PNG_MAGIC)
+            assert (out / f"{stem}_{group}.pdf").read_bytes().startswith(b"%PDF")
+    methods = {r["config"]["method"] for r in fixture_records("real")}
+    assert {p.name for p in out.glob("timeline_real_*.png")} == {f"timeline_real_{m}.png" for m in methods}
+    readme = (out / "README.md").read_text()
+    assert "(mfu_vs_vocab_real.png)" in readme and "(timeline_real_vocab-2.png)" in readme
+    assert "| GPUs" in readme  # tables inline
+    assert "Throughput relative to interleaved, sim (a100_80g): no ok interleaved run." in readme
+    index = (root / "reports" / "README.md").read_text()
+    assert "[mini](mini/README.md): 22 runs: 18 ok, 1 failed, 2 oom, 1 timeout; backends: real: 19" in index
+
+
+def test_mfu_memory_table_holds_the_records_numbers(built):
+    root, _ = built
+    rows = md_table((root / "reports" / "mini" / "tables.md").read_text(), "MFU and peak memory, real")
+    for rec in fixture_records("real"):
+        cfg = rec["config"]
+        row = row_of(rows, cfg["pp"], cfg["seq_len"], cfg["method"])
+        mfu, mem = row[f"{label(rec)} MFU (%)"], row[f"{label(rec)} Mem (MiB)"]
+        if rec["status"] == "ok":
+            assert mfu == f"{rec['metrics']['mfu'] * 100:.2f}"
+            assert mem == f"{max(rec['metrics']['peak_memory_bytes']) / 2**20:.2f}"
+        else:
+            assert mfu == mem == LABEL[rec["status"]]
+    never_run = row_of(rows, 4, 64, "interleaved")
+    assert never_run["2k MFU (%)"] == never_run["2k Mem (MiB)"] == "–"
+    assert len(rows) == 2 * 5  # every setup x every method, so the missing combination has its row
+
+
+def test_failures_are_listed_with_the_first_line_of_their_error(built):
+    root, _ = built
+    readme = (root / "reports" / "mini" / "README.md").read_text()
+    failures = readme.split("## Runs that did not finish", 1)[1]
+    for rec in fixture_records():
+        if rec["status"] != "ok":
+            first = rec["error"].splitlines()[0]
+            assert re.search(rf"`{rec['run_id']}` .*\*\*{LABEL[rec['status']]}\*\*: {re.escape(first)}$", failures,
+                             re.M)
+    assert "at rank 1, step 7" not in readme  # only the first line of an error
+
+
+def test_speedup_is_throughput_over_the_reference(built):
+    root, _ = built
+    text = (root / "reports" / "mini" / "tables.md").read_text()
+    rows = md_table(text, "Throughput relative to baseline, real")
+    ok = {(r["config"]["pp"], r["config"]["method"], label(r)): r["metrics"]["tokens_per_s"]
+          for r in fixture_records("real") if r["status"] == "ok"}
+    checked = 0
+    for (pp, method, vocab), tps in ok.items():
+        cell = row_of(rows, pp, 64, method)[f"tokens/s relative to baseline {vocab}"]
+        if (pp, "baseline", vocab) in ok:
+            assert cell == f"{tps / ok[(pp, 'baseline', vocab)]:.3f}"
+            checked += 1
+        else:
+            assert cell == "–"  # baseline ran out of memory there: no ratio
+    assert checked >= 8
+    assert row_of(rows, 4, 64, "baseline")["tokens/s relative to baseline 8k"] == "OOM"
+
+
+def test_real_vs_sim_shows_both_and_their_ratio(built):
+    root, _ = built
+    rows = md_table((root / "reports" / "mini" / "tables.md").read_text(), "Measured against simulated")
+    real = {r["config"]["method"]: r for r in fixture_records("real")
+            if r["config"]["pp"] == 2 and r["config"]["vocab_size"] == 2000}
+    sims = fixture_records("sim")
+    assert len(rows) == len(sims)
+    for sim in sims:
+        rec = real[sim["config"]["method"]]
+        assert rec["config"] == sim["config"]
+        row = row_of(rows, 2, 64, sim["config"]["method"])
+        assert row["Hardware"] == "a100_80g"
+        measured = rec["metrics"]["iteration_time_s"]
+        assert row["Iteration time (s) measured"] == f"{measured:.4g}"
+        if sim["status"] == "ok":
+            simulated = sim["metrics"]["iteration_time_s"]
+            assert row["Iteration time (s) simulated"] == f"{simulated:.4g}"
+            assert row["Iteration time (s) measured / simulated"] == f"{measured / simulated:.3f}"
+            assert row["MFU (%) measured / simulated"] == f"{rec['metrics']['mfu'] / sim['metrics']['mfu']:.3f}"
+        else:
+            assert row["Iteration time (s) simulated"] == "OOM"
+            assert row["Iteration time (s) measured / simulated"] == "–"
+
+
+def test_latex_uses_booktabs_and_escapes(built):
+    root, _ = built
+    for path in (root / "reports" / "mini").glob("*.tex"):
+        tex = path.read_text()
+        assert "\\toprule" in tex and "\\midrule" in tex and "\\bottomrule" in tex
+        assert "\\hline" not in tex
+        body = [line for line in tex.splitlines() if not line.startswith("%")]
+        assert all(re.search(r"(?<!\\)[%_$#]", line) is None for line in body), path.name
+    tex = (root / "reports" / "mini" / "mfu_memory_real.tex").read_text()
+    assert "MFU (\\%)" in tex and "\\multicolumn{2}{c}{8k}" in tex and "\\cmidrule(lr){4-5}" in tex
+    assert " & OOM & OOM \\\\" in tex and " & -- & -- & " in tex
+
+
+def test_second_build_gives_identical_tables_and_drops_stale_files(built, tmp_path):
+    root, _ = built
+    first = root / "reports" / "mini"
+    (first / "mfu_vs_vocab_gone.png").write_bytes(PNG_MAGIC)
+    (first / "notes.txt").write_text("mine")
+    build_reports(root / "results", root / "reports", ["mini"])
+    build_reports(root / "results", tmp_path / "reports", ["mini"])
+    second = tmp_path / "reports" / "mini"
+    tables = sorted(p.name for p in first.iterdir() if p.suffix in (".tex", ".md", ".csv"))
+    assert "tables.md" in tables and len(tables) >= 8
+    for name in tables:
+        assert (first / name).read_bytes() == (second / name).read_bytes(), name
+    assert not (first / "mfu_vs_vocab_gone.png").exists() and (first / "notes.txt").exists()
+
+
+def test_figures_grow_with_their_panels(tmp_path):
+    df = records_frame(fixture_records("real"))
+    one_setup = df[df["pp"] == 2]
+
+    def size(draw, runs) -> tuple[int, int]:
+        out = tmp_path / str(len(list(tmp_path.iterdir())))
+        out.mkdir()
+        png = draw(runs, "real", out).paths[0]
+        assert png.read_bytes().startswith(PNG_MAGIC)
+        return matplotlib.image.imread(png).shape[:2]
+
+    (high, wide), (high_one, wide_one) = size(mfu_vs_vocab, df), size(mfu_vs_vocab, one_setup)
+    assert wide > 1.5 * wide_one and high == high_one  # one panel per setup
+    (high, wide), (high_one, wide_one) = size(memory_per_rank, df), size(memory_per_rank, one_setup)
+    assert high > 1.5 * high_one and wide == wide_one  # one row of panels per setup, one column per method
+
+
+def test_all_failed_experiment_skips_figures(tmp_path):
+    results = tmp_path / "results" / "broken"
+    results.mkdir(parents=True)
+    for rec in fixture_records("real"):
+        if rec["status"] != "ok":
+            (results / f"{rec['run_id']}.json").write_text(json.dumps(rec))
+    (tmp_path / "reports" / "old").mkdir(parents=True)  # a folder from elsewhere: still listed in the index
+    [readme] = build_reports(tmp_path / "results", tmp_path / "reports")
+    out = readme.parent
+    assert not list(out.glob("*.png")) and not list(out.glob("*.pdf"))
+    text = readme.read_text()
+    assert "**MFU against vocabulary size, real**: not drawn, no ok run records an MFU." in text
+    assert "**Schedule timelines, real**: not drawn, no ok run records pass times." in text
+    assert "Throughput relative to baseline, real: no ok baseline run." in text
+    rows = md_table((out / "tables.md").read_text(), "MFU and peak memory, real")
+    assert row_of(rows, 4, 64, "baseline")["8k MFU (%)"] == "OOM"
+    index = (tmp_path / "reports" / "README.md").read_text()
+    assert "[broken](broken/README.md): 3 runs: 0 ok, 1 failed, 1 oom, 1 timeout" in index
+    assert "[old](old/README.md): no README.md" in index
+
+
+def test_runs_differing_outside_the_axes_get_a_variant_row():
+    base = next(r for r in fixture_records("real") if r["status"] == "ok" and r["config"]["method"] == "vocab-2")
+    records = []
+    for multiple in (2 * base["config"]["pp"], 8 * base["config"]["pp"]):
+        rec = json.loads(json.dumps(base))
+        rec["config"]["pad_multiple"] = multiple
+        rec["run_id"] = f"pad{multiple}"
+        records.append(rec)
+    table = all_tables(records_frame(records))[0][0]
+    assert ("", "Variant") in table.data.columns
+    assert list(table.data[("", "Variant")]) == [f"pad_multiple={r['config']['pad_multiple']}" for r in records]
+
+
+def test_cli_refuses_missing_results_and_unknown_experiment(tmp_path, capsys):
+    proc = subprocess.run([sys.executable, "-m", "harness.report", "--results-dir", str(tmp_path / "nope")],
+                          capture_output=True, text=True, cwd=Path(__file__).parent.parent)
+    assert proc.returncode == 2
+    assert f"results_dir={tmp_path / 'nope'} does not exist" in proc.stderr
+    shutil.copytree(FIXTURES, tmp_path / "results")
+    code = main(["--results-dir", str(tmp_path / "results"), "--reports-dir", str(tmp_path / "reports"),
+                 "--experiment", "mini", "nothing_here"])
+    assert code == 2
+    assert "experiment nothing_here has no records" in capsys.readouterr().err
+    assert not (tmp_path / "reports").exists()  # nothing written when one asked experiment is missing
+
+
+def test_load_reads_every_fixture():
+    assert len(load(FIXTURES, "mini")) == len(fixture_records())
