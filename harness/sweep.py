@@ -88,7 +88,10 @@ def run(cfg: DictConfig, cli_overrides: list[str], log=print) -> int:
 
 @hydra.main(config_path="../conf", config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> None:
-    code = run(cfg, list(HydraConfig.get().overrides.task))
+    hc = HydraConfig.get()
+    # every job is composed again with the command line's overrides (and its extra config search path)
+    overrides = list(hc.overrides.task) + [o for o in hc.overrides.hydra if o.startswith("hydra.searchpath")]
+    code = run(cfg, overrides)
     if code:
         sys.exit(code)
 

@@ -99,7 +99,7 @@ def _logits(shard: Shard, weight: torch.Tensor, x: torch.Tensor) -> torch.Tensor
 
 def _local_stats(shard: Shard, y: torch.Tensor, targets: torch.Tensor):
     m = y.max(dim=-1).values.clamp_min(torch.finfo(y.dtype).min)  # [n]; finite even for an all-padding shard
-    e = torch.exp(y - m[:, None])  # [n, V/p]
+    e = (y - m[:, None]).exp_()  # [n, V/p]
     s = e.sum(dim=-1)  # [n]
     local, inside = shard.local_targets(targets)
     t = torch.where(inside, y.gather(1, local[:, None])[:, 0], torch.zeros_like(m))  # target logit or 0
@@ -113,7 +113,7 @@ def s_pass(shard: Shard, weight: torch.Tensor, x: torch.Tensor, targets: torch.T
     with torch.no_grad():
         y = _logits(shard, weight, x)
         e, stats = _local_stats(shard, y, targets)
-        probs = e / stats[1].clamp_min(torch.finfo(e.dtype).tiny)[:, None]  # P_i = exp(Y_i - m_i) / s_i
+        probs = e.div_(stats[1].clamp_min(torch.finfo(e.dtype).tiny)[:, None])  # P_i = exp(Y_i - m_i) / s_i
         state = OutputState(x, targets, weights, probs, stats)
         if algorithm == "alg2":
             w = weight.to(probs.dtype)

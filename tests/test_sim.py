@@ -1,0 +1,105 @@
+"""backend=sim and calibration: one simulator behind both, the paper's trend, OOM, and a fit that reproduces
+the pass times it was fitted on."""
+import json
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from harness.calibrate import calibrate
+from harness.sim import simulate_job
+from vp.config import RunConfig
+from vp.cost import PROFILES, pass_costs
+from vp.schedule import build, simulate
+
+ROOT = Path(__file__).parents[1]
+HW = PROFILES["a100_80g"]
+
+
+def paper(method, vocab, **kw):
+    base = dict(method=method, pp=8, layers=32, hidden=3072, heads=24, seq_len=2048, vocab_size=vocab,
+                microbatches=128, device="cuda", dtype="bf16")
+    base.update(kw)
+    return RunConfig(**base)
+
+
+def test_sim_record_is_the_simulator_result():
+    cfg = paper("vocab-2", 256000)
+    rec = simulate_job(cfg, HW, "x", {"hardware": "a100_80g"})
+    sched = build(cfg.method, cfg.pp, cfg.microbatches, cfg.n_chunks)
+    result = simulate(sched, pass_costs(cfg, HW, sched))
+    m = rec["metrics"]
+    assert rec["backend"] == "sim" and rec["status"] == "ok"
+    assert m["iteration_time_s"] == result.makespan
+    assert m["bubble_fraction"] == result.idle_fraction and m["bubble_rate"] == result.bubble_rate
+    assert m["tokens_per_s"] == pytest.approx(128 * 2048 / result.makespan)
+
+
+def test_vocab2_wins_widely_at_256k_and_narrowly_at_32k():
+    mfu = {(m, v): simulate_job(paper(m, v), HW, "x", {})["metrics"]["mfu"]
+           for m in ("baseline", "vocab-2") for v in (32000, 256000)}
+    assert mfu[("vocab-2", 256000)] > 1.5 * mfu[("baseline", 256000)]
+    assert abs(mfu[("vocab-2", 32000)] / mfu[("baseline", 32000)] - 1) < 0.10
+
+
+def test_a_run_that_does_not_fit_is_recorded_oom():
+    small = replace(HW, memory_bytes=20 * 2**30)
+    rec = simulate_job(paper("baseline", 256000), small, "x", {})
+    assert rec["status"] == "oom" and "exceeds the 20 GiB" in rec["error"]
+    assert max(rec["metrics"]["peak_memory_bytes"]) > small.memory_bytes
+
+
+def synthetic_records(truth, configs):
+    """Records whose pass times come from a known profile, as a real run on that machine would measure."""
+    out = []
+    for cfg in configs:
+        rec = simulate_job(cfg, truth, "calib", {})
+        rec["backend"], rec["metrics"]["peak_flops"] = "real", truth.peak_flops
+        rec["env"]["hosts"] = ["node0"]
+        rec["env"]["link_probe"] = [[b, truth.link_latency + b / truth.link_bandwidth] for b in (4096, 262144, 4194304)]
+        out.append(rec)
+    return out
+
+
+CALIB = [RunConfig(method=m, pp=2, layers=4, hidden=256, heads=4, seq_len=256, vocab_size=v, microbatches=8)
+         for m in ("baseline", "vocab-2", "vocab-1", "vhalf") for v in (8000, 32000)]
+
+
+def test_calibrated_profile_reproduces_the_pass_times_it_was_fitted_on():
+    truth = replace(PROFILES["a100_80g"], name="truth", peak_flops=1e11, pass_overhead_s=2e-4,
+                    efficiency={"F": 0.3, "B": 0.35, "W": 0.4, "S": 0.6, "T": 0.5, "IF": 0.01, "IB": 0.02},
+                    link_latency=5e-5, link_bandwidth=3e9)
+    fitted = calibrate(synthetic_records(truth, CALIB), "fitted")
+    for kind, eff in truth.efficiency.items():
+        assert fitted.efficiency[kind] == pytest.approx(eff, rel=1e-6)
+    assert fitted.pass_overhead_s == pytest.approx(truth.pass_overhead_s, rel=1e-6)
+    assert fitted.link_latency == pytest.approx(5e-5, rel=1e-6) and fitted.link_bandwidth == pytest.approx(3e9)
+    for cfg in CALIB:
+        sched = build(cfg.method, cfg.pp, cfg.microbatches, cfg.n_chunks)
+        want, got = pass_costs(cfg, truth, sched).compute, pass_costs(cfg, fitted, sched).compute
+        for key, seconds in want.items():
+            assert got[key] == pytest.approx(seconds, rel=1e-6), key
+
+
+def test_calibrate_cli_writes_a_profile_the_sweep_can_use(tmp_path):
+    truth = replace(PROFILES["a100_80g"], name="truth", peak_flops=1e11)
+    results = tmp_path / "results" / "calib"
+    results.mkdir(parents=True)
+    for rec in synthetic_records(truth, CALIB[:4]):
+        (results / f"{rec['run_id']}.json").write_text(json.dumps(rec))
+    conf = tmp_path / "conf" / "hardware"
+    out = subprocess.run([sys.executable, "-m", "harness.calibrate", "--results", str(results), "--name", "mybox",
+                          "--out", str(conf / "mybox.yaml")], capture_output=True, text=True, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    sweep = subprocess.run([sys.executable, "-m", "harness.sweep", "backend=sim", "hardware=mybox", "logger=off",
+                            "report=false", f"results_dir={tmp_path}/out", f"hydra.searchpath=[file://{tmp_path}/conf]",
+                            "grid.product.vocab=[8k]", "grid.product.method=[vocab-2]"],
+                           capture_output=True, text=True, cwd=ROOT)
+    assert sweep.returncode == 0, sweep.stderr
+    rec = json.loads(next((tmp_path / "out" / "smoke").glob("*.json")).read_text())
+    assert rec["labels"]["hardware"] == "mybox" and rec["env"]["hardware"]["peak_flops"] == pytest.approx(1e11)
+    bad = subprocess.run([sys.executable, "-m", "harness.calibrate", "--results", str(tmp_path / "none")],
+                         capture_output=True, text=True, cwd=ROOT)
+    assert bad.returncode == 2 and "is not a folder of records" in bad.stderr
