@@ -37,8 +37,8 @@ def draw(s: Schedule, result: SimResult, path: str, title: str | None = None) ->
     ax.set_yticks(range(s.pp), [f"rank {r}" for r in range(s.pp)])
     ax.set_xlabel("time")
     handles = [plt.Rectangle((0, 0), 1, 1, facecolor=c) for k, c in COLORS.items()]
-    ax.legend(handles, list(COLORS), ncol=len(COLORS), loc="upper center", bbox_to_anchor=(0.5, -0.25 - 0.1 / s.pp),
-              fontsize=7, frameon=False)
+    ax.legend(handles, list(COLORS), ncol=1, loc="upper left", bbox_to_anchor=(1.005, 1.0), fontsize=7,
+              frameon=False)
     ax.set_title(title or f"{s.method}  pp={s.pp}  microbatches={s.microbatches}  "
                  f"bubble={result.bubble_rate:.3f}", fontsize=9)
     fig.tight_layout()
