@@ -16,7 +16,7 @@ from harness.task import run_task
 def _spec(job, cfg) -> dict:
     folder = Path(cfg.cluster.folder).resolve() / cfg.experiment / job.run_id
     return {"config": job.run.to_dict(), "path": str(job.path.resolve()), "experiment": cfg.experiment,
-            "labels": job.labels, "folder": str(folder),
+            "labels": job.labels, "folder": str(folder), "rendezvous": cfg.cluster.rendezvous,
             "logger": OmegaConf.to_container(cfg.logger, resolve=True),
             "wandb_root": str(Path.cwd()), "fault": _fault(job, cfg)}
 
@@ -57,7 +57,7 @@ def executor_for(job, cfg, folder: Path):
 
 def _record_failure_if_missing(job, cfg, error: str, started: str, timed_out: bool = False) -> str:
     """After a job ended: keep the record its rank 0 wrote, or write one from what is known."""
-    from vp.train import classify
+    from vp.launch import classify
 
     if status_of(job.path) is not None and _written_since(job.path, started):
         return status_of(job.path)

@@ -1,13 +1,21 @@
 """What each submitit task runs: one rank of one run, through the same vp entry as `python -m vp.train`.
 
-Rank, world size and the node come from submitit's job environment (local processes or SLURM tasks);
-ranks meet through a fresh file in the job's folder (shared between nodes on a cluster). Rank 0 writes
-the record (and logs it to W&B); when the run fails with a Python error, rank 0 records the failure.
+Rank, world size and the first node's address come from submitit's job environment (local processes or
+SLURM tasks); ranks meet there over TCP, or through a fresh file in the job's folder (cluster.rendezvous).
+Rank 0 writes the record (and logs it to W&B); when the run fails with a Python error, it records the failure.
 """
 import os
 from pathlib import Path
 
 from harness.records import failure_record, finish_run, status_of
+
+
+def rendezvous(spec: dict, env) -> str:
+    """tcp://first-node:port (port from the job id) or a fresh file in the job folder."""
+    if spec.get("rendezvous") == "tcp":
+        job = int(str(env.job_id).split("_")[0])
+        return f"tcp://{env.hostnames[0]}:{20000 + job % 20000}"
+    return f"file://{Path(spec['folder']).resolve()}/rendezvous-{env.job_id}"
 
 
 def run_task(spec: dict) -> dict | None:
@@ -16,14 +24,15 @@ def run_task(spec: dict) -> dict | None:
 
     from vp.config import RunConfig
     from vp.record import now
-    from vp.train import classify, run_rank
+    from vp.launch import classify
+    from vp.train import run_rank
 
     env = submitit.JobEnvironment()
     rank, world, local_rank = env.global_rank, env.num_tasks, env.local_rank
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, world // max(1, env.num_nodes))))
     cfg = RunConfig.from_dict(spec["config"])
     path = Path(spec["path"])
-    init = f"file://{Path(spec['folder']).resolve()}/rendezvous-{env.job_id}"
+    init = rendezvous(spec, env)
     started = now()
     try:
         record = run_rank(cfg, rank, world, init, local_rank, fault=spec.get("fault"), experiment=spec["experiment"])

@@ -65,7 +65,7 @@ def bench_pipeline(methods: list[str], args):
     from vp.config import RunConfig, validate
     from vp.schedule import build, simulate
     from vp.schedule.simulate import Costs
-    from vp.train import run_local
+    from vp.launch import run_local
 
     rows = []
     for method in methods:

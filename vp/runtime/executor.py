@@ -92,7 +92,8 @@ class Executor:
             st.pending[inst] = comm.submit("IF", lambda: comm.reduce(local, first, "IF"))
         elif a.kind == "IB":  # the first stage's embedding gradient to every rank
             root = root_of(self.s, "IB")
-            buf = st.embed_grad.pop(mb) if self.rank == root else torch.empty(self.act_shape, device=self.device)
+            buf = (st.embed_grad.pop(mb) if self.rank == root
+                   else torch.empty(self.act_shape, dtype=self.dtype, device=self.device))  # the root's dtype
             st.pending[inst] = comm.submit("IB", lambda: comm.broadcast(buf, root, "IB"))
             if self.rank == root:
                 st.ready[inst] = buf
