@@ -17,7 +17,7 @@ from omegaconf import OmegaConf
 
 from harness.records import load
 from vp.config import RunConfig
-from vp.cost import EFF_KINDS, Hardware
+from vp.cost import EFF_KINDS, Hardware, fit_link
 from vp.schedule import build
 
 
@@ -58,14 +58,6 @@ def fit_speeds(rows: list[dict], times: list[float]) -> tuple[dict, float]:
             return {k: float(1.0 / v) for k, v in zip(kinds, inv)}, float(x[-1]) if with_overhead else 0.0
     raise ValueError("the pass times do not fit positive speeds; calibrate on more runs (several methods and "
                      "vocabulary sizes) or longer ones (more iterations)")
-
-
-def fit_link(points: list[list[float]]) -> tuple[float, float]:
-    """(latency s, bandwidth bytes/s) from [bytes, seconds] points."""
-    pts = np.array(points, dtype=float)
-    a = np.stack([np.ones(len(pts)), pts[:, 0]], axis=1)
-    (latency, inv_bw), *_ = np.linalg.lstsq(a, pts[:, 1], rcond=None)
-    return max(0.0, float(latency)), 1.0 / max(float(inv_bw), 1e-15)
 
 
 def calibrate(records: list[dict], name: str) -> Hardware:

@@ -7,6 +7,8 @@ optimizer state per rank (bytes_per_param) and activations held between a pass a
 import math
 from dataclasses import asdict, dataclass, field
 
+import numpy as np
+
 from vp.config import RunConfig
 from vp.flops import layer_flops
 from vp.schedule import Costs, Schedule
@@ -52,6 +54,14 @@ PROFILES = {
     "h100": Hardware("h100", 989e12, dict(_GPU_EFF), 50e9, 8e-6, 80 * GiB),
     "h200": Hardware("h200", 989e12, dict(_GPU_EFF), 50e9, 8e-6, 141 * GiB),
 }
+
+
+def fit_link(points: list[list[float]]) -> tuple[float, float]:
+    """(latency s, bandwidth bytes/s) from [bytes, seconds] points, by least squares."""
+    pts = np.array(points, dtype=float)
+    a = np.stack([np.ones(len(pts)), pts[:, 0]], axis=1)
+    (latency, inv_bw), *_ = np.linalg.lstsq(a, pts[:, 1], rcond=None)
+    return max(0.0, float(latency)), 1.0 / max(float(inv_bw), 1e-15)
 
 
 def message_time(hw: Hardware, nbytes: float) -> float:

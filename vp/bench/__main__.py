@@ -62,10 +62,13 @@ def bench_vocab(hidden: int, vocabs: list[int], tokens: int, reps: int):
 
 
 def bench_pipeline(methods: list[str], args):
+    from dataclasses import replace
+
     from vp.config import RunConfig, validate
+    from vp.cost import PROFILES, fit_link, pass_costs
+    from vp.launch import run_local
     from vp.schedule import build, simulate
     from vp.schedule.simulate import Costs
-    from vp.launch import run_local
 
     rows = []
     for method in methods:
@@ -85,13 +88,15 @@ def bench_pipeline(methods: list[str], args):
         for kind in ("S", "T", "IF", "IB"):
             if kind in pass_s:
                 compute[(kind, None)] = statistics.mean(t for t in pass_s[kind] if t is not None)
-        predicted = simulate(sched, Costs(compute)).makespan
+        latency, bandwidth = fit_link(rec["env"]["link_probe"])  # the link this run measured
+        link = replace(PROFILES["a100_80g"], link_latency=latency, link_bandwidth=bandwidth, act_bytes=4)
+        predicted = simulate(sched, Costs(compute, pass_costs(cfg, link, sched).comm)).makespan
         rows.append((method, m["iteration_time_s"], m["tokens_per_s"], predicted, m["peak_memory_bytes"]))
         print(f"  ran {method}: {m['iteration_time_s']:.3f} s/iteration", file=sys.stderr, flush=True)
     base = next(r for r in rows if r[0] == "baseline")
     print(f"2 CPU ranks, h={args.hidden}, {args.layers} layers, seq {args.seq_len}, V={args.vocab_size}, "
           f"{args.microbatches} microbatches; prediction = simulator on the pass times measured in the same run "
-          f"(communication not modelled)")
+          f"plus communication from the link probe of the same run")
     print(f"{'method':>12} {'s/iter':>8} {'tokens/s':>9} {'vs baseline':>11} {'predicted s':>11} "
           f"{'measured/pred':>13} {'peak MiB per rank':>18}")
     for method, t, tps, pred, mem in rows:
