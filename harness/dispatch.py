@@ -55,15 +55,26 @@ def executor_for(job, cfg, folder: Path):
     return ex
 
 
-def _record_failure_if_missing(job, cfg, error: str, started: str, timed_out: bool = False) -> str:
-    """After a job ended: keep the record its rank 0 wrote, or write one from what is known."""
-    from vp.launch import classify
+def _record_failure_if_missing(job, cfg, handle, error: str, started: str, timed_out: bool = False) -> str:
+    """After a job ended: keep the record its rank 0 wrote, or write one naming the culprit rank from the
+    tracebacks the ranks left in the job folder (vp.launch.explain), or from what submitit or SLURM said."""
+    from vp.launch import classify, explain
 
     if status_of(job.path) is not None and _written_since(job.path, started):
         return status_of(job.path)
-    status = "timeout" if timed_out or "timed out" in error.lower() else classify(error)
-    finish_run(failure_record(job.run.to_dict(), cfg.experiment, "real", job.labels, status,
-                              error or "the job ended without writing a record", started),
+    folder = Path(_spec(job, cfg)["folder"])
+    errors = {r: p.read_text() for r in range(job.run.pp)
+              if (p := folder / f"error-{handle.job_id}-{r}.txt").exists()}
+    if errors:
+        notes = {r: "ended without a Python error (killed or crashed)" for r in range(job.run.pp) if r not in errors}
+        order = sorted(notes) + sorted(errors)
+        status, message = explain({**errors, **{r: None for r in notes}}, order, notes)
+    else:
+        message = error or "the job ended without writing a record"
+        status = classify(message)
+    if timed_out:
+        status = "timeout"
+    finish_run(failure_record(job.run.to_dict(), cfg.experiment, "real", job.labels, status, message, started),
                job.path, OmegaConf.to_container(cfg.logger, resolve=True), Path.cwd())
     return status
 
@@ -118,7 +129,7 @@ def run_local(jobs, cfg, log=print) -> dict:
             handle.results()
         except Exception as err:  # noqa: BLE001 - the failure becomes the record's error text
             error = f"{type(err).__name__}: {err}"
-        status = _record_failure_if_missing(job, cfg, error, started, "TIMEOUT" in str(handle.state))
+        status = _record_failure_if_missing(job, cfg, handle, error, started, "TIMEOUT" in str(handle.state))
         counts[status] = counts.get(status, 0) + 1
         log(f"    {status} in {_fmt(time.monotonic() - t0)}" + ("" if status == "ok" else f": see {job.path}"))
     log(f"[{total}/{total} done in {_fmt(time.monotonic() - began)}] " +
@@ -148,7 +159,7 @@ def run_slurm(jobs, cfg, log=print) -> dict:
                 still.append((job, handle))
                 continue
             error = "" if state == "COMPLETED" else f"SLURM job {handle.job_id} ended {state}: " + _tail(handle)
-            status = _record_failure_if_missing(job, cfg, error, started, state == "TIMEOUT")
+            status = _record_failure_if_missing(job, cfg, handle, error, started, state == "TIMEOUT")
             counts[status] = counts.get(status, 0) + 1
         pending = still
         line = f"[{total - len(pending)}/{total} done] " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))

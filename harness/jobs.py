@@ -145,10 +145,11 @@ def check(job: Job, gpus_here: int) -> None:
 def finish(job: Job, results_dir: Path) -> Job:
     """Labels, run id and record path of a checked job."""
     cfg = job.cfg
-    hardware = cfg.hardware.name if cfg.backend == "sim" else None
     job.labels = {"model": cfg.model.name, "vocab": cfg.vocab.name}
-    if hardware:
-        job.labels["hardware"] = hardware
-    job.run_id = run_id(job.run.to_dict(), cfg.backend, hardware)
+    profile = None
+    if cfg.backend == "sim":
+        job.labels["hardware"] = cfg.hardware.name
+        profile = hardware_of(cfg).to_dict()
+    job.run_id = run_id(job.run.to_dict(), cfg.backend, profile)
     job.path = results_dir / cfg.experiment / f"{job.run_id}.json"
     return job

@@ -25,7 +25,7 @@ def failure_record(config: dict, experiment: str, backend: str, labels: dict, st
     """The record of a run that ended without one of its own (a dead rank, a time limit, an OOM kill)."""
     env = {"start": started, "end": now()}
     rec = make_record(config, None, env, status=status, error=error[-20000:], experiment=experiment,
-                      backend=backend, hardware=labels.get("hardware"))
+                      backend=backend)
     rec["labels"] = labels
     return rec
 

@@ -48,6 +48,6 @@ def simulate_job(run, hw, experiment: str, labels: dict) -> dict:
                  f"{hw.memory_bytes / 2**30:.0f} GiB of {hw.name}")
     env = {"simulator": "vp.schedule.simulate", "hardware": hw.to_dict(), "start": started, "end": now()}
     rec = make_record(run.to_dict(), metrics, env, status=status, error=error, experiment=experiment,
-                      backend="sim", hardware=labels.get("hardware"))
+                      backend="sim", hardware=hw.to_dict())
     rec["labels"] = labels
     return rec

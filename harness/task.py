@@ -2,12 +2,14 @@
 
 Rank, world size and the first node's address come from submitit's job environment (local processes or
 SLURM tasks); ranks meet there over TCP, or through a fresh file in the job's folder (cluster.rendezvous).
-Rank 0 writes the record (and logs it to W&B); when the run fails with a Python error, it records the failure.
+Rank 0 writes the record (and logs it to W&B). A rank that fails leaves its traceback in the job folder, from
+which the sweep driver writes the failure record (harness.dispatch).
 """
 import os
+import traceback
 from pathlib import Path
 
-from harness.records import failure_record, finish_run, status_of
+from harness.records import finish_run
 
 
 def rendezvous(spec: dict, env) -> str:
@@ -23,8 +25,6 @@ def run_task(spec: dict) -> dict | None:
     import torch
 
     from vp.config import RunConfig
-    from vp.record import now
-    from vp.launch import classify
     from vp.train import run_rank
 
     env = submitit.JobEnvironment()
@@ -33,14 +33,11 @@ def run_task(spec: dict) -> dict | None:
     cfg = RunConfig.from_dict(spec["config"])
     path = Path(spec["path"])
     init = rendezvous(spec, env)
-    started = now()
     try:
         record = run_rank(cfg, rank, world, init, local_rank, fault=spec.get("fault"), experiment=spec["experiment"])
-    except BaseException as err:
-        if rank == 0 and status_of(path) != "ok":
-            text = f"{type(err).__name__}: {err}"
-            finish_run(failure_record(spec["config"], spec["experiment"], "real", spec["labels"], classify(text),
-                                      text, started), path, spec["logger"], Path(spec["wandb_root"]))
+    except BaseException:
+        # every failing rank leaves its traceback; the sweep driver names the culprit in the run's record
+        (Path(spec["folder"]) / f"error-{env.job_id}-{rank}.txt").write_text(traceback.format_exc())
         raise
     if rank != 0:
         return None

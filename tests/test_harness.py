@@ -162,7 +162,8 @@ def test_killed_rank_is_recorded_failed_and_the_sweep_goes_on(tmp_path):
     assert code == 0
     recs = {r["config"]["method"]: r for r in records(tmp_path)}
     assert recs["vocab-2"]["status"] == "failed" and recs["vocab-2"]["metrics"] == {}
-    assert "rank 0 failed at iteration 0" in recs["vocab-2"]["error"]
+    err = recs["vocab-2"]["error"]  # the culprit first, then what every rank reported
+    assert err.startswith("rank 1: ended without a Python error") and "rank 0 failed at iteration 0" in err
     assert recs["baseline"]["status"] == "ok"
     assert any("failed in" in line for line in lines) and "1 failed, 1 ok" in lines[-1]
 

@@ -148,6 +148,19 @@ def test_validator_catches_unmatched_send_and_collective_order():
         validate(_mutate(v, 2, swap_if))
 
 
+def test_validator_catches_receives_out_of_send_order():
+    """Each direction of traffic is one first-in-first-out channel: receiving F4 before F3 swaps their data."""
+    s = build("baseline", 2, 6)
+
+    def early_rf4(acts):
+        rf4 = next(a for a in acts if a.text() == "RF4")
+        acts.remove(rf4)
+        acts.insert(next(i for i, a in enumerate(acts) if a.text() == "RF3"), rf4)
+        return acts
+    with pytest.raises(ScheduleError, match="activations rank 0 -> rank 1 are received in another order than sent"):
+        validate(_mutate(s, 1, early_rf4))
+
+
 def test_validator_catches_deadlock():
     """Rank 1 waits for F1 from rank 0 before it sends B0, while rank 0 waits for B0 before F1."""
     ranks = [[Action(0, k, mb) for k, mb in [("F", 0), ("SF", 0), ("RB", 0), ("B", 0), ("F", 1), ("SF", 1),

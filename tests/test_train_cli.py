@@ -70,6 +70,13 @@ def test_a_killed_rank_fails_the_run_naming_rank_and_action():
     assert "rank 0 failed at iteration 0, step" in out.stderr
 
 
+def test_a_python_error_fails_the_run_at_once_naming_its_rank():
+    """The failing rank exits without waiting on communication a peer blocks; the run is not a timeout."""
+    out = train("--method", "vocab-2", *TINY, "--inject-fault", "0:F3:raise", "--timeout-s", "600", timeout=100)
+    assert out.returncode == 1 and "run failed (failed)" in out.stderr
+    assert "rank 0 failed at iteration 0" in out.stderr and "RuntimeError: injected fault" in out.stderr
+
+
 def test_a_hung_rank_makes_the_others_time_out():
     out = train("--method", "baseline", *TINY, "--inject-fault", "1:B1:hang", "--timeout-s", "4")
     assert out.returncode == 1 and out.stdout == ""

@@ -10,10 +10,12 @@ its own group over a pipeline row, so that no two kinds of traffic share an orde
 Ranks in a Comm are pipeline ranks 0..pp-1; it maps them to global ranks.
 """
 import contextlib
+import queue
+import threading
 from collections import Counter
-from datetime import timedelta
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -46,15 +48,27 @@ class Handle:
 
 
 class CommStream:
-    """Runs communication steps off the compute path: a worker thread on CPU (gloo blocks the caller),
-    a CUDA stream on GPU (NCCL and the step's small kernels run there; the caller waits on an event)."""
+    """Runs communication steps off the compute path, in submission order: a worker thread on CPU (gloo
+    blocks the caller), a CUDA stream on GPU (NCCL and the step's small kernels run there; the caller waits
+    on an event). The thread is a daemon: a rank that fails never waits for a step stuck on a dead peer."""
 
     def __init__(self, device: torch.device, channel: str):
         self.device, self.channel = device, channel
         if device.type == "cuda":
             self.stream = torch.cuda.Stream(device)
         else:
-            self.pool = ThreadPoolExecutor(max_workers=1)
+            self.steps: queue.SimpleQueue = queue.SimpleQueue()
+            self.thread = threading.Thread(target=self._work, name=f"comm-{channel}", daemon=True)
+            self.thread.start()
+
+    def _work(self):
+        while (item := self.steps.get()) is not None:
+            step, future = item
+            if future.set_running_or_notify_cancel():
+                try:
+                    future.set_result(step())
+                except BaseException as err:  # noqa: BLE001 - handed to whoever waits for the step
+                    future.set_exception(err)
 
     def submit(self, step) -> Handle:
         if self.device.type == "cuda":
@@ -64,11 +78,15 @@ class CommStream:
                 event = torch.cuda.Event()
                 event.record(self.stream)
             return Handle(self.channel, event=event, result=result)
-        return Handle(self.channel, future=self.pool.submit(step))
+        future = Future()
+        self.steps.put((step, future))
+        return Handle(self.channel, future=future)
 
-    def close(self):
+    def close(self, wait: bool = True):
         if self.device.type != "cuda":
-            self.pool.shutdown(wait=True)
+            self.steps.put(None)
+            if wait:
+                self.thread.join()
 
 
 class Comm:
@@ -141,9 +159,11 @@ class Comm:
             dist.reduce(t, group=self.groups[channel], group_dst=dst)
         return t
 
-    def close(self):
+    def close(self, failed: bool = False):
+        """Release streams and groups; after a failure, without waiting on steps that may never end."""
         for s in self._streams.values():
-            s.close()
-        for g in self.groups.values():
-            dist.destroy_process_group(g)
+            s.close(wait=not failed)
+        if not failed:
+            for g in self.groups.values():
+                dist.destroy_process_group(g)
         self.groups = {}

@@ -5,13 +5,15 @@ a message takes latency + bytes / bandwidth (one link model). Memory counts para
 optimizer state per rank (bytes_per_param) and activations held between a pass and the one that frees it.
 """
 import math
+import statistics
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
 from vp.config import RunConfig
 from vp.flops import layer_flops
-from vp.schedule import Costs, Schedule
+from vp.schedule import Costs, Schedule, build
+from vp.schedule.actions import COMPUTE
 
 GiB = 1024**3
 
@@ -94,7 +96,7 @@ def rank_params(cfg: RunConfig, sched: Schedule) -> list[int]:
     return out
 
 
-EFF_KINDS = ("F", "B", "W", "S", "T", "IF", "IB")
+EFF_KINDS = COMPUTE  # one efficiency per pass kind
 
 
 def pass_flops(cfg: RunConfig, sched: Schedule) -> dict:
@@ -145,11 +147,11 @@ def pass_costs(cfg: RunConfig, hw: Hardware, sched: Schedule) -> Costs:
     ring = 2 * (p - 1) / p
     comm = {
         "P2P": message_time(hw, act),
-        "C0": message_time(hw, act + 4 * n),
+        "C0": message_time(hw, 4 * n * (h + 1)),  # X and the loss weights, fp32 (as the runtime sends them)
         "C1": 2 * hw.link_latency + (p - 1) * 12 * n / hw.link_bandwidth
         + (message_time(hw, ring * grad32) if sched.vocab == "alg2" else 0.0),
         "C2": message_time(hw, ring * grad32),
-        "IF": message_time(hw, act),
+        "IF": message_time(hw, 4 * n * h),  # partial embeddings from the fp32 shards
         "IB": message_time(hw, act),
         "S": 2 * math.ceil(math.log2(max(p, 2))) * hw.link_latency,
         "T": message_time(hw, ring * grad32),
@@ -160,3 +162,34 @@ def pass_costs(cfg: RunConfig, hw: Hardware, sched: Schedule) -> Costs:
 def static_bytes(cfg: RunConfig, hw: Hardware, sched: Schedule) -> list[float]:
     """Parameters, gradients and optimizer state per rank, plus the fixed overhead."""
     return [n * hw.bytes_per_param + hw.overhead_bytes for n in rank_params(cfg, sched)]
+
+
+def record_costs(record: dict) -> tuple[Schedule, Costs]:
+    """The schedule of a recorded run and the costs its record implies: for a simulated run, its hardware
+    profile through the cost model; otherwise its pass times (per kind and rank) with communication from its
+    link probe. Timelines, benchmarks and reports replay records through this one function."""
+    cfg = RunConfig.from_dict(record["config"])
+    sched = build(cfg.method, cfg.pp, cfg.microbatches, cfg.n_chunks)
+    profile = (record.get("env") or {}).get("hardware")
+    if record["backend"] == "sim" and profile:
+        return sched, pass_costs(cfg, Hardware.from_dict(profile), sched)
+    pass_s = record["metrics"].get("pass_time_s") or {}
+    compute = {}
+    for st in range(sched.n_stages):
+        rank = sched.where(st)[0]
+        for kind in ("F", "B", "W"):
+            per_rank = pass_s.get(kind) or []
+            if rank < len(per_rank) and per_rank[rank] is not None:
+                compute[(kind, st)] = per_rank[rank]
+    for kind in ("S", "T", "IF", "IB"):
+        values = [t for t in pass_s.get(kind) or [] if t is not None]
+        if values:
+            compute[(kind, None)] = statistics.mean(values)
+    comm = {}
+    probe = (record.get("env") or {}).get("link_probe") or []
+    if len(probe) >= 2:
+        latency, bandwidth = fit_link(probe)
+        link = Hardware("link_probe", 1.0, link_latency=latency, link_bandwidth=bandwidth,
+                        act_bytes=4 if cfg.dtype == "fp32" else 2)
+        comm = pass_costs(cfg, link, sched).comm
+    return sched, Costs(compute, comm)

@@ -22,13 +22,29 @@ class RunFailed(RuntimeError):
         self.status = status
 
 
+# what a rank reports when a *peer* failed: not the cause of a run's failure
+PEER_SYMPTOMS = ("connection closed by peer", "connection reset by peer", "broken pipe", "gave no result within",
+                 "timed out", "timeout", "nccl communicator was aborted")
+
+
 def classify(error: str) -> str:
     """The record status of a failure, from its error text."""
     if "OutOfMemoryError" in error or "CUDA out of memory" in error:
         return "oom"
-    if "Timeout" in error or "timed out" in error.lower() or "Timed out" in error:
-        return "timeout"
-    return "failed"
+    return "timeout" if "timed out" in error.lower() or "timeout" in error.lower() else "failed"
+
+
+def explain(errors: dict[int, str | None], order: list[int], notes: dict[int, str]) -> tuple[str, str]:
+    """(status, message) of a failed run. errors: each failed rank's traceback, or None when it ended without
+    a Python error (notes[rank] says how); order: ranks in the order they failed. The culprit is a rank that
+    died without a Python error, else the first whose error is not a peer's symptom, else the first to fail."""
+    died = [r for r in order if errors.get(r) is None and not notes.get(r, "").startswith("stopped")]
+    own = [r for r in order if errors.get(r) and not any(s in errors[r].lower() for s in PEER_SYMPTOMS)]
+    culprit = (died or own or order)[0]
+    text = errors.get(culprit) or f"rank {culprit}: {notes.get(culprit, 'ended without a Python error')}"
+    summary = "; ".join(_summary_line(r, errors.get(r) or notes.get(r, "ended without a Python error"))
+                        for r in order)
+    return classify(text), f"{summary}\n\n{text}"
 
 
 def _local_worker(cfg_dict, rank, world, init_method, workdir, fault):
@@ -43,7 +59,7 @@ def _local_worker(cfg_dict, rank, world, init_method, workdir, fault):
         text = traceback.format_exc()
         (Path(workdir) / f"error-{rank}.txt").write_text(text)
         print(text, file=sys.stderr, flush=True)
-        sys.exit(1)
+        os._exit(1)  # now: do not wait for communication threads that a dead peer keeps blocked
 
 
 def run_local(cfg: RunConfig, fault=None) -> dict:
@@ -68,21 +84,19 @@ def run_local(cfg: RunConfig, fault=None) -> dict:
                         killed.add(r)
         for p in procs:
             p.join()
-        errors = {r: (Path(workdir) / f"error-{r}.txt") for r in range(cfg.pp)}
         failures = [r for r, p in enumerate(procs) if p.exitcode != 0]
         if failures:
             order += [r for r in failures if r not in order]
-            died = [r for r in order if not errors[r].exists() and r not in killed]  # crashed without a Python error
-            first = died[0] if died else order[0]
-            texts = {r: errors[r].read_text() if errors[r].exists() else
-                     ("stopped after the others failed" if r in killed else f"exited with code {procs[r].exitcode}")
+            files = {r: Path(workdir) / f"error-{r}.txt" for r in failures}
+            errors = {r: files[r].read_text() if files[r].exists() else None for r in failures}
+            notes = {r: "stopped after the others failed" if r in killed else f"exited with code {procs[r].exitcode}"
                      for r in failures}
-            summary = "; ".join(_summary_line(r, texts[r]) for r in failures)
-            raise RunFailed(classify("\n".join(texts.values())), f"{summary}\n\n{texts[first]}")
+            raise RunFailed(*explain(errors, order, notes))
         return json.loads((Path(workdir) / "record.json").read_text())
 
 
 def _summary_line(rank: int, text: str) -> str:
+    """One line per failed rank: its RankFailure (rank, iteration, step, action) or its last line."""
     lines = [line for line in text.strip().splitlines() if line.strip()]
     for line in lines:  # the RankFailure line names rank, iteration, step and action
         if "RankFailure: " in line:

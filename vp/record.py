@@ -11,8 +11,9 @@ STATUSES = ("ok", "failed", "oom", "timeout")
 NOT_SEMANTIC = ("timeout_s",)  # changing these does not change what a run measures
 
 
-def run_id(config: dict, backend: str, hardware: str | None = None) -> str:
-    """A hash of the semantic config: the same run anywhere gets the same id (paths, times, loggers excluded)."""
+def run_id(config: dict, backend: str, hardware: dict | None = None) -> str:
+    """A hash of the semantic config: the same run anywhere gets the same id (paths, times, loggers excluded).
+    A simulated run also hashes its hardware profile's contents, so a recalibrated profile reruns."""
     semantic = {k: v for k, v in sorted(config.items()) if k not in NOT_SEMANTIC}
     semantic["backend"] = backend
     if backend == "sim":
@@ -34,7 +35,7 @@ def git_commit() -> str:
 
 
 def make_record(config: dict, metrics: dict | None, env: dict, status: str = "ok", error: str | None = None,
-                experiment: str | None = None, backend: str = "real", hardware: str | None = None) -> dict:
+                experiment: str | None = None, backend: str = "real", hardware: dict | None = None) -> dict:
     assert status in STATUSES, status
     return {"run_id": run_id(config, backend, hardware), "experiment": experiment, "status": status,
             "error": error, "backend": backend, "config": config, "metrics": metrics or {}, "env": env}

@@ -135,10 +135,12 @@ def run_rank(cfg: RunConfig, rank: int, world: int, init_method: str, local_rank
         mine["peak_flops"] = peak
         gathered = [None] * world
         dist.all_gather_object(gathered, mine)
-    finally:
-        if comm is not None:
-            comm.close()
-        dist.destroy_process_group()
+    except BaseException:
+        if comm is not None:  # peers may be blocked with us: leave their groups alone, exit promptly
+            comm.close(failed=True)
+        raise
+    comm.close()
+    dist.destroy_process_group()
     if rank != 0:
         return None
     peak = sum(r["peak_flops"] for r in gathered) / world
@@ -154,6 +156,9 @@ def launcher_env(env=os.environ) -> tuple[int, int, int, str] | None:
     if "RANK" in env and "WORLD_SIZE" in env:
         return int(env["RANK"]), int(env["WORLD_SIZE"]), int(env.get("LOCAL_RANK", 0)), "env://"
     return None
+
+
+FAULT_MODES = ("exit", "raise", "hang")
 
 
 # -- command line ------------------------------------------------------------------------------------
@@ -182,16 +187,17 @@ def parse_args(argv=None):
     ap.add_argument("--lr", type=float, default=d.lr)
     ap.add_argument("--timeout-s", type=float, default=d.timeout_s)
     ap.add_argument("--json", action="store_true", help="print the result record as one JSON object")
-    ap.add_argument("--inject-fault", default=None, metavar="RANK:ACTION[:exit|hang]",
-                    help="testing aid: make a rank die (or hang) at an action of the first iteration")
+    ap.add_argument("--inject-fault", default=None, metavar="RANK:ACTION[:exit|raise|hang]",
+                    help="testing aid: make a rank die, raise or hang at an action of the first iteration")
     args = ap.parse_args(argv)
     fields = {k: v for k, v in vars(args).items() if k not in ("json", "inject_fault")}
     cfg = RunConfig(**fields)
     fault = None
     if args.inject_fault:
         parts = args.inject_fault.split(":")
-        if len(parts) not in (2, 3) or not parts[0].isdigit() or (len(parts) == 3 and parts[2] not in ("exit", "hang")):
-            raise ValueError(f"--inject-fault={args.inject_fault!r}: use RANK:ACTION[:exit|hang], e.g. 1:F2:exit")
+        if len(parts) not in (2, 3) or not parts[0].isdigit() or (len(parts) == 3 and parts[2] not in FAULT_MODES):
+            raise ValueError(f"--inject-fault={args.inject_fault!r}: use RANK:ACTION[:exit|raise|hang], "
+                             f"e.g. 1:F2:exit")
         fault = (int(parts[0]), parts[1], parts[2] if len(parts) == 3 else "exit")
     return cfg, args.json, fault
 

@@ -24,9 +24,6 @@ class WeightGradStore:
     def __len__(self):
         return len(self._pending)
 
-    def nbytes(self) -> int:
-        return sum(x.untyped_storage().nbytes() + g.untyped_storage().nbytes() for x, g, _ in self._pending)
-
 
 class _Linear(torch.autograd.Function):
     """y = x W^T + b. Backward sends grad x = grad y W back through autograd; grad W goes to the store."""

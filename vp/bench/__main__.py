@@ -62,13 +62,10 @@ def bench_vocab(hidden: int, vocabs: list[int], tokens: int, reps: int):
 
 
 def bench_pipeline(methods: list[str], args):
-    from dataclasses import replace
-
     from vp.config import RunConfig, validate
-    from vp.cost import PROFILES, fit_link, pass_costs
+    from vp.cost import record_costs
     from vp.launch import run_local
-    from vp.schedule import build, simulate
-    from vp.schedule.simulate import Costs
+    from vp.schedule import simulate
 
     rows = []
     for method in methods:
@@ -77,20 +74,8 @@ def bench_pipeline(methods: list[str], args):
                                  iterations=args.iterations, warmup=1, timeout_s=900))
         rec = run_local(cfg)
         m = rec["metrics"]
-        sched = build(method, cfg.pp, cfg.microbatches, cfg.n_chunks)
-        pass_s = m["pass_time_s"]
-        compute = {}
-        for st in range(sched.n_stages):
-            r = sched.where(st)[0]
-            for kind in ("F", "B", "W"):
-                if kind in pass_s and pass_s[kind][r] is not None:
-                    compute[(kind, st)] = pass_s[kind][r]
-        for kind in ("S", "T", "IF", "IB"):
-            if kind in pass_s:
-                compute[(kind, None)] = statistics.mean(t for t in pass_s[kind] if t is not None)
-        latency, bandwidth = fit_link(rec["env"]["link_probe"])  # the link this run measured
-        link = replace(PROFILES["a100_80g"], link_latency=latency, link_bandwidth=bandwidth, act_bytes=4)
-        predicted = simulate(sched, Costs(compute, pass_costs(cfg, link, sched).comm)).makespan
+        sched, costs = record_costs(rec)  # measured pass times, communication from the run's link probe
+        predicted = simulate(sched, costs).makespan
         rows.append((method, m["iteration_time_s"], m["tokens_per_s"], predicted, m["peak_memory_bytes"]))
         print(f"  ran {method}: {m['iteration_time_s']:.3f} s/iteration", file=sys.stderr, flush=True)
     base = next(r for r in rows if r[0] == "baseline")

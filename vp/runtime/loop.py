@@ -97,9 +97,9 @@ class Runtime:
             torch.cuda.synchronize()
         begin = time.perf_counter()
         for i, a in enumerate(self.actions):
-            if self.fault and self.fault[0] == self.rank and self.fault[1] == a.text() and it == 0:
-                self._inject(self.fault[2])
             try:
+                if self.fault and self.fault[0] == self.rank and self.fault[1] == a.text() and it == 0:
+                    self._inject(self.fault[2])
                 self._dispatch(a)
             except Exception as err:
                 raise RankFailure(f"rank {self.rank} failed at iteration {it}, step {i} ({a.text()}): "
@@ -136,7 +136,9 @@ class Runtime:
         self.ex.st.executed.append(a)
 
     def _inject(self, mode: str):
-        """Test aid (--inject-fault): die, or hang, at a chosen action."""
+        """Test aid (--inject-fault): die, raise, or hang, at a chosen action."""
         if mode == "exit":
             os._exit(17)
+        if mode == "raise":
+            raise RuntimeError("injected fault")
         time.sleep(10 * self.cfg.timeout_s + 3600)

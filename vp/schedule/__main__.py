@@ -9,7 +9,7 @@ import sys
 
 from vp.config import RunConfig, validate as validate_config
 from vp.schedule import build, simulate, unit_costs, validate
-from vp.schedule.simulate import COMPUTE_COST_KINDS
+from vp.schedule.actions import COMPUTE
 
 COMM_KINDS = ("C0", "C1", "C2", "P2P")
 
@@ -20,16 +20,16 @@ def parse_costs(text: str | None) -> tuple[dict, dict]:
     for item in filter(None, (text or "").split(",")):
         key, sep, value = item.partition("=")
         key = key.strip()
-        if not sep or key not in COMPUTE_COST_KINDS + COMM_KINDS:
+        if not sep or key not in COMPUTE + COMM_KINDS:
             raise ValueError(f"--costs: cannot read {item!r}; use KIND=NUMBER with KIND in "
-                             f"{', '.join(COMPUTE_COST_KINDS + COMM_KINDS)}")
+                             f"{', '.join(COMPUTE + COMM_KINDS)}")
         try:
             number = float(value)
         except ValueError:
             raise ValueError(f"--costs: {key}={value!r} is not a number") from None
         if number < 0:
             raise ValueError(f"--costs: {key}={number} must not be negative")
-        (passes if key in COMPUTE_COST_KINDS else comm)[key] = number
+        (passes if key in COMPUTE else comm)[key] = number
     return passes, comm
 
 

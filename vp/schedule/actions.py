@@ -17,7 +17,6 @@ from typing import NamedTuple
 from vp.methods import rank_chunk_of, stage_of
 
 COMPUTE = ("F", "B", "W", "S", "T", "IF", "IB")
-STAGE_PASSES = ("F", "B", "W")
 COLLECTIVES = ("C0", "C1", "C2")
 P2P = ("SF", "RF", "SB", "RB")
 KINDS = COMPUTE + COLLECTIVES + P2P

@@ -17,9 +17,6 @@ from dataclasses import dataclass, field
 from vp.schedule.actions import COLLECTIVES, P2P, Action, Schedule
 from vp.schedule.rules import enters, local_needs, p2p_peer, root_of, waits_on
 
-COMPUTE_COST_KINDS = ("F", "B", "W", "S", "T", "IF", "IB")
-
-
 class ScheduleError(ValueError):
     """A schedule that cannot run; the message names rank, step and action."""
 

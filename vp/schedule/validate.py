@@ -52,7 +52,7 @@ def validate(s: Schedule) -> Schedule:
             where = f"rank {r}: {k}{mb}" + (f".{c}" if c else "")
             raise ScheduleError(f"{where} appears {have[key]} time(s), expected {want[key]}\n" + s.grid())
 
-    links = Counter()
+    links = defaultdict(lambda: ([], []))  # (src, dst, kind) -> (keys sent, keys received), in order
     groups = defaultdict(lambda: defaultdict(list))
     for r, acts in enumerate(s.ranks):
         seen = set()
@@ -66,16 +66,23 @@ def validate(s: Schedule) -> Schedule:
                 peer, key = p2p_peer(s, a)
                 if peer == r:
                     _fail(s, r, i, "a send or receive between two chunks of the same rank; pass it locally")
-                link = (r, peer, key) if a.kind[0] == "S" else (peer, r, key)
-                links[link] += 1 if a.kind[0] == "S" else -1
+                sender = a.kind[0] == "S"
+                links[(r, peer, key[0]) if sender else (peer, r, key[0])][0 if sender else 1].append(key)
             entry = enters(s, a)
             if entry:
                 groups[entry[0]][r].append(entry[1:3])
-    for (src, dst, (kind, mb, st)), n in sorted(links.items()):
-        if n:
-            what = "send without a receive" if n > 0 else "receive without a send"
-            raise ScheduleError(f"{what}: {'activation' if kind == 'F' else 'gradient'} of microbatch {mb} "
-                                f"from stage {st}, rank {src} -> rank {dst}\n" + s.grid())
+    for (src, dst, kind), (sent, received) in sorted(links.items()):
+        what = "activations" if kind == "F" else "gradients"
+        if sorted(sent) != sorted(received):
+            extra = sorted(set(sent) ^ set(received))[0]
+            side = "send without a receive" if extra in sent else "receive without a send"
+            raise ScheduleError(f"{side}: {what} of microbatch {extra[1]} from stage {extra[2]}, rank {src} -> "
+                                f"rank {dst}\n" + s.grid())
+        if sent != received:  # one channel per direction and kind is first in, first out
+            i = next(i for i, (x, y) in enumerate(zip(sent, received)) if x != y)
+            raise ScheduleError(f"{what} rank {src} -> rank {dst} are received in another order than sent: "
+                                f"send {i} is microbatch {sent[i][1]} of stage {sent[i][2]}, receive {i} "
+                                f"expects microbatch {received[i][1]} of stage {received[i][2]}\n" + s.grid())
     for group, per_rank in groups.items():
         ref = per_rank.get(0, [])
         for r in range(s.pp):

@@ -22,6 +22,6 @@ def accumulate_grad(shard: Shard, weight: torch.Tensor, ids: torch.Tensor, grad:
     """grad [b, s, h] of the summed embedding -> weight.grad rows of this shard's tokens."""
     with torch.no_grad():
         local, inside = shard.local_targets(ids.flatten())
-        g = torch.zeros_like(weight)
-        g.index_add_(0, local[inside], grad.reshape(-1, grad.shape[-1])[inside].to(weight.dtype))
-        weight.grad = g if weight.grad is None else weight.grad.add_(g)
+        if weight.grad is None:
+            weight.grad = torch.zeros_like(weight)
+        weight.grad.index_add_(0, local[inside], grad.reshape(-1, grad.shape[-1])[inside].to(weight.dtype))

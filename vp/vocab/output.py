@@ -141,8 +141,8 @@ def c1_step(state: OutputState, comm: Comm, algorithm: str) -> OutputState:
         if algorithm == "alg2":
             w = state.weights[:, None]
             grad_x = w * (state.alpha[:, None] * state.a - state.e)  # w (alpha_i A_i - E_i)
-            state.grad_x = comm.all_reduce(grad_x, "C1")
-            state.a = state.e = None
+            state.grad_x = comm.all_reduce(grad_x.float(), "C1")
+            # A_i and E_i were made on the compute stream: T drops them after waiting for this step
     return state
 
 
@@ -153,9 +153,10 @@ def t_pass(shard: Shard, weight: torch.Tensor, state: OutputState, algorithm: st
         local, inside = shard.local_targets(state.targets)
         grad_y[inside, local[inside]] -= 1.0
         grad_y.mul_(state.weights[:, None])  # [n, V/p]
+        state.a = state.e = None
         _accumulate(weight, grad_y.t().to(state.x.dtype) @ state.x)
-        if algorithm == "alg1":
-            state.partial_grad_x = grad_y.to(weight.dtype) @ weight
+        if algorithm == "alg1":  # fp32 like Algorithm 2's grad X, so both reduce the same bytes
+            state.partial_grad_x = (grad_y.to(weight.dtype) @ weight).float()
         state.probs = None
     return state
 
