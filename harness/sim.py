@@ -9,6 +9,7 @@ from vp.cost import pass_costs, static_bytes
 from vp.flops import model_flops
 from vp.record import make_record, now
 from vp.schedule import build, simulate
+from vp.schedule.actions import COMPUTE
 
 
 @lru_cache(maxsize=64)
@@ -26,14 +27,16 @@ def simulate_job(run, hw, experiment: str, labels: dict) -> dict:
     flops = model_flops(sequences, run.seq_len, run.hidden, run.ffn, run.layers, run.vocab_size)
     static = static_bytes(run, hw, sched)
     peak = [s + a for s, a in zip(static, result.peak_activations)]
-    pass_time = {}
-    for kind in ("F", "B", "W", "S", "T", "IF", "IB"):
-        per_rank = []
-        for r in range(run.pp):
-            times = [t1 - t0 for a, t0, t1 in result.timeline[r] if a.kind == kind]
-            per_rank.append(sum(times) / len(times) if times else None)
-        if any(x is not None for x in per_rank):
-            pass_time[kind] = per_rank
+    sums = {}  # (kind, rank) -> [total seconds, passes], in one walk over the timeline
+    for r, timeline in enumerate(result.timeline):
+        for a, t0, t1 in timeline:
+            if a.kind in COMPUTE:
+                acc = sums.setdefault((a.kind, r), [0.0, 0])
+                acc[0] += t1 - t0
+                acc[1] += 1
+    pass_time = {kind: [sums[(kind, r)][0] / sums[(kind, r)][1] if (kind, r) in sums else None
+                        for r in range(run.pp)]
+                 for kind in COMPUTE if any((kind, r) in sums for r in range(run.pp))}
     metrics = {"loss": None, "iteration_time_s": t, "iteration_times_s": [t], "tokens_per_s": sequences * run.seq_len / t,
                "mfu": flops / (t * run.pp * hw.peak_flops), "model_flops": flops, "peak_flops": hw.peak_flops,
                "peak_memory_bytes": peak,
