@@ -21,7 +21,7 @@ def tiny(method: str, pp: int, **kw) -> RunConfig:
 
 def run_method(rank, world, cfg):
     """Train on this rank; return the measurements and this rank's final parameters by global name."""
-    comm = Comm(list(range(world)), rank, torch.device("cpu"))
+    comm = Comm.local(list(range(world)), rank, torch.device("cpu"))
     try:
         mine = train_rank(cfg, rank, comm, torch.device("cpu"))
     finally:
@@ -30,7 +30,7 @@ def run_method(rank, world, cfg):
 
 
 def trained_parameters(rank, world, cfg):
-    comm = Comm(list(range(world)), rank, torch.device("cpu"))
+    comm = Comm.local(list(range(world)), rank, torch.device("cpu"))
     try:
         sched = build(cfg.method, cfg.pp, cfg.microbatches, cfg.n_chunks)
         from vp.runtime.loop import Runtime

@@ -36,7 +36,7 @@ def run_output(rank, world, algorithm, seed, n, h, vocab, pad_multiple, microbat
     full = torch.zeros(padded, h)
     full[:vocab] = w
     weight = full[shard.start:shard.start + shard.rows].clone().requires_grad_()
-    comm = Comm(list(range(world)), rank, torch.device("cpu"))
+    comm = Comm.local(list(range(world)), rank, torch.device("cpu"))
     for _ in range(microbatches):
         if algorithm == "naive":
             state = naive_backward(shard, weight, naive_forward(shard, weight, x, targets, weights, comm), comm)
@@ -105,7 +105,7 @@ def run_input(rank, world, seed, vocab):
     full = torch.zeros(padded, 6)
     full[:vocab] = w
     weight = full[shard.start:shard.start + shard.rows].clone().requires_grad_()
-    comm = Comm(list(range(world)), rank, torch.device("cpu"))
+    comm = Comm.local(list(range(world)), rank, torch.device("cpu"))
     emb = comm.reduce(local_lookup(shard, weight, ids), 0, "IF")  # IF
     got = comm.broadcast(grad.clone() if rank == 0 else torch.empty_like(grad), 0, "IB")  # IB
     accumulate_grad(shard, weight, ids, got)

@@ -1,13 +1,14 @@
-"""Every collective and point-to-point call goes through Comm, which counts calls, payload bytes and
-barriers, so that tests can pin "Algorithm 2 has one barrier" and runs can report bytes sent.
+"""Every collective and point-to-point call goes through Comm, which counts calls, payload bytes and barriers
+per channel, so that tests can pin "Algorithm 2 has one barrier" and runs can report bytes sent per group.
 
-Process groups are sliced from one rank grid, arange(world).view(dp, pp); each channel of traffic gets
-its own group over a pipeline row, so that no two kinds of traffic share an ordered communicator:
+A channel is a named process group this rank belongs to, cut from the mesh (vp.mesh): each kind of traffic
+has its own, so that no two kinds of traffic share an ordered communicator. The pipeline's channels are
+groups along the pipeline axis:
   fwd+ fwd-  activations sent to a higher / lower rank      bwd+ bwd-  input gradients likewise
   C0 C1 C2   the output layer's steps                       IF IB      the input layer's steps
   naive      the synchronous all-reduces of the naive (Megatron / interlaced) output layer
   step       end-of-iteration agreement (fp16 overflow check, metrics)
-Ranks in a Comm are pipeline ranks 0..pp-1; it maps them to global ranks.
+Ranks named in calls (src, dst) are indices in the channel's group, never global ranks.
 """
 import contextlib
 import queue
@@ -15,20 +16,45 @@ import threading
 from collections import Counter
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 
-CHANNELS = ("fwd+", "fwd-", "bwd+", "bwd-", "C0", "C1", "C2", "IF", "IB", "naive", "step")
+PIPELINE_CHANNELS = ("fwd+", "fwd-", "bwd+", "bwd-", "C0", "C1", "C2", "IF", "IB", "naive", "step")
 
 
-def rank_grid(world: int, pp: int) -> torch.Tensor:
-    """[dp, pp] grid of global ranks; row d is one pipeline."""
-    if world % pp:
-        raise ValueError(f"world size {world} is not a multiple of pp={pp}; launch pp x dp processes")
-    return torch.arange(world).view(world // pp, pp)
+@dataclass(frozen=True)
+class Group:
+    """One process group of this rank: the global ranks in group order and this rank's index among them."""
+    ranks: tuple[int, ...]
+    index: int
+    pg: object = None  # the torch ProcessGroup; None for a group of one (or without torch.distributed)
 
+    @property
+    def size(self) -> int:
+        return len(self.ranks)
+
+
+def make_groups(slices: dict[str, list[list[int]]], rank: int, timeout_s: float | None = None) -> dict[str, Group]:
+    """channel -> this rank's Group, creating every slice of every channel in the order given. new_group is
+    collective over the world, so every rank must call this with the same slices in the same order."""
+    timeout = timedelta(seconds=timeout_s) if timeout_s else None
+    out = {}
+    for channel, groups in slices.items():
+        for ranks in groups:
+            pg = dist.new_group(ranks, timeout=timeout) if dist.is_initialized() and len(ranks) > 1 else None
+            if rank in ranks:
+                assert channel not in out, f"rank {rank} is in two groups of channel {channel}"
+                out[channel] = Group(tuple(ranks), ranks.index(rank), pg)
+        assert channel in out, f"rank {rank} is in no group of channel {channel}"
+    return out
+
+
+def local_groups(channels, ranks: list[int], me: int) -> dict[str, Group]:
+    """Groups over one list of ranks for each channel (tests, one pipeline): me is this rank's index."""
+    return make_groups({ch: [list(ranks)] for ch in channels}, ranks[me])
 
 class Handle:
     """The result of a step submitted to a CommStream; wait() returns what the step returned."""
@@ -90,22 +116,47 @@ class CommStream:
 
 
 class Comm:
-    def __init__(self, pp_ranks: list[int], me: int, device: torch.device, timeout_s: float | None = None):
-        """pp_ranks: global ranks of this pipeline; me: this process's pipeline rank. Every process of the
-        world must construct its Comm at the same time (new_group is collective). An operation that waits
-        longer than timeout_s fails (the rest of the run then fails with it)."""
-        self.ranks, self.me, self.size, self.device = list(pp_ranks), me, len(pp_ranks), device
-        timeout = timedelta(seconds=timeout_s) if timeout_s else None
-        self.groups = ({ch: dist.new_group(self.ranks, timeout=timeout) for ch in CHANNELS}
-                       if dist.is_initialized() else {})
-        self.calls, self.bytes_sent, self.barriers = Counter(), Counter(), Counter()
+    def __init__(self, groups: dict[str, Group], device: torch.device):
+        """groups: channel -> this rank's Group (make_groups). Every collective and send on a channel runs on
+        that channel's group; an operation that waits longer than the groups' timeout fails."""
+        self.groups, self.device = dict(groups), device
+        self.calls, self.bytes_sent, self.barriers = Counter(), Counter(), Counter()  # keyed (channel, op)
         self._streams: dict[str, CommStream] = {}
 
+    @classmethod
+    def local(cls, ranks: list[int], me: int, device: torch.device, channels=PIPELINE_CHANNELS) -> "Comm":
+        """A Comm whose channels all span `ranks` (one pipeline, or a test's whole world)."""
+        return cls(local_groups(channels, ranks, me), device)
+
+    def index(self, channel: str) -> int:
+        """This rank's index in the channel's group."""
+        return self.groups[channel].index
+
+    def size(self, channel: str) -> int:
+        return self.groups[channel].size
+
     # -- bookkeeping --------------------------------------------------------------------------------
-    def _count(self, op: str, t: torch.Tensor, sends: bool = True):
-        self.calls[op] += 1
+    def _count(self, channel: str, op: str, t: torch.Tensor, sends: bool = True):
+        self.calls[(channel, op)] += 1
         if sends:
-            self.bytes_sent[op] += t.numel() * t.element_size()
+            self.bytes_sent[(channel, op)] += t.numel() * t.element_size()
+
+    def by_op(self, counter: Counter) -> dict[str, float]:
+        out = Counter()
+        for (_, op), n in counter.items():
+            out[op] += n
+        return dict(sorted(out.items()))
+
+    def by_channel(self, counter: Counter) -> dict[str, float]:
+        out = Counter()
+        for (channel, _), n in counter.items():
+            out[channel] += n
+        return dict(sorted(out.items()))
+
+    def reset_counts(self):
+        self.calls.clear()
+        self.bytes_sent.clear()
+        self.barriers.clear()
 
     @contextlib.contextmanager
     def barrier(self, name: str):
@@ -121,42 +172,45 @@ class Comm:
     def submit(self, channel: str, step) -> Handle:
         return self.stream(channel).submit(step)
 
+    def _pg(self, channel: str):
+        return self.groups[channel].pg
+
     # -- point to point -----------------------------------------------------------------------------
     def isend(self, t: torch.Tensor, dst: int, channel: str):
-        self._count("send", t)
-        return dist.isend(t.contiguous(), group=self.groups[channel], group_dst=dst)
+        self._count(channel, "send", t)
+        return dist.isend(t.contiguous(), group=self._pg(channel), group_dst=dst)
 
     def irecv(self, t: torch.Tensor, src: int, channel: str):
-        self._count("recv", t, sends=False)
-        return dist.irecv(t, group=self.groups[channel], group_src=src)
+        self._count(channel, "recv", t, sends=False)
+        return dist.irecv(t, group=self._pg(channel), group_src=src)
 
     # -- collectives (blocking for the caller: run them on a CommStream to overlap) ----------------
     def all_reduce(self, t: torch.Tensor, channel: str, op=dist.ReduceOp.SUM) -> torch.Tensor:
-        self._count("all_reduce", t)
-        if self.size > 1:
-            dist.all_reduce(t, op=op, group=self.groups[channel])
+        self._count(channel, "all_reduce", t)
+        if self.size(channel) > 1:
+            dist.all_reduce(t, op=op, group=self._pg(channel))
         return t
 
     def all_gather(self, t: torch.Tensor, channel: str) -> torch.Tensor:
         """[*] -> [size, *]"""
-        self._count("all_gather", t)
-        out = torch.empty((self.size, *t.shape), dtype=t.dtype, device=t.device)
-        if self.size > 1:
-            dist.all_gather(list(out.unbind(0)), t.contiguous(), group=self.groups[channel])
+        self._count(channel, "all_gather", t)
+        out = torch.empty((self.size(channel), *t.shape), dtype=t.dtype, device=t.device)
+        if self.size(channel) > 1:
+            dist.all_gather(list(out.unbind(0)), t.contiguous(), group=self._pg(channel))
         else:
             out[0] = t
         return out
 
     def broadcast(self, t: torch.Tensor, src: int, channel: str) -> torch.Tensor:
-        self._count("broadcast", t, sends=self.me == src)
-        if self.size > 1:
-            dist.broadcast(t, group=self.groups[channel], group_src=src)
+        self._count(channel, "broadcast", t, sends=self.index(channel) == src)
+        if self.size(channel) > 1:
+            dist.broadcast(t, group=self._pg(channel), group_src=src)
         return t
 
     def reduce(self, t: torch.Tensor, dst: int, channel: str) -> torch.Tensor:
-        self._count("reduce", t)
-        if self.size > 1:
-            dist.reduce(t, group=self.groups[channel], group_dst=dst)
+        self._count(channel, "reduce", t)
+        if self.size(channel) > 1:
+            dist.reduce(t, group=self._pg(channel), group_dst=dst)
         return t
 
     def close(self, failed: bool = False):
@@ -165,5 +219,6 @@ class Comm:
             s.close(wait=not failed)
         if not failed:
             for g in self.groups.values():
-                dist.destroy_process_group(g)
+                if g.pg is not None:
+                    dist.destroy_process_group(g.pg)
         self.groups = {}

@@ -16,7 +16,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from vp.comm import Comm, rank_grid
+from vp.comm import PIPELINE_CHANNELS, Comm, make_groups
+from vp.mesh import Mesh
 from vp.config import RunConfig, validate
 from vp.launch import RunFailed, run_local
 from vp.metrics import device_peak, summarize
@@ -83,7 +84,7 @@ def train_rank(cfg: RunConfig, rank: int, comm: Comm, device: torch.device, faul
         "memory_detail": detail,
         "parameters": n_params,
         "bytes_sent": sum(comm.bytes_sent.values()) / its,
-        "collectives": {k: v / its for k, v in sorted(comm.calls.items())},
+        "collectives": {k: v / its for k, v in comm.by_op(comm.calls).items()},
         "barriers": sum(comm.barriers.values()) / mbs,
         "executed": [a.text(sched.chunks > 1) for a in results[-1]["executed"]],
         "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
@@ -94,13 +95,14 @@ def link_probe(comm: Comm, sizes=(4096, 262144, 4194304), reps: int = 3) -> list
     """[bytes, seconds] of one message between pipeline ranks 0 and 1 (half a ping-pong, best of reps),
     for fitting a link model (python -m harness.calibrate); counters are reset afterwards."""
     out = []
-    if comm.me in (0, 1):
+    me = comm.index("fwd+")
+    if me in (0, 1):
         for size in sizes:
             buf = torch.zeros(size // 4, device=comm.device)
             best = float("inf")
             for _ in range(reps):
                 t0 = time.perf_counter()
-                if comm.me == 0:
+                if me == 0:
                     comm.isend(buf, 1, "fwd+").wait()
                     comm.irecv(buf, 1, "fwd-").wait()
                 else:
@@ -110,8 +112,7 @@ def link_probe(comm: Comm, sizes=(4096, 262144, 4194304), reps: int = 3) -> list
                     torch.cuda.synchronize()
                 best = min(best, (time.perf_counter() - t0) / 2)
             out.append([size, best])
-    comm.calls.clear()
-    comm.bytes_sent.clear()
+    comm.reset_counts()
     return out
 
 
@@ -128,7 +129,8 @@ def run_rank(cfg: RunConfig, rank: int, world: int, init_method: str, local_rank
                             world_size=world, timeout=timedelta(seconds=cfg.timeout_s))
     comm = None
     try:
-        comm = Comm(rank_grid(world, cfg.pp)[0].tolist(), rank, device, cfg.timeout_s)
+        mesh = Mesh(pp=cfg.pp)
+        comm = Comm(make_groups({ch: mesh.groups("pp") for ch in PIPELINE_CHANNELS}, rank, cfg.timeout_s), device)
         peak, how = device_peak(device)
         probe = link_probe(comm)
         mine = train_rank(cfg, rank, comm, device, fault)

@@ -27,7 +27,7 @@ def _best(fn, reps: int) -> float:
 def bench_vocab(hidden: int, vocabs: list[int], tokens: int, reps: int):
     """One process: the passes of one shard of V/p rows (communication excluded, group of one)."""
     torch.manual_seed(0)
-    comm = Comm([0], 0, torch.device("cpu"))
+    comm = Comm.local([0], 0, torch.device("cpu"))
     x = torch.randn(tokens, hidden)
     weights = torch.full((tokens,), 1.0 / tokens)
     print(f"S+T of one vocabulary shard vs the single-device output layer (h={hidden}, {tokens} tokens, "

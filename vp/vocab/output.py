@@ -137,7 +137,7 @@ def _combine(state: OutputState, gathered: torch.Tensor, me: int):
 def c1_step(state: OutputState, comm: Comm, algorithm: str) -> OutputState:
     """C1: the one barrier of alg2 (statistics, then grad X) or the first of alg1 (statistics)."""
     with torch.no_grad(), comm.barrier("C1"):
-        _combine(state, comm.all_gather(state.stats, "C1"), comm.me)
+        _combine(state, comm.all_gather(state.stats, "C1"), comm.index("C1"))
         if algorithm == "alg2":
             w = state.weights[:, None]
             grad_x = w * (state.alpha[:, None] * state.a - state.e)  # w (alpha_i A_i - E_i)
