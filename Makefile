@@ -6,7 +6,7 @@ TORCH ?= torch==2.13.0
 PY := $(VENV)/bin/python
 ARGS ?=
 
-.PHONY: venv test test-fast sweep report paper-tables bench slurm-up slurm-down clean
+.PHONY: venv test test-fast sweep report paper-tables paper-artifact calibrate-paper bench slurm-up slurm-down clean
 
 venv: $(VENV)/.installed
 
@@ -25,10 +25,23 @@ sweep: venv
 report: venv
 	$(PY) -m harness.report $(ARGS)
 
+# the paper's tables, predicted with the profile fitted to the official artifact (make calibrate-paper)
+PAPER_HW ?= a100_paper
 paper-tables: venv
-	$(PY) -m harness.sweep experiment=paper_1f1b backend=sim logger=off report=false $(ARGS)
-	$(PY) -m harness.sweep experiment=paper_vhalf backend=sim logger=off report=false $(ARGS)
+	$(PY) -m harness.sweep experiment=paper_1f1b backend=sim hardware=$(PAPER_HW) logger=off report=false $(ARGS)
+	$(PY) -m harness.sweep experiment=paper_vhalf backend=sim hardware=$(PAPER_HW) logger=off report=false $(ARGS)
 	$(PY) -m harness.report --experiment paper_1f1b paper_vhalf
+
+# the profile against what it was fitted to (reports/paper_artifact/) and the vocabulary-padding effect
+paper-artifact: venv
+	$(PY) -m harness.sweep experiment=paper_artifact backend=sim hardware=$(PAPER_HW) logger=off report=false $(ARGS)
+	$(PY) -m harness.sweep experiment=vocab_padding backend=sim hardware=$(PAPER_HW) logger=off report=false $(ARGS)
+	$(PY) -m harness.report --experiment paper_artifact vocab_padding
+
+# refit conf/hardware/a100_paper.yaml to the artifact's published MFU (after a schedule or cost-model change)
+calibrate-paper: venv
+	$(PY) -m harness.calibrate --published paper_artifact --name a100_paper
+	$(MAKE) paper-artifact
 
 bench: venv
 	$(PY) -m vp.bench vocab

@@ -1,10 +1,17 @@
 """python -m harness.calibrate --results results/smoke [--name NAME] [--out conf/hardware/NAME.yaml]
+python -m harness.calibrate --published paper_artifact --name a100_paper [--base a100_80g]
 
-Fits a hardware profile from real records of one machine, so that backend=sim predicts a sweep from a short
-calibration run. The cost model says what each pass computes (vp.cost.pass_flops); the measured pass times
-give one speed per efficiency kind and one fixed per-pass overhead (least squares on relative error), and the
+Fits a hardware profile so that backend=sim predicts a sweep, and writes it as a config of the `hardware`
+group (backend=sim hardware=NAME uses it).
+
+--results: from real records of one machine. The cost model says what each pass computes (vp.cost.pass_work:
+GEMM shapes, attention, elementwise bytes); the measured pass times give one speed multiplier per pass kind for
+its GEMMs, one elementwise bandwidth and one fixed per-pass overhead (least squares on relative error), and the
 link probe every real run records (env.link_probe: bytes, seconds) gives the link latency and bandwidth.
-The profile is written as a config of the `hardware` group: backend=sim hardware=NAME uses it.
+
+--published: from a published MFU table (harness/published/NAME.csv) and the experiment of the same name
+(conf/experiment/NAME.yaml): the base profile's few free parameters (harness.published.fit.FITTED) are fitted
+once for the whole table; everything else stays the base profile's. Prints the fit row by row.
 """
 import argparse
 import statistics
@@ -17,50 +24,73 @@ from omegaconf import OmegaConf
 
 from harness.records import load
 from vp.config import RunConfig
-from vp.cost import EFF_KINDS, Hardware, fit_link
+from vp.cost import EFF_KINDS, PROFILES, Hardware, fit_link, pass_work, work_seconds
 from vp.schedule import build
 
+ROOT = Path(__file__).parents[1]
 
-def observations(records: list[dict]) -> tuple[list[dict], list[float]]:
-    """(FLOPs by efficiency kind, measured seconds) of each (record, pass kind, rank) with a time."""
-    from vp.cost import pass_flops
 
+def cpu_profile(name: str, peak: float, **fields) -> Hardware:
+    """A profile for one CPU machine: no tile or wave quantization, no alignment effects, every efficiency 1
+    (the calibrated multipliers and bandwidths carry the machine's speed), one flat link."""
+    base = dict(sms=0, tile_k_overhead=0, align_penalty=0.0, gemm_efficiency=1.0, attention_efficiency=1.0,
+                mem_efficiency=1.0, collective_latency=0.0, act_bytes=4, bytes_per_param=16.0, overhead_bytes=0.0)
+    base.update(fields)
+    return Hardware(name, peak, **base)
+
+
+def observations(records: list[dict], skeleton: Hardware) -> tuple[list[dict], list[float]]:
+    """Per (record, pass kind, rank) with a time: the GEMM+attention seconds the skeleton profile models for
+    each efficiency kind at multiplier 1, the elementwise bytes under 'bytes', and the measured seconds."""
     rows, times = [], []
     for rec in records:
         cfg = RunConfig.from_dict(rec["config"])
         sched = build(cfg.method, cfg.pp, cfg.microbatches, cfg.n_chunks)
-        flops = pass_flops(cfg, sched)
+        work = pass_work(cfg, skeleton, sched)
+
+        def row_of(parts):
+            row = dict(work_seconds(skeleton, parts).compute)
+            row["bytes"] = sum(w.mem_bytes for w in parts.values())
+            return row
+
         for kind, per_rank in (rec["metrics"].get("pass_time_s") or {}).items():
             for rank, seconds in enumerate(per_rank):
                 if seconds is None or seconds <= 0:
                     continue
                 if kind in ("F", "B", "W"):  # a rank's mean pass: the mean over the stages it holds
-                    stages = [sched.stage(rank, c) for c in range(sched.chunks)]
-                    parts = [flops[(kind, st)] for st in stages]
-                    row = {k: statistics.mean(p.get(k, 0.0) for p in parts) for k in EFF_KINDS}
+                    parts = [row_of(work[(kind, sched.stage(rank, c))]) for c in range(sched.chunks)]
+                    row = {k: statistics.mean(p.get(k, 0.0) for p in parts) for k in (*EFF_KINDS, "bytes")}
                 else:
-                    row = dict(flops.get((kind, None), {}))
-                if sum(row.values()) > 0:
+                    row = row_of(work.get((kind, None), {}))
+                if any(v > 0 for v in row.values()):
                     rows.append(row)
                     times.append(seconds)
     return rows, times
 
 
-def fit_speeds(rows: list[dict], times: list[float]) -> tuple[dict, float]:
-    """seconds = overhead + sum_k flops_k / speed_k, least squares on relative error; speeds must be positive."""
+def fit_speeds(rows: list[dict], times: list[float]) -> tuple[dict, float, float]:
+    """seconds = overhead + sum_k modelled_k / multiplier_k + bytes / bandwidth, least squares on relative error;
+    returns (multiplier per kind, elementwise bandwidth bytes/s, overhead s); all must come out positive."""
     kinds = [k for k in EFF_KINDS if any(r.get(k, 0) > 0 for r in rows)]
+    has_bytes = any(r.get("bytes", 0) > 0 for r in rows)
     t = np.array(times)
     for with_overhead in (True, False):
-        a = np.array([[r.get(k, 0.0) for k in kinds] + ([1.0] if with_overhead else []) for r in rows])
+        a = np.array([[r.get(k, 0.0) for k in kinds] + ([r.get("bytes", 0.0)] if has_bytes else [])
+                      + ([1.0] if with_overhead else []) for r in rows])
         x, *_ = np.linalg.lstsq(a / t[:, None], np.ones_like(t), rcond=None)
-        inv = x[: len(kinds)]
+        inv = x[: len(kinds) + has_bytes]
         if (inv > 0).all() and (not with_overhead or x[-1] >= 0):
-            return {k: float(1.0 / v) for k, v in zip(kinds, inv)}, float(x[-1]) if with_overhead else 0.0
+            speeds = {k: float(1.0 / v) for k, v in zip(kinds, inv)}
+            bandwidth = float(1.0 / inv[-1]) if has_bytes else float("inf")
+            return speeds, bandwidth, float(x[-1]) if with_overhead else 0.0
     raise ValueError("the pass times do not fit positive speeds; calibrate on more runs (several methods and "
                      "vocabulary sizes) or longer ones (more iterations)")
 
 
-def calibrate(records: list[dict], name: str) -> Hardware:
+def calibrate(records: list[dict], name: str, base: Hardware | None = None) -> Hardware:
+    """A profile from real records of one machine. CPU records: the CPU skeleton (no quantization); GPU
+    records: `base` (a built-in profile of the device) keeps its shape model and network, and the fit sets its
+    per-kind multipliers, elementwise bandwidth, overhead and link."""
     real = [r for r in records if r.get("backend") == "real" and r.get("status") == "ok" and r.get("metrics")]
     if not real:
         raise ValueError("no ok real records to calibrate on; run a sweep first (make sweep)")
@@ -68,15 +98,19 @@ def calibrate(records: list[dict], name: str) -> Hardware:
         raise ValueError("records come from several devices or hosts; calibrate one machine at a time "
                          "(--results results/<experiment>)")
     peak = float(statistics.median(r["metrics"]["peak_flops"] for r in real))
-    speeds, overhead = fit_speeds(*observations(real))
-    probes = [p for r in real for p in r["env"].get("link_probe") or []]
-    latency, bandwidth = fit_link(probes) if len(probes) >= 2 else (10e-6, 25e9)
     cpu = real[0]["config"]["device"] == "cpu"
-    base = Hardware(name, peak)
-    return replace(base, efficiency={k: float(s / peak) for k, s in speeds.items()}, link_latency=latency,
-                   link_bandwidth=bandwidth, pass_overhead_s=overhead,
-                   **({"act_bytes": 4, "bytes_per_param": 16.0, "overhead_bytes": 0.0,
-                       "memory_bytes": _machine_memory()} if cpu else {}))
+    skeleton = (cpu_profile("skeleton", peak, mem_bandwidth=float("inf")) if cpu
+                else replace(base or PROFILES["a100_80g"], peak_flops=peak, efficiency={}, pass_overhead_s=0.0))
+    speeds, bandwidth, overhead = fit_speeds(*observations(real, skeleton))
+    if cpu:
+        probes = [p for r in real for p in r["env"].get("link_probe") or []]
+        latency, link = fit_link(probes) if len(probes) >= 2 else (10e-6, 25e9)
+        ranks = max(int(r["config"]["pp"]) for r in real)
+        return cpu_profile(name, peak, efficiency=speeds, mem_bandwidth=bandwidth, pass_overhead_s=overhead,
+                           gpus_per_node=ranks, link_latency=latency, link_bandwidth=link, ib_latency=latency,
+                           ib_bandwidth=link, memory_bytes=_machine_memory())
+    return replace(skeleton, name=name, efficiency=speeds, pass_overhead_s=overhead,
+                   mem_efficiency=min(1.0, bandwidth / skeleton.mem_bandwidth))
 
 
 def _machine_memory() -> float:
@@ -97,23 +131,38 @@ def write_profile(hw: Hardware, path: Path, source: str) -> Path:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m harness.calibrate", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--results", required=True, help="a folder of records of one machine, e.g. results/smoke")
+    what = ap.add_mutually_exclusive_group(required=True)
+    what.add_argument("--results", help="a folder of records of one machine, e.g. results/smoke")
+    what.add_argument("--published", help="a published MFU table: harness/published/NAME.csv with the experiment "
+                                          "conf/experiment/NAME.yaml, e.g. paper_artifact")
     ap.add_argument("--name", default="calibrated")
+    ap.add_argument("--base", default="a100_80g", help="the built-in profile the fit starts from (--published, or "
+                                                       f"--results of GPU runs): {', '.join(PROFILES)}")
     ap.add_argument("--out", default=None, help="default conf/hardware/NAME.yaml")
     args = ap.parse_args(argv)
+    out = Path(args.out or ROOT / "conf" / "hardware" / f"{args.name}.yaml")
+    if args.published:
+        from harness.published.calibrate import calibrate_published
+
+        try:
+            return calibrate_published(args.published, args.name, args.base, out)
+        except ValueError as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 2
     if not Path(args.results).is_dir():
         print(f"error: --results {args.results} is not a folder of records", file=sys.stderr)
         return 2
     try:
-        hw = calibrate(load(Path(args.results)), args.name)
+        hw = replace(calibrate(load(Path(args.results)), args.name, PROFILES.get(args.base)),
+                     fitted_to=str(args.results))
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    out = write_profile(hw, Path(args.out or f"conf/hardware/{args.name}.yaml"), args.results)
-    print(f"wrote {out}: peak {hw.peak_flops:.3g} FLOP/s, efficiency "
+    out = write_profile(hw, out, args.results)
+    print(f"wrote {out}: peak {hw.peak_flops:.3g} FLOP/s, GEMM speed multiplier "
           + ", ".join(f"{k} {v:.3f}" for k, v in hw.efficiency.items())
-          + f", pass overhead {hw.pass_overhead_s * 1e3:.3f} ms, link {hw.link_latency * 1e6:.0f} us + "
-          f"{hw.link_bandwidth / 1e9:.2f} GB/s")
+          + f", elementwise {hw.mem_bandwidth / 1e9:.2f} GB/s, pass overhead {hw.pass_overhead_s * 1e3:.3f} ms, "
+          f"link {hw.link_latency * 1e6:.0f} us + {hw.link_bandwidth / 1e9:.2f} GB/s")
     return 0
 
 

@@ -8,14 +8,18 @@ from pathlib import Path
 
 import pytest
 
-from harness.calibrate import calibrate
+from omegaconf import OmegaConf
+
+from harness.calibrate import calibrate, cpu_profile
 from harness.sim import simulate_job
 from vp.config import RunConfig
-from vp.cost import PROFILES, pass_costs
+from vp.cost import PROFILES, Hardware, pass_costs
 from vp.schedule import build, simulate
 
 ROOT = Path(__file__).parents[1]
 HW = PROFILES["a100_80g"]
+# the profile fitted to the official artifact's published MFU (harness.calibrate --published paper_artifact)
+PAPER = Hardware.from_dict(OmegaConf.to_container(OmegaConf.load(ROOT / "conf/hardware/a100_paper.yaml"))["profile"])
 
 
 def paper(method, vocab, **kw):
@@ -38,10 +42,11 @@ def test_sim_record_is_the_simulator_result():
 
 
 def test_vocab2_wins_widely_at_256k_and_narrowly_at_32k():
-    mfu = {(m, v): simulate_job(paper(m, v), HW, "x", {})["metrics"]["mfu"]
+    """The paper's trend (the artifact publishes 51.20 / 17.29 at 256k and 52.56 / 47.52 at 32k, sequence 2048)."""
+    mfu = {(m, v): simulate_job(paper(m, v), PAPER, "x", {})["metrics"]["mfu"]
            for m in ("baseline", "vocab-2") for v in (32000, 256000)}
     assert mfu[("vocab-2", 256000)] > 1.5 * mfu[("baseline", 256000)]
-    assert abs(mfu[("vocab-2", 32000)] / mfu[("baseline", 32000)] - 1) < 0.10
+    assert 1.0 < mfu[("vocab-2", 32000)] / mfu[("baseline", 32000)] < 1.15
 
 
 def test_a_run_that_does_not_fit_is_recorded_oom():
@@ -68,13 +73,14 @@ CALIB = [RunConfig(method=m, pp=2, layers=4, hidden=256, heads=4, seq_len=256, v
 
 
 def test_calibrated_profile_reproduces_the_pass_times_it_was_fitted_on():
-    truth = replace(PROFILES["a100_80g"], name="truth", peak_flops=1e11, pass_overhead_s=2e-4,
-                    efficiency={"F": 0.3, "B": 0.35, "W": 0.4, "S": 0.6, "T": 0.5, "IF": 0.01, "IB": 0.02},
-                    link_latency=5e-5, link_bandwidth=3e9)
+    truth = cpu_profile("truth", 1e11, pass_overhead_s=2e-4, mem_bandwidth=8e9,
+                        efficiency={"F": 0.3, "B": 0.35, "W": 0.4, "S": 0.6, "T": 0.5},
+                        link_latency=5e-5, link_bandwidth=3e9, ib_latency=5e-5, ib_bandwidth=3e9, gpus_per_node=2)
     fitted = calibrate(synthetic_records(truth, CALIB), "fitted")
     for kind, eff in truth.efficiency.items():
         assert fitted.efficiency[kind] == pytest.approx(eff, rel=1e-6)
     assert fitted.pass_overhead_s == pytest.approx(truth.pass_overhead_s, rel=1e-6)
+    assert fitted.mem_bandwidth == pytest.approx(truth.mem_bandwidth, rel=1e-4)
     assert fitted.link_latency == pytest.approx(5e-5, rel=1e-6) and fitted.link_bandwidth == pytest.approx(3e9)
     for cfg in CALIB:
         sched = build(cfg.method, cfg.pp, cfg.microbatches, cfg.n_chunks)
@@ -84,7 +90,7 @@ def test_calibrated_profile_reproduces_the_pass_times_it_was_fitted_on():
 
 
 def test_calibrate_cli_writes_a_profile_the_sweep_can_use(tmp_path):
-    truth = replace(PROFILES["a100_80g"], name="truth", peak_flops=1e11)
+    truth = cpu_profile("truth", 1e11, mem_bandwidth=8e9)
     results = tmp_path / "results" / "calib"
     results.mkdir(parents=True)
     for rec in synthetic_records(truth, CALIB[:4]):

@@ -8,12 +8,14 @@ import pandas as pd
 from harness.records import load
 from harness.report.figures import Figure, all_figures
 from harness.report.frame import STATUS_LABEL, records_frame, summary
+from harness.report.published import published_tables
 from harness.report.render import latex, markdown
 from harness.report.tables import Table, all_tables
 
 # what a rebuild writes; such files left from an earlier build (a backend no longer there) are removed
-GENERATED = re.compile(r"^(README\.md|tables\.md|runs\.csv|(mfu_memory|speedup_vs|real_vs_sim|mfu_vs_vocab|"
-                       r"memory_per_rank|bubble_per_rank|throughput_vs_gpus|timeline)\S*\.(tex|png|pdf))$")
+GENERATED = re.compile(r"^(README\.md|tables\.md|runs\.csv|(mfu_memory|speedup_vs|real_vs_sim|published_vs_sim|"
+                       r"variant_effect|mfu_vs_vocab|memory_per_rank|bubble_per_rank|throughput_vs_gpus|timeline)"
+                       r"\S*\.(tex|png|pdf))$")
 CSV_COLUMNS = ["run_id", "status", "backend", "hardware", "method", "pp", "seq_len", "vocab_size", "vocab", "model",
                "variant", "iteration_time_s", "tokens_per_s", "mfu", "max_memory_bytes", "error"]
 SUMMARY = re.compile(r"^\d+ runs: ")
@@ -68,7 +70,7 @@ def _failure_md(run: dict) -> str:
 
 
 def readme(name: str, source: Path, df: pd.DataFrame, tables: list[Table], skipped: list[str],
-           figures: list[Figure]) -> str:
+           figures: list[Figure], notes: list[str] = ()) -> str:
     failures = [_failure_md(r) for r in df[df["status"] != "ok"].to_dict("records")]
     lines = [f"# Report: {name}", "", summary(df), "",
              f"Built by `python -m harness.report` from the records in `{source}/`. The tables are also in "
@@ -76,6 +78,7 @@ def readme(name: str, source: Path, df: pd.DataFrame, tables: list[Table], skipp
              f"row of [runs.csv](runs.csv).", "", "## Tables", ""]
     lines += [_table_md(t, "###") for t in tables]
     lines += [f"Not written: {s}" for s in skipped] + ([""] if skipped else [])
+    lines += (["## Against published measurements", "", *[f"- {n}" for n in notes], ""] if notes else [])
     lines += ["## Figures", "", *[_figure_md(f) for f in figures], "", "## Runs that did not finish", ""]
     lines += failures or ["None: every run ended ok."]
     return "\n".join(lines) + "\n"
@@ -85,12 +88,14 @@ def build_experiment(name: str, records: list[dict], out: Path, source: Path) ->
     out.mkdir(parents=True, exist_ok=True)
     df = records_frame(records)
     tables, skipped = all_tables(df)
+    extra, notes = published_tables(df, name)
+    tables += extra
     written = [_write(out / f"{t.name}.tex", latex(t)) for t in tables]
     written.append(_write(out / "tables.md", f"# Tables: {name}\n\n" + "\n".join(_table_md(t, "##") for t in tables)))
     written.append(_write(out / "runs.csv", df[CSV_COLUMNS].to_csv(index=False)))
     figures = all_figures(df, out)
     written += [p for f in figures for p in f.paths]
-    written.append(_write(out / "README.md", readme(name, source, df, tables, skipped, figures)))
+    written.append(_write(out / "README.md", readme(name, source, df, tables, skipped, figures, notes)))
     for path in out.iterdir():
         if path.is_file() and GENERATED.match(path.name) and path not in written:
             path.unlink()

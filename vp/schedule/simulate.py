@@ -26,9 +26,9 @@ class Costs:
     """Durations and memory of actions.
 
     compute[(kind, stage)] for F/B/W and compute[(kind, None)] for S/T/IF/IB (per rank);
-    comm[kind] for the collective instances (C0, C1, C2, IF, IB, and S/T of the naive algorithm)
-    and 'P2P' per stage-to-stage transfer; memory[(kind, stage)] is what F (or S) holds until its
-    B or W (or T) releases it.
+    comm[kind] for the collective instances (C0, C1, C2, IF, IB, and S/T of the naive algorithm),
+    comm[("P2P", src, dst)] per transfer between two ranks and 'P2P' for any pair not named;
+    memory[(kind, stage)] is what F (or S) holds until its B or W (or T) releases it.
     """
     compute: dict = field(default_factory=dict)
     comm: dict = field(default_factory=dict)
@@ -36,6 +36,9 @@ class Costs:
 
     def time(self, kind: str, stage: int | None) -> float:
         return self.compute.get((kind, stage), self.compute.get((kind, None), 0.0))
+
+    def p2p(self, src: int, dst: int) -> float:
+        return self.comm.get(("P2P", src, dst), self.comm.get("P2P", 0.0))
 
     def mem(self, kind: str, stage: int | None) -> float:
         return self.memory.get((kind, stage), self.memory.get((kind, None), 0.0))
@@ -121,7 +124,7 @@ def simulate(s: Schedule, costs: Costs | None = None) -> SimResult:
             sent = posted.get((peer, r, key))
             if sent is None:
                 return False
-            finish = max(ready, sent) + costs.comm.get("P2P", 0.0)
+            finish = max(ready, sent) + costs.p2p(peer, r)
         end[(r, a.kind, a.mb, a.chunk)] = finish
         timeline[r].append((a, ready, finish))
         clock[r], idx[r] = finish, i + 1

@@ -1,0 +1,108 @@
+"""What a report says about published measurements (harness/published/): simulated runs beside the published
+run of the same config, which runs a calibrated profile was fitted to and which it predicts, and the effect of a
+variant (a vocabulary padding, say) beside the published statement about it."""
+import statistics
+
+import pandas as pd
+
+from harness import published
+from harness.report.frame import MISSING, natural_key
+from harness.report.tables import Table, _cell, _frame, _num, slug
+
+
+def _profile(g: pd.DataFrame) -> dict:
+    return (g["record"].iloc[0].get("env") or {}).get("hardware") or {}
+
+
+def published_vs_sim(df: pd.DataFrame, name: str) -> tuple[list[Table], list[str]]:
+    """Per sim hardware: each published run beside its simulation (MFU, peak memory) and the median error."""
+    if not published.exists(name):
+        return [], []
+    rows = {r.key: r for r in published.load(name)}
+    tables, notes = [], []
+    for group, g in df[df["backend"] == "sim"].groupby("group", sort=False):
+        pairs = [(run, rows[published.key_of(run["record"]["config"])]) for run in g.to_dict("records")
+                 if published.key_of(run["record"]["config"]) in rows]
+        if not pairs:
+            continue
+        columns = [("", "GPUs"), ("", "Seq"), ("", "Method"), ("", "Vocab")]
+        for what in ("MFU (%)", "Peak memory (GiB)"):
+            columns += [(what, "published"), (what, "simulated"), (what, "sim / pub")]
+        cells, errors = [], []
+        for run, row in pairs:
+            line = [str(row.pp), str(row.seq_len), row.method, row.vocab]
+            for value, simulated, scale in ((row.mfu, run["mfu"], 100), (row.peak_memory_bytes,
+                                                                          run["max_memory_bytes"], 2**-30)):
+                line += [_num(value * scale, ".2f"), _cell(run, lambda r, s=simulated: s * scale, ".2f")]
+                ok = run["status"] == "ok" and pd.notna(simulated)
+                line.append(_num(simulated / value, ".3f") if ok else MISSING)
+            if run["status"] == "ok" and pd.notna(run["mfu"]):
+                errors.append(abs(run["mfu"] / row.mfu - 1))
+            cells.append(line)
+        tables.append(Table(f"published_vs_sim_{slug(group)}", f"Published against simulated, {group}",
+                            "Each run of the published table beside its simulation: MFU and peak memory as "
+                            "published and as simulated, and their ratio (1 means the cost model reproduces it).",
+                            _frame(columns, cells)))
+        if errors:
+            notes.append(f"{group}: median |simulated MFU / published MFU - 1| over {len(errors)} runs is "
+                         f"{statistics.median(errors) * 100:.2f} % (largest {max(errors) * 100:.1f} %); source: "
+                         f"{published.source(name)}")
+    return tables, notes
+
+
+def fitted_or_predicted(df: pd.DataFrame) -> list[str]:
+    """For each sim hardware fitted to a published table: which runs here were in the fit, which are predicted."""
+    notes = []
+    for group, g in df[df["backend"] == "sim"].groupby("group", sort=False):
+        source = _profile(g).get("fitted_to") or ""
+        if not published.exists(source):
+            continue
+        fitted_keys = {r.key for r in published.load(source)}
+        fitted = [published.key_of(rec["config"]) in fitted_keys for rec in g["record"]]
+        predicted = g[[not f for f in fitted]]
+        by_pp = []
+        for pp, p in predicted.groupby("pp"):
+            everything = len(p) == int((g["pp"] == pp).sum())
+            methods = ", ".join(sorted(set(p["method"])))
+            by_pp.append(f"every run on {pp} GPUs" if everything else f"{methods} on {pp} GPUs")
+        notes.append(f"{group}: the profile's free parameters were fitted to the published runs of "
+                     f"harness/published/{source}.csv (see reports/{source}/). {sum(fitted)} of {len(g)} runs here "
+                     f"have the method, GPUs, layers, hidden size, sequence and vocabulary of a fitted run; "
+                     f"{len(predicted)} are predictions, no measurement of them entered the fit"
+                     + (f": {'; '.join(by_pp)}." if by_pp else "."))
+    return notes
+
+
+def variant_effect(df: pd.DataFrame, name: str) -> tuple[list[Table], list[str]]:
+    """Runs that differ only in a variant field: tokens/s of each relative to the cell's first variant."""
+    cells = [g for _, g in df.groupby(["group", "pp", "seq_len", "method", "vocab_size"], sort=False)
+             if g["variant"].nunique() > 1]
+    if not cells:
+        return [], []
+    columns = [("", "Hardware"), ("", "GPUs"), ("", "Seq"), ("", "Method"), ("", "Vocab"), ("", "Variant"),
+               ("", "Padded vocab"), ("tokens/s", "absolute"), ("tokens/s", "relative to first")]
+    rows, effects = [], []
+    for g in cells:
+        g = g.iloc[sorted(range(len(g)), key=lambda i: natural_key(g["variant"].iloc[i]))]
+        ref = g.iloc[0]
+        for i, run in enumerate(g.to_dict("records")):
+            ok = ref["status"] == "ok" and run["status"] == "ok"
+            ratio = run["tokens_per_s"] / ref["tokens_per_s"] if ok else None
+            rows.append([run["group"], str(run["pp"]), str(run["seq_len"]), run["method"], run["vocab"],
+                         run["variant"], str(run["record"]["config"].get("padded_vocab_size", MISSING)),
+                         _cell(run, lambda r: r["tokens_per_s"], ".4g"), _num(ratio, ".3f")])
+            if ratio is not None and i > 0:
+                effects.append(f"{run['method']} ({run['group']}, {run['pp']} GPUs): {run['variant']} gives "
+                               f"{(ratio - 1) * 100:+.1f} % tokens/s against {ref['variant']}")
+    notes = ["Effect of the variants in these runs: " + "; ".join(effects) + "."] if effects else []
+    said = published.statement(name)
+    if said:
+        notes.append(f"Published: {said}")
+    return [Table("variant_effect", "Effect of the variant", "Runs that differ only in the variant field: "
+                  "tokens/s, and tokens/s relative to the first variant of the same cell.", _frame(columns, rows))], notes
+
+
+def published_tables(df: pd.DataFrame, name: str) -> tuple[list[Table], list[str]]:
+    tables, notes = published_vs_sim(df, name)
+    more, more_notes = variant_effect(df, name)
+    return tables + more, notes + fitted_or_predicted(df) + more_notes

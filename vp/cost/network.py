@@ -1,0 +1,96 @@
+"""A two-level network: gpus_per_node devices on NVLink, nodes on InfiniBand; global ranks sit on nodes in
+vp.mesh's rank order (node = global rank // gpus_per_node), so a pipeline is placed as the mesh places it.
+
+Collectives follow NCCL's own cost model (src/graph/tuning.cc, Simple protocol): a fixed latency per call, a
+latency per ring step (the inter-node steps at the network's latency), and the bytes each rank puts on the
+wire over the slowest link the group crosses (InfiniBand as soon as it spans two nodes):
+  ring all-reduce  2(n-1) steps, 2(n-1)/n of the payload;  all-gather (n-1) steps, (n-1)/n of the gathered size;
+  broadcast/reduce (n-1) pipelined steps, the payload once;
+  tree all-reduce  2((n/nodes - 1) intra + log2(nodes) inter) steps, twice the payload; the faster of ring and
+                   tree is taken, as NCCL does.
+A point-to-point message takes one step's latency plus bytes over its link.
+"""
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import cache
+
+import numpy as np
+
+from vp.cost.profiles import Hardware
+from vp.mesh import Mesh
+
+
+@dataclass(frozen=True)
+class Op:
+    name: str
+    steps: Callable[[int], int]  # ring steps among n participants
+    wire: Callable[[int], float]  # bytes each rank sends on the slowest link, per byte of payload
+    tree: bool  # NCCL may run it as a tree
+
+
+ALL_REDUCE = Op("all_reduce", lambda n: 2 * (n - 1), lambda n: 2 * (n - 1) / n, True)
+ALL_GATHER = Op("all_gather", lambda n: n - 1, lambda n: (n - 1) / n, False)  # payload = the gathered tensor
+BROADCAST = Op("broadcast", lambda n: n - 1, lambda n: 1.0, False)
+REDUCE = Op("reduce", lambda n: n - 1, lambda n: 1.0, False)
+
+
+@dataclass(frozen=True)
+class Network:
+    gpus_per_node: int
+    link_bandwidth: float
+    link_latency: float
+    ib_bandwidth: float
+    ib_latency: float
+    collective_latency: float
+
+    @classmethod
+    def of(cls, hw: Hardware) -> "Network":
+        return cls(hw.gpus_per_node, hw.link_bandwidth, hw.link_latency, hw.ib_bandwidth, hw.ib_latency,
+                   hw.collective_latency)
+
+    def node(self, rank: int) -> int:
+        return rank // self.gpus_per_node
+
+    def p2p(self, src: int, dst: int, nbytes: float) -> float:
+        if self.node(src) == self.node(dst):
+            return self.link_latency + nbytes / self.link_bandwidth
+        return self.ib_latency + nbytes / self.ib_bandwidth
+
+    def collective(self, op: Op, ranks, nbytes: float) -> float:
+        """Seconds of one collective over `ranks` (global ranks) with a payload of nbytes."""
+        n = len(ranks)
+        if n < 2:
+            return 0.0
+        nodes = len({self.node(r) for r in ranks})
+        bandwidth = self.ib_bandwidth if nodes > 1 else self.link_bandwidth
+        inter = op.steps(nodes)
+        ring = (self.collective_latency + (op.steps(n) - inter) * self.link_latency + inter * self.ib_latency
+                + nbytes * op.wire(n) / bandwidth)
+        if not op.tree:
+            return ring
+        per_node = n // nodes
+        tree = (self.collective_latency
+                + 2 * ((per_node - 1) * self.link_latency + math.ceil(math.log2(nodes)) * self.ib_latency)
+                + 2 * nbytes / bandwidth)
+        return min(ring, tree)
+
+
+@cache
+def pipeline_ranks(pp: int) -> tuple[int, ...]:
+    """Global ranks of pipeline ranks 0..pp-1 (the first replica's, first tensor-parallel index)."""
+    return tuple(Mesh(pp=pp).groups("pp")[0])
+
+
+@cache
+def vocab_ranks(pp: int) -> tuple[int, ...]:
+    """Global ranks of one vocabulary group (the shards of one token block)."""
+    return tuple(Mesh(pp=pp).groups("vocab")[0])
+
+
+def fit_link(points: list[list[float]]) -> tuple[float, float]:
+    """(latency s, bandwidth bytes/s) from [bytes, seconds] points, by least squares."""
+    pts = np.array(points, dtype=float)
+    a = np.stack([np.ones(len(pts)), pts[:, 0]], axis=1)
+    (latency, inv_bw), *_ = np.linalg.lstsq(a, pts[:, 1], rcond=None)
+    return max(0.0, float(latency)), 1.0 / max(float(inv_bw), 1e-15)

@@ -1,0 +1,163 @@
+"""The work of every pass as matrix shapes and bytes, and the seconds it takes on a hardware profile.
+
+One transformer layer (Megatron GPT: fused bias-GeLU and bias-dropout-add, flash attention, causal), for one
+microbatch of n = b s tokens, hidden h, feed-forward f:
+  F  GEMMs qkv [n,h]x[h,3h], proj [n,h]x[h,h], fc1 [n,h]x[h,f], fc2 [n,f]x[f,h]; attention QK^T and PV as
+     b*heads batched [s,d]x[d,s] and [s,s]x[s,d], of which causal flash attention executes half;
+  B  the input gradient of each linear ([n,out]x[out,in]) and attention's backward (recompute of QK^T, then
+     dV, dP, dQ, dK: 2.5x the forward);
+  W  the weight gradient of each linear ([in,n]x[n,out], accumulated into fp32 gradients);
+  elementwise, in activation elements of [n, h] read or written: F 18 + 2f/h (LayerNorms, q/k/v and output
+  layout copies, GeLU, two dropout-adds), B 20 + 3f/h, W 9 + f/h (bias and LayerNorm weight gradients).
+The output layer on a vocabulary shard of r rows: logits [n,h]x[h,r], input gradient [n,r]x[r,h], weight
+gradient [r,n]x[n,h]; the fp32 cross entropy around them reads and writes act + 36 bytes per logit in the
+forward part (cast, max, subtract, exp, sum, normalise) and 12 + act in the backward part (scale, cast back),
+counted from the official implementation's tensor operations (megatron/core/tensor_parallel/cross_entropy.py).
+Which GEMMs S and T hold is the vocabulary algorithm's (OUTPUT_SPLIT). The input layer is memory bound: IF
+gathers and writes rows (12 bytes per element of [n, h]), IB scatters the gradient into fp32 rows (act + 8).
+"""
+from dataclasses import dataclass, field
+
+from vp.config import RunConfig
+from vp.cost.gemm import Gemm, elementwise_time, gemm_time
+from vp.cost.profiles import Hardware
+from vp.schedule import Schedule
+
+
+@dataclass(frozen=True)
+class Work:
+    gemms: tuple[Gemm, ...] = ()
+    attention_flops: float = 0.0  # FLOPs fused attention executes
+    mem_bytes: float = 0.0  # elementwise traffic
+
+    def __add__(self, other: "Work") -> "Work":
+        return Work(self.gemms + other.gemms, self.attention_flops + other.attention_flops,
+                    self.mem_bytes + other.mem_bytes)
+
+    def times(self, k: int) -> "Work":
+        return Work(self.gemms * k, self.attention_flops * k, self.mem_bytes * k)
+
+
+@dataclass(frozen=True)
+class OutputSplit:
+    """Which output-layer GEMMs run in S and which in T."""
+    s: tuple[str, ...]
+    t: tuple[str, ...]
+
+
+OUTPUT_SPLIT = {
+    "naive": OutputSplit(("logits",), ("grad_input", "grad_weight")),
+    "alg1": OutputSplit(("logits",), ("grad_input", "grad_weight")),
+    "alg2": OutputSplit(("logits", "grad_input"), ("grad_weight",)),  # A = softmax W is formed in S
+}
+
+
+@dataclass(frozen=True)
+class Shapes:
+    tokens: int
+    seq: int
+    micro_batch: int
+    hidden: int
+    ffn: int
+    act: int  # bytes per activation element
+
+    @classmethod
+    def of(cls, cfg: RunConfig, hw: Hardware) -> "Shapes":
+        return cls(cfg.micro_batch_size * cfg.seq_len, cfg.seq_len, cfg.micro_batch_size, cfg.hidden, cfg.ffn,
+                   hw.act_bytes)
+
+    def linears(self) -> list[tuple[int, int]]:
+        """(in, out) of qkv, proj, fc1, fc2."""
+        h, f = self.hidden, self.ffn
+        return [(h, 3 * h), (h, h), (h, f), (f, h)]
+
+    def attention(self, gemms: float) -> float:
+        """FLOPs of `gemms` causal attention products ([s,d]x[d,s]-sized, over all heads): half of each."""
+        return gemms * 2.0 * self.micro_batch * self.seq * self.seq * self.hidden / 2
+
+    def layer(self, kind: str) -> Work:
+        n, h, f, a = self.tokens, self.hidden, self.ffn, self.act
+        if kind == "F":
+            return Work(tuple(Gemm(n, o, i, in_bytes=a, out_bytes=a) for i, o in self.linears()),
+                        self.attention(2), (18 + 2 * f / h) * n * h * a)
+        if kind == "B":
+            return Work(tuple(Gemm(n, i, o, in_bytes=a, out_bytes=a) for i, o in self.linears()),
+                        self.attention(5), (20 + 3 * f / h) * n * h * a)
+        assert kind == "W", kind
+        return Work(tuple(Gemm(i, o, n, in_bytes=a, out_bytes=4, accumulate=True) for i, o in self.linears()),
+                    0.0, (9 + f / h) * n * h * a)
+
+    def output(self, rows: int, names: tuple[str, ...], forward: bool) -> Work:
+        """The named output-layer GEMMs on a shard of `rows` vocabulary rows, with the forward (S) or backward
+        (T) part of the cross entropy."""
+        n, h, a = self.tokens, self.hidden, self.act
+        gemm = {"logits": Gemm(n, rows, h, in_bytes=a, out_bytes=a),
+                "grad_input": Gemm(n, h, rows, in_bytes=a, out_bytes=4),
+                "grad_weight": Gemm(rows, h, n, in_bytes=a, out_bytes=4, accumulate=True)}
+        per_logit = (a + 36) if forward else (12 + a)
+        return Work(tuple(gemm[x] for x in names), 0.0, per_logit * n * rows)
+
+    def input(self, forward: bool) -> Work:
+        return Work((), 0.0, (12 if forward else self.act + 8) * self.tokens * self.hidden)
+
+
+def pass_work(cfg: RunConfig, hw: Hardware, sched: Schedule) -> dict:
+    """{(kind, stage): {eff_kind: Work}} for F/B/W of each stage and {(kind, None): ...} for S/T/IF/IB. The
+    eff_kind says whose calibrated multiplier applies: the whole output layer in a last stage counts as S
+    (its forward part) and T (backward), the whole input layer in a first stage as IF and IB."""
+    sh = Shapes.of(cfg, hw)
+    v, last = cfg.padded_vocab_size, sched.n_stages - 1
+    whole = OutputSplit(("logits",), ("grad_input",) if sched.split_w else ("grad_input", "grad_weight"))
+    out = {}
+    for st, layers in enumerate(cfg.stage_layers):
+        for kind in ("F", "B", "W"):
+            if kind == "W" and not sched.split_w:
+                out[(kind, st)] = {}
+                continue
+            parts = {kind: sh.layer(kind).times(layers)}
+            if kind == "B" and not sched.split_w:
+                parts[kind] = parts[kind] + sh.layer("W").times(layers)
+            if not sched.vocab_parallel and st == last:
+                head = {"F": ("S", sh.output(v, whole.s, True)), "B": ("T", sh.output(v, whole.t, False)),
+                        "W": ("T", Work((Gemm(v, cfg.hidden, sh.tokens, in_bytes=sh.act, out_bytes=4,
+                                              accumulate=True),)))}[kind]
+                parts[head[0]] = head[1]
+            if not sched.vocab_parallel and st == 0 and kind != "W":
+                parts["IF" if kind == "F" else "IB"] = sh.input(kind == "F")
+            out[(kind, st)] = parts
+    if sched.vocab_parallel:
+        split = OUTPUT_SPLIT[sched.vocab]
+        rows = v // cfg.pp
+        out.update({("S", None): {"S": sh.output(rows, split.s, True)},
+                    ("T", None): {"T": sh.output(rows, split.t, False)},
+                    ("IF", None): {"IF": sh.input(True)}, ("IB", None): {"IB": sh.input(False)}})
+    return out
+
+
+@dataclass(frozen=True)
+class Seconds:
+    """A pass's modelled time split the way calibration fits it: per eff_kind the GEMM and attention seconds at
+    multiplier 1, the elementwise seconds, and the fixed per-pass overhead."""
+    compute: dict = field(default_factory=dict)
+    memory: float = 0.0
+
+    def total(self, hw: Hardware) -> float:
+        return hw.pass_overhead_s + self.memory + sum(s / hw.eff(k) for k, s in self.compute.items())
+
+
+def work_seconds(hw: Hardware, parts: dict) -> Seconds:
+    compute, memory = {}, 0.0
+    for eff_kind, work in parts.items():
+        gemm = sum(gemm_time(hw, g) for g in work.gemms)
+        attention = work.attention_flops / (hw.peak_flops * hw.attention_efficiency)
+        compute[eff_kind] = compute.get(eff_kind, 0.0) + gemm + attention
+        memory += elementwise_time(hw, work.mem_bytes)
+    return Seconds(compute, memory)
+
+
+def pass_times(cfg: RunConfig, hw: Hardware, sched: Schedule) -> dict:
+    """Seconds of every pass: {(kind, stage or None): seconds}."""
+    out = {}
+    for key, parts in pass_work(cfg, hw, sched).items():
+        out[key] = work_seconds(hw, parts).total(hw) if parts else 0.0
+    return out

@@ -1,0 +1,90 @@
+"""Hardware profiles: what one device computes and moves per second, how devices are networked, and the few
+efficiencies that turn datasheet peaks into achieved rates. docs/cost-model.md gives every field's source.
+
+Sources of the built-in profiles:
+- peak_flops, mem_bandwidth, sms, memory_bytes, link_bandwidth: NVIDIA's A100 (80 GB SXM4), H100 (SXM5) and
+  H200 (SXM) datasheets: dense BF16/FP16 tensor FLOP/s (A100 312 T, H100/H200 989 T), HBM bandwidth (2039 GB/s,
+  3.35 TB/s, 4.8 TB/s), SMs (108, 132, 132), NVLink per GPU (600 GB/s A100, 900 GB/s H100/H200, both
+  directions together: half of it each way);
+- ib_bandwidth: one InfiniBand NIC per GPU as in DGX A100 (HDR, 200 Gb/s = 25 GB/s each way) and DGX H100/H200
+  (NDR, 400 Gb/s = 50 GB/s each way);
+- link_latency, ib_latency, collective_latency: NCCL's own tuning model (src/graph/tuning.cc, Simple protocol:
+  8.4 us per collective, 3.4 us per NVLink ring step, 14 us per network step);
+- gemm_efficiency: the measured maximum achievable matmul FLOP/s over the datasheet peak (S. Bekman,
+  ml-engineering, "Maximum Achievable Matmul FLOPS" table, BF16: A100 SXM 85.9 %, H100 SXM 80.1 %, GH200 83.0 %,
+  the H100 die with HBM3e as in H200);
+- attention_efficiency: FlashAttention-2 reaches 50-73 % of peak on A100 (Dao 2023); on H100 FlashAttention-2
+  reaches about 35 % and FlashAttention-3 75 % in the FP16 forward (Shah et al. 2024);
+- align_penalty: chosen so that this model reproduces the ~25 % speedup nanoGPT got on an A100 from padding the
+  GPT-2 vocabulary from 50257 to 50304 rows (A. Karpathy, 2023); tests/test_cost_model.py recomputes it;
+- tile_m, tile_n, tile_k_overhead: the largest cuBLAS/CUTLASS half-precision tile (NVIDIA, Matrix Multiplication
+  Background User's Guide) and a pipeline fill of about four k-steps of 32;
+- mem_efficiency: assumed (elementwise kernels on large tensors reach roughly 80 % of HBM bandwidth); the
+  calibrated profile a100_paper fits it.
+"""
+from dataclasses import asdict, dataclass, field, fields
+
+GiB = 1024**3
+
+
+@dataclass(frozen=True)
+class Hardware:
+    name: str
+    peak_flops: float  # dense FLOP/s of one device at the run's dtype
+    # compute: GEMMs by shape (vp.cost.gemm), elementwise work by bytes
+    mem_bandwidth: float = 2.039e12  # bytes/s of device memory (HBM)
+    sms: int = 108  # streaming multiprocessors: one GEMM tile each per wave; 0 = no tile or wave quantization
+    tile_m: int = 256  # GEMM output tile (rows x columns) the library runs
+    tile_n: int = 128
+    tile_k_overhead: int = 128  # per-tile fixed cost (pipeline fill, epilogue) in k elements
+    gemm_efficiency: float = 0.859  # fraction of peak a large, aligned GEMM reaches
+    attention_efficiency: float = 0.6  # fraction of peak of fused (flash) attention, on the FLOPs it executes
+    mem_efficiency: float = 0.8  # fraction of mem_bandwidth elementwise kernels reach
+    align_penalty: float = 0.23  # alignment: speed 1 / (1 + align_penalty (16 / aligned bytes - 1)) (gemm.py)
+    efficiency: dict = field(default_factory=dict)  # per pass kind: multiplier on its modelled GEMM speed (1.0)
+    pass_overhead_s: float = 0.0  # fixed cost of any pass (launches, Python, synchronisation)
+    # network: gpus_per_node devices on NVLink, nodes on InfiniBand (vp.cost.network)
+    gpus_per_node: int = 8
+    link_bandwidth: float = 300e9  # bytes/s each way between two devices of one node
+    link_latency: float = 3.4e-6  # seconds per ring step inside a node
+    ib_bandwidth: float = 25e9  # bytes/s each way per device between nodes
+    ib_latency: float = 14e-6  # seconds per ring step between nodes
+    collective_latency: float = 8.4e-6  # fixed cost of one collective call
+    # memory
+    memory_bytes: float = 80 * GiB
+    bytes_per_param: float = 18.0  # bf16 weight + fp32 grad + fp32 master weight and two Adam moments
+    act_bytes: int = 2  # bytes per activation element (bf16)
+    overhead_bytes: float = 2 * GiB  # CUDA context, communicator buffers, allocator slack
+    fitted_to: str = ""  # what harness.calibrate fitted the profile to (a published table, a results folder)
+
+    def eff(self, kind: str) -> float:
+        """Multiplier on the modelled GEMM speed of a pass kind (calibrated from real runs; 1.0 otherwise)."""
+        return float(self.efficiency.get(kind, 1.0))
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Hardware":
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ValueError(f"hardware profile: unknown field(s) {unknown}; known: {sorted(known)}")
+        if float(d.get("peak_flops", 0)) <= 0:
+            raise ValueError("hardware profile: peak_flops must be a positive number of FLOP/s")
+        for name in ("mem_bandwidth", "link_bandwidth", "ib_bandwidth", "gemm_efficiency", "attention_efficiency",
+                     "mem_efficiency"):
+            if name in d and not float(d[name]) > 0:
+                raise ValueError(f"hardware profile: {name}={d[name]} must be positive")
+        if int(d.get("gpus_per_node", 1)) < 1:
+            raise ValueError(f"hardware profile: gpus_per_node={d['gpus_per_node']} must be at least 1")
+        return cls(**d)
+
+
+PROFILES = {
+    "a100_80g": Hardware("a100_80g", 312e12),
+    "h100": Hardware("h100", 989e12, mem_bandwidth=3.35e12, sms=132, gemm_efficiency=0.801,
+                     attention_efficiency=0.5, link_bandwidth=450e9, ib_bandwidth=50e9),
+    "h200": Hardware("h200", 989e12, mem_bandwidth=4.8e12, sms=132, gemm_efficiency=0.830,
+                     attention_efficiency=0.5, link_bandwidth=450e9, ib_bandwidth=50e9, memory_bytes=141 * GiB),
+}
