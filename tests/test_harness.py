@@ -46,8 +46,8 @@ def test_every_config_group_option_composes(group):
 
 @pytest.mark.parametrize("overrides,jobs", [
     ([], 18),
-    (["experiment=paper_1f1b", "backend=sim"], 144),
-    (["experiment=paper_1f1b", "cluster=slurm", "cluster.partition=gpu"], 144),
+    (["experiment=paper_1f1b", "backend=sim"], 192),
+    (["experiment=paper_1f1b", "cluster=slurm", "cluster.partition=gpu"], 192),
     (["experiment=paper_vhalf", "backend=sim"], 72),
     (["experiment=vocab_padding", "backend=sim"], 4),
 ])

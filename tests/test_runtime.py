@@ -94,7 +94,7 @@ def assert_parameters_close(params, ref_params, tol=1e-5):
     assert far <= total / 1000, f"{far} of {total} parameters differ by more than {tol}"
 
 
-@pytest.mark.parametrize("method", ["vocab-1", "vhalf-vocab-2", "interleaved"])
+@pytest.mark.parametrize("method", ["vocab-1", "vhalf-vocab-2", "interleaved", "interleaved-vocab-1"])
 def test_executed_order_is_the_generated_schedule(pools, method):
     cfg = tiny(method, 4, iterations=1, warmup=0)
     results = pools(4).run(run_method, cfg)
