@@ -4,20 +4,21 @@
   gemm      one GEMM's time from its shape (tiles, waves, alignment, roofline); elementwise work by bytes
   passes    the work of each pass (F, B, W, S, T, IF, IB) as GEMM shapes and bytes, and its seconds
   network   NVLink inside a node, InfiniBand between nodes; ring/tree collectives and point-to-point messages
-  traffic   what each communication step carries per microbatch
+  traffic   what each communicating action sends (payloads) and each rank's bytes per channel (traffic)
   memory    parameters, optimizer state and held activations per rank
   costs     the simulator's Costs of a run, and the Costs a recorded run implies
 docs/cost-model.md describes the model, its parameters and the calibration against published measurements.
 """
-from vp.cost.costs import comm_times, pass_costs, probe_link, record_costs
+from vp.cost.costs import comm_times, dp_allreduce_s, pass_costs, probe_link, record_costs
 from vp.cost.memory import layer_activation_bytes, layer_params, rank_params, static_bytes
 from vp.cost.network import fit_link
 from vp.cost.passes import pass_times, pass_work, work_seconds
 from vp.cost.profiles import GiB, PROFILES, Hardware
+from vp.cost.traffic import payloads, traffic
 from vp.schedule.actions import COMPUTE
 
 EFF_KINDS = COMPUTE  # the pass kinds a calibrated profile gives a speed multiplier
 
-__all__ = ["EFF_KINDS", "GiB", "PROFILES", "Hardware", "comm_times", "fit_link", "layer_activation_bytes",
-           "layer_params", "pass_costs", "pass_times", "pass_work", "probe_link", "rank_params", "record_costs",
-           "static_bytes", "work_seconds"]
+__all__ = ["EFF_KINDS", "GiB", "PROFILES", "Hardware", "comm_times", "dp_allreduce_s", "fit_link",
+           "layer_activation_bytes", "layer_params", "pass_costs", "pass_times", "pass_work", "payloads", "probe_link",
+           "rank_params", "record_costs", "static_bytes", "traffic", "work_seconds"]

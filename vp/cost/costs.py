@@ -4,31 +4,45 @@ and the Costs a recorded run implies, for replaying it."""
 import statistics
 
 from vp.config import RunConfig
-from vp.cost.memory import held_bytes
-from vp.cost.network import Network, fit_link, pipeline_ranks, vocab_ranks
+from vp.cost.memory import held_bytes, rank_params
+from vp.cost.network import ALL_REDUCE, OPS, Network, fit_link, groups
 from vp.cost.passes import pass_times
 from vp.cost.profiles import Hardware
-from vp.cost.traffic import traffic
+from vp.cost.traffic import payloads
 from vp.schedule import Costs, Schedule, build
+
+COLLECTIVE_KINDS = ("C0", "C1", "C2", "IF", "IB", "S", "T")
 
 
 def comm_times(cfg: RunConfig, hw: Hardware, sched: Schedule) -> dict:
-    """{kind: seconds} of each collective step (over the vocabulary group) and {("P2P", src, dst): seconds}
-    per pair of pipeline ranks that pass activations; "P2P" alone is the slowest such pair."""
+    """{kind: seconds} of each collective step (over the first replica's vocabulary group) and
+    {("P2P", src, dst): seconds} per pair of pipeline ranks that pass activations; "P2P" alone is the slowest
+    such pair. Message sizes come from payloads(), ranks sit on nodes as the mesh places them."""
     net = Network.of(hw)
-    n = cfg.micro_batch_size * cfg.seq_len
-    kinds = traffic(n, cfg.hidden, cfg.vocab_shards, sched.vocab, hw.act_bytes)
-    group = vocab_ranks(cfg.pp)
-    out = {kind: sum(net.collective(t.op, group, t.nbytes) for t in transfers)
-           for kind, transfers in kinds.items() if kind != "P2P"}
-    where = pipeline_ranks(cfg.pp)
-    (message,) = kinds["P2P"]
+    sizes = payloads(cfg, sched)
+    vocab = groups(cfg.dp, cfg.pp, "vocab")[0]
+    out = {kind: sum(net.collective(OPS[op], vocab, nbytes) for op, nbytes in sizes[kind])
+           for kind in COLLECTIVE_KINDS}
+    where = groups(cfg.dp, cfg.pp, "pp")[0]  # global rank of each pipeline rank
+    (send,) = sizes["SF"]
     for st in range(sched.n_stages - 1):
         a, b = sched.where(st)[0], sched.where(st + 1)[0]
         if a != b:
-            out[("P2P", a, b)] = out[("P2P", b, a)] = net.p2p(where[a], where[b], message.nbytes)
+            out[("P2P", a, b)] = out[("P2P", b, a)] = net.p2p(where[a], where[b], send[1])
     out["P2P"] = max((t for k, t in out.items() if isinstance(k, tuple)), default=0.0)
     return out
+
+
+def dp_allreduce_s(cfg: RunConfig, hw: Hardware, sched: Schedule) -> float:
+    """Seconds of the data-parallel gradient all-reduce after the pipeline's flush (the slowest rank's): one flat
+    fp32 buffer of each pipeline rank's parameters over its replicas' group."""
+    if cfg.dp < 2:
+        return 0.0
+    net = Network.of(hw)
+    dp_groups = {g[0]: g for g in groups(cfg.dp, cfg.pp, "dp")}  # first member = the rank in replica 0
+    where = groups(cfg.dp, cfg.pp, "pp")[0]
+    return max(net.collective(ALL_REDUCE, dp_groups[where[p]], 4.0 * n)
+               for p, n in enumerate(rank_params(cfg, sched)))
 
 
 def pass_costs(cfg: RunConfig, hw: Hardware, sched: Schedule) -> Costs:
@@ -67,6 +81,6 @@ def record_costs(record: dict) -> tuple[Schedule, Costs]:
 def probe_link(probe: list[list[float]], cfg: RunConfig) -> Hardware:
     """One machine's ranks on one flat link measured by a run's probe: every step costs the probe's latency."""
     latency, bandwidth = fit_link(probe)
-    return Hardware("link_probe", 1.0, gpus_per_node=max(cfg.pp, 1), link_latency=latency,
+    return Hardware("link_probe", 1.0, gpus_per_node=cfg.dp * cfg.pp, link_latency=latency,
                     link_bandwidth=bandwidth, ib_latency=latency, ib_bandwidth=bandwidth, collective_latency=0.0,
                     act_bytes=4 if cfg.dtype == "fp32" else 2)

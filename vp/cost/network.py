@@ -3,8 +3,9 @@ vp.mesh's rank order (node = global rank // gpus_per_node), so a pipeline is pla
 
 Collectives follow NCCL's own cost model (src/graph/tuning.cc, Simple protocol): a fixed latency per call, a
 latency per ring step (the inter-node steps at the network's latency), and the bytes each rank puts on the
-wire over the slowest link the group crosses (InfiniBand as soon as it spans two nodes):
-  ring all-reduce  2(n-1) steps, 2(n-1)/n of the payload;  all-gather (n-1) steps, (n-1)/n of the gathered size;
+wire over the slowest link the group crosses (InfiniBand as soon as it spans two nodes); the payload is the
+tensor each rank hands to the collective (vp.cost.traffic.payloads):
+  ring all-reduce  2(n-1) steps, 2(n-1)/n of the payload;  all-gather (n-1) steps, (n-1) payloads;
   broadcast/reduce (n-1) pipelined steps, the payload once;
   tree all-reduce  2((n/nodes - 1) intra + log2(nodes) inter) steps, twice the payload; the faster of ring and
                    tree is taken, as NCCL does.
@@ -30,9 +31,10 @@ class Op:
 
 
 ALL_REDUCE = Op("all_reduce", lambda n: 2 * (n - 1), lambda n: 2 * (n - 1) / n, True)
-ALL_GATHER = Op("all_gather", lambda n: n - 1, lambda n: (n - 1) / n, False)  # payload = the gathered tensor
+ALL_GATHER = Op("all_gather", lambda n: n - 1, lambda n: n - 1.0, False)
 BROADCAST = Op("broadcast", lambda n: n - 1, lambda n: 1.0, False)
 REDUCE = Op("reduce", lambda n: n - 1, lambda n: 1.0, False)
+OPS = {op.name: op for op in (ALL_REDUCE, ALL_GATHER, BROADCAST, REDUCE)}  # by the names payloads() uses
 
 
 @dataclass(frozen=True)
@@ -77,15 +79,9 @@ class Network:
 
 
 @cache
-def pipeline_ranks(pp: int) -> tuple[int, ...]:
-    """Global ranks of pipeline ranks 0..pp-1 (the first replica's, first tensor-parallel index)."""
-    return tuple(Mesh(pp=pp).groups("pp")[0])
-
-
-@cache
-def vocab_ranks(pp: int) -> tuple[int, ...]:
-    """Global ranks of one vocabulary group (the shards of one token block)."""
-    return tuple(Mesh(pp=pp).groups("vocab")[0])
+def groups(dp: int, pp: int, axis: str) -> tuple[tuple[int, ...], ...]:
+    """The mesh's groups along an axis, as global ranks (vp.mesh: rank = (d * pp + p) * tp + t)."""
+    return tuple(tuple(g) for g in Mesh(dp=dp, pp=pp).groups(axis))
 
 
 def fit_link(points: list[list[float]]) -> tuple[float, float]:

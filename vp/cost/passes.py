@@ -13,7 +13,8 @@ The output layer on a vocabulary shard of r rows: logits [n,h]x[h,r], input grad
 gradient [r,n]x[n,h]; the fp32 cross entropy around them reads and writes act + 36 bytes per logit in the
 forward part (cast, max, subtract, exp, sum, normalise) and 12 + act in the backward part (scale, cast back),
 counted from the official implementation's tensor operations (megatron/core/tensor_parallel/cross_entropy.py).
-Which GEMMs S and T hold is the vocabulary algorithm's (OUTPUT_SPLIT). The input layer is memory bound: IF
+Which GEMMs S and T hold is the vocabulary algorithm's row (s_gemms of logits, grad input, grad weight in S, the
+rest in T; vp.schedule.methods.VOCAB). The input layer is memory bound: IF
 gathers and writes rows (12 bytes per element of [n, h]), IB scatters the gradient into fp32 rows (act + 8).
 """
 from dataclasses import dataclass, field
@@ -38,18 +39,7 @@ class Work:
         return Work(self.gemms * k, self.attention_flops * k, self.mem_bytes * k)
 
 
-@dataclass(frozen=True)
-class OutputSplit:
-    """Which output-layer GEMMs run in S and which in T."""
-    s: tuple[str, ...]
-    t: tuple[str, ...]
-
-
-OUTPUT_SPLIT = {
-    "naive": OutputSplit(("logits",), ("grad_input", "grad_weight")),
-    "alg1": OutputSplit(("logits",), ("grad_input", "grad_weight")),
-    "alg2": OutputSplit(("logits", "grad_input"), ("grad_weight",)),  # A = softmax W is formed in S
-}
+OUTPUT_GEMMS = ("logits", "grad_input", "grad_weight")  # in the order a vocabulary algorithm's S, then T, take them
 
 
 @dataclass(frozen=True)
@@ -107,7 +97,6 @@ def pass_work(cfg: RunConfig, hw: Hardware, sched: Schedule) -> dict:
     (its forward part) and T (backward), the whole input layer in a first stage as IF and IB."""
     sh = Shapes.of(cfg, hw)
     v, last = cfg.padded_vocab_size, sched.n_stages - 1
-    whole = OutputSplit(("logits",), ("grad_input",) if sched.split_w else ("grad_input", "grad_weight"))
     out = {}
     for st, layers in enumerate(cfg.stage_layers):
         for kind in ("F", "B", "W"):
@@ -118,7 +107,8 @@ def pass_work(cfg: RunConfig, hw: Hardware, sched: Schedule) -> dict:
             if kind == "B" and not sched.split_w:
                 parts[kind] = parts[kind] + sh.layer("W").times(layers)
             if not sched.vocab_parallel and st == last:
-                head = {"F": ("S", sh.output(v, whole.s, True)), "B": ("T", sh.output(v, whole.t, False)),
+                backward = OUTPUT_GEMMS[1:2] if sched.split_w else OUTPUT_GEMMS[1:]
+                head = {"F": ("S", sh.output(v, OUTPUT_GEMMS[:1], True)), "B": ("T", sh.output(v, backward, False)),
                         "W": ("T", Work((Gemm(v, cfg.hidden, sh.tokens, in_bytes=sh.act, out_bytes=4,
                                               accumulate=True),)))}[kind]
                 parts[head[0]] = head[1]
@@ -126,10 +116,11 @@ def pass_work(cfg: RunConfig, hw: Hardware, sched: Schedule) -> dict:
                 parts["IF" if kind == "F" else "IB"] = sh.input(kind == "F")
             out[(kind, st)] = parts
     if sched.vocab_parallel:
-        split = OUTPUT_SPLIT[sched.vocab]
+        s_gemms, t_gemms = sched.vocab.s_gemms, sched.vocab.t_gemms
+        assert s_gemms + t_gemms == len(OUTPUT_GEMMS), sched.vocab
         rows = v // cfg.pp
-        out.update({("S", None): {"S": sh.output(rows, split.s, True)},
-                    ("T", None): {"T": sh.output(rows, split.t, False)},
+        out.update({("S", None): {"S": sh.output(rows, OUTPUT_GEMMS[:s_gemms], True)},
+                    ("T", None): {"T": sh.output(rows, OUTPUT_GEMMS[s_gemms:], False)},
                     ("IF", None): {"IF": sh.input(True)}, ("IB", None): {"IB": sh.input(False)}})
     return out
 

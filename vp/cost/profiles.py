@@ -24,6 +24,8 @@ Sources of the built-in profiles:
 """
 from dataclasses import asdict, dataclass, field, fields
 
+from vp.flops import DEVICE_PEAKS
+
 GiB = 1024**3
 
 
@@ -82,9 +84,9 @@ class Hardware:
 
 
 PROFILES = {
-    "a100_80g": Hardware("a100_80g", 312e12),
-    "h100": Hardware("h100", 989e12, mem_bandwidth=3.35e12, sms=132, gemm_efficiency=0.801,
+    "a100_80g": Hardware("a100_80g", DEVICE_PEAKS["A100"]),
+    "h100": Hardware("h100", DEVICE_PEAKS["H100"], mem_bandwidth=3.35e12, sms=132, gemm_efficiency=0.801,
                      attention_efficiency=0.5, link_bandwidth=450e9, ib_bandwidth=50e9),
-    "h200": Hardware("h200", 989e12, mem_bandwidth=4.8e12, sms=132, gemm_efficiency=0.830,
+    "h200": Hardware("h200", DEVICE_PEAKS["H200"], mem_bandwidth=4.8e12, sms=132, gemm_efficiency=0.830,
                      attention_efficiency=0.5, link_bandwidth=450e9, ib_bandwidth=50e9, memory_bytes=141 * GiB),
 }

@@ -1,41 +1,49 @@
-"""What each kind of communication carries per microbatch, as the runtime sends it (vp.runtime.executor,
-vp.vocab.output; n = tokens of a microbatch, h = hidden size, p = vocabulary shards):
-  P2P  activations or their gradients between adjacent stages, [n, h] in the activation dtype
-  C0   broadcast of the last stage's output and the loss weights, [n, h + 1] fp32, from the last stage's rank
-  C1   all-gather of each shard's softmax statistics [3, n] fp32; in Algorithm 2 also the all-reduce of the
-       input gradient [n, h] fp32
-  C2   all-reduce of the input gradient [n, h] fp32 (Algorithm 1)
-  IF   reduce of the partial embeddings [n, h] fp32 to the first stage's rank
-  IB   broadcast of the embedding gradient [n, h] in the activation dtype from the first stage's rank
-  S, T of the naive (interlaced) output layer: synchronous all-reduces of the maximum [n] and of (sum of exp,
-       target logit) [2, n] in S, of the input gradient [n, h] fp32 in T
-"""
-from dataclasses import dataclass
-
-from vp.cost.network import ALL_GATHER, ALL_REDUCE, BROADCAST, REDUCE, Op
+"""What each communicating action sends (payloads: the one source of message sizes, pinned to the runtime's
+Comm counts by tests/test_runtime.py) and the bytes each rank sends per iteration on each channel."""
+from vp.config import RunConfig
+from vp.cost.memory import rank_params
+from vp.schedule import Schedule
+from vp.schedule.rules import enters, p2p_peer, root_of
 
 
-@dataclass(frozen=True)
-class Transfer:
-    op: Op | None  # None: a point-to-point message
-    nbytes: float
+def payloads(cfg: RunConfig, sched: Schedule) -> dict[str, list[tuple[str, float]]]:
+    """What each communicating action sends, as (operation, bytes of the tensor handed to Comm), in the order
+    the runtime issues them: the one source of message sizes for the cost model's times and traffic().
+
+    P2P carries a stage's activation or input gradient in the compute dtype; C0 X and the loss weights in fp32
+    ([n, h+1]); C1 the shard statistics [3, n] fp32 (all-gather) and, where S precomputed it (Algorithm 2), grad X
+    [n, h] fp32 (all-reduce); C2 grad X; IF the partial embeddings of the fp32 shards; IB the first stage's
+    embedding gradient in the compute dtype; the naive algorithm's S the max [n] and (sum, target) [2, n], its
+    T grad X."""
+    n, h = cfg.micro_batch_size * cfg.seq_len, cfg.hidden
+    act = n * h * (4 if cfg.dtype == "fp32" else 2)
+    grad32 = 4 * n * h
+    return {"SF": [("send", act)], "SB": [("send", act)], "C0": [("broadcast", 4 * n * (h + 1))],
+            "C1": [("all_gather", 12 * n)] + ([("all_reduce", grad32)] if sched.vocab.grad_x_in_s else []),
+            "C2": [("all_reduce", grad32)], "IF": [("reduce", grad32)], "IB": [("broadcast", act)],
+            "S": [("all_reduce", 4 * n), ("all_reduce", 8 * n)] if sched.vocab.synchronous else [],
+            "T": [("all_reduce", grad32)] if sched.vocab.synchronous else []}
 
 
-def traffic(tokens: int, hidden: int, shards: int, vocab: str, act_bytes: int) -> dict[str, list[Transfer]]:
-    """Kind -> the transfers one microbatch makes of it (vocab: the schedule's vocabulary algorithm)."""
-    n, h = tokens, hidden
-    grad32 = Transfer(ALL_REDUCE, 4.0 * n * h)
-    out = {"P2P": [Transfer(None, float(n * h * act_bytes))]}
-    if vocab == "local":
-        return out
-    out["C0"] = [Transfer(BROADCAST, 4.0 * n * (h + 1))]
-    out["IF"] = [Transfer(REDUCE, 4.0 * n * h)]
-    out["IB"] = [Transfer(BROADCAST, float(n * h * act_bytes))]
-    if vocab == "naive":
-        out["S"] = [Transfer(ALL_REDUCE, 4.0 * n), Transfer(ALL_REDUCE, 8.0 * n)]
-        out["T"] = [grad32]
-        return out
-    out["C1"] = [Transfer(ALL_GATHER, 12.0 * n * shards)] + ([grad32] if vocab == "alg2" else [])
-    if vocab == "alg1":
-        out["C2"] = [grad32]
+def traffic(cfg: RunConfig, sched: Schedule) -> list[dict[str, float]]:
+    """Bytes each rank sends per iteration on each channel, counted as the runtime's Comm counts them: a send
+    or a collective's tensor on every member, a broadcast on its root only."""
+    sizes = payloads(cfg, sched)
+    out = []
+    for r, acts in enumerate(sched.ranks):
+        sent: dict[str, float] = {}
+        for a in acts:
+            if a.kind in ("SF", "SB"):
+                peer, _ = p2p_peer(sched, a)
+                channel = ("fwd" if a.kind == "SF" else "bwd") + ("+" if peer > r else "-")
+            elif (inst := enters(sched, a)) is not None:
+                channel = inst.group
+            else:
+                continue
+            for op, nbytes in sizes[a.kind]:
+                if op != "broadcast" or root_of(sched, channel) == r:
+                    sent[channel] = sent.get(channel, 0.0) + nbytes
+        if cfg.dp > 1:  # the gradient all-reduce over the replicas, one flat fp32 buffer
+            sent["dp"] = 4.0 * rank_params(cfg, sched)[r]
+        out.append(dict(sorted(sent.items())))
     return out
