@@ -9,6 +9,8 @@ from omegaconf import OmegaConf
 
 from harness.calibrate import main as calibrate_main
 from harness.published.fit import fit_profile
+from harness.report.frame import records_frame
+from harness.report.published import published_tables
 from harness.sim import simulate_job
 from vp.config import RunConfig
 from vp.cost import PROFILES, Hardware, comm_times, pass_times
@@ -102,20 +104,33 @@ def test_paper_artifact_fit_is_within_5_percent_of_the_published_mfu():
     runs = experiment_runs("paper_artifact")
     pairs = published.pair("paper_artifact", [r.to_dict() for r in runs])
     assert len(pairs) == 40
-    errors = [abs(simulate_job(run, hw, "t", {})["metrics"]["mfu"] / row.mfu - 1)
-              for run, (_, row) in zip(runs, pairs)]
+    records = [simulate_job(run, hw, "paper_artifact", {"hardware": "a100_paper"}) for run in runs]
+    errors = [abs(rec["metrics"]["mfu"] / row.mfu - 1) for rec, (_, row) in zip(records, pairs)]
     assert statistics.median(errors) < 0.05
+    tables, notes = published_tables(records_frame(records), "paper_artifact")  # what its report says
+    assert tables[0].name == "published_vs_sim_sim_a100_paper" and len(tables[0].data) == 40
+    assert f"median |simulated MFU / published MFU - 1| over 40 runs is {statistics.median(errors) * 100:.2f} %" \
+        in notes[0]
+    assert "these numbers are the fit, not predictions" in notes[1]
 
 
-def test_vocab_padding_shows_the_alignment_effect():
-    hw, tps = a100_paper(), {}
+def test_vocab_padding_shows_the_alignment_effect_and_its_report_compares_it_with_the_paper():
+    hw, tps, records = a100_paper(), {}, []
     for method in ("vocab-2", "vhalf-vocab-2"):
         for pad in (24, 96):
             cfg = RunConfig(method=method, pp=24, layers=48, hidden=5120, heads=40, seq_len=2048, vocab_size=256000,
                             pad_multiple=pad, microbatches=128, device="cuda", dtype="bf16")
-            tps[(method, cfg.padded_vocab_size)] = simulate_job(cfg, hw, "t", {})["metrics"]["tokens_per_s"]
+            records.append(simulate_job(cfg, hw, "vocab_padding", {"vocab": "256k", "hardware": "a100_paper"}))
+            tps[(method, cfg.padded_vocab_size)] = records[-1]["metrics"]["tokens_per_s"]
         gain = tps[(method, 256032)] / tps[(method, 256008)] - 1
         assert 0.03 < gain < 0.15, (method, gain)  # the paper: about 8 %
+    tables, notes = published_tables(records_frame(records), "vocab_padding")
+    assert [t.name for t in tables] == ["variant_effect"]
+    effect = next(n for n in notes if n.startswith("Effect of the variants"))
+    gain = tps[("vocab-2", 256032)] / tps[("vocab-2", 256008)] - 1
+    assert f"vocab-2 (sim (a100_paper), 24 GPUs): pad_multiple=96 gives {gain * 100:+.1f} % tokens/s" in effect
+    assert any(n.startswith("Published: ") and "about 8 %" in n for n in notes)
+    assert any("all are predictions" in n for n in notes)
 
 
 def test_fit_recovers_known_free_parameters():
@@ -136,3 +151,24 @@ def test_calibrate_published_refuses_unknown_tables_and_bases(capsys, tmp_path):
     assert calibrate_main(["--published", "paper_artifact", "--base", "tpu", "--out", str(tmp_path / "x.yaml")]) == 2
     assert "--base tpu is not a built-in profile" in capsys.readouterr().err
     assert not (tmp_path / "x.yaml").exists()
+
+
+def test_calibrating_gpu_records_keeps_the_shape_model_and_recovers_speeds():
+    from harness.calibrate import calibrate
+
+    truth = replace(A100, name="truth", efficiency={"F": 0.9, "B": 0.8, "W": 0.85, "S": 0.7, "T": 0.75},
+                    mem_efficiency=0.6, pass_overhead_s=3e-4)
+    records = []
+    for method in ("baseline", "vocab-2", "vhalf"):
+        for vocab in (32000, 128000):
+            cfg = RunConfig(method=method, pp=2, layers=4, hidden=1024, heads=8, seq_len=1024, vocab_size=vocab,
+                            microbatches=4, device="cuda", dtype="bf16")
+            rec = simulate_job(cfg, truth, "calib", {})
+            rec["backend"], rec["env"]["hosts"] = "real", ["node0"]
+            records.append(rec)
+    fitted = calibrate(records, "fitted", A100)
+    for kind, speed in truth.efficiency.items():
+        assert fitted.efficiency[kind] == pytest.approx(speed, rel=1e-4)
+    assert fitted.mem_efficiency == pytest.approx(0.6, rel=1e-4)
+    assert fitted.pass_overhead_s == pytest.approx(3e-4, rel=1e-4)
+    assert (fitted.sms, fitted.tile_m, fitted.align_penalty) == (A100.sms, A100.tile_m, A100.align_penalty)

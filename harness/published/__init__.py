@@ -74,6 +74,12 @@ def key_of(config: dict) -> tuple:
             int(config["vocab_size"]))
 
 
+def same_run(config: dict, row: Published) -> bool:
+    """Whether a run config is the published run: the same key and, for redis, the same last-stage layers."""
+    return key_of(config) == row.key and (row.redis_last_layers is None
+                                          or config.get("redis_last_layers") == row.redis_last_layers)
+
+
 def pair(name: str, configs: list[dict]) -> list[tuple[dict, Published]]:
     """Each run config with its published row; every row must be run and every run published, with the same
     layers on redis's last stage."""

@@ -57,19 +57,27 @@ def fitted_or_predicted(df: pd.DataFrame) -> list[str]:
         source = _profile(g).get("fitted_to") or ""
         if not published.exists(source):
             continue
-        fitted_keys = {r.key for r in published.load(source)}
-        fitted = [published.key_of(rec["config"]) in fitted_keys for rec in g["record"]]
+        rows = {r.key: r for r in published.load(source)}
+        keys = [published.key_of(rec["config"]) for rec in g["record"]]
+        fitted = [k in rows and published.same_run(rec["config"], rows[k]) for k, rec in zip(keys, g["record"])]
         predicted = g[[not f for f in fitted]]
         by_pp = []
         for pp, p in predicted.groupby("pp"):
             everything = len(p) == int((g["pp"] == pp).sum())
             methods = ", ".join(sorted(set(p["method"])))
             by_pp.append(f"every run on {pp} GPUs" if everything else f"{methods} on {pp} GPUs")
-        notes.append(f"{group}: the profile's free parameters were fitted to the published runs of "
-                     f"harness/published/{source}.csv (see reports/{source}/). {sum(fitted)} of {len(g)} runs here "
-                     f"have the method, GPUs, layers, hidden size, sequence and vocabulary of a fitted run; "
-                     f"{len(predicted)} are predictions, no measurement of them entered the fit"
-                     + (f": {'; '.join(by_pp)}." if by_pp else "."))
+        head = (f"{group}: the profile's free parameters were fitted to the published runs of "
+                f"harness/published/{source}.csv (reports/{source}/). ")
+        if predicted.empty:
+            notes.append(head + "Every run here is a fitted run (same method, GPUs, layers, hidden size, sequence, "
+                                "vocabulary and redis layers): these numbers are the fit, not predictions.")
+        elif len(predicted) == len(g):
+            notes.append(head + f"None of the {len(g)} runs here was in the fit: all are predictions.")
+        else:
+            notes.append(head + f"{sum(fitted)} of the {len(g)} runs here are fitted runs (same method, GPUs, "
+                                f"layers, hidden size, sequence, vocabulary and redis layers: fitted values); the other "
+                                f"{len(predicted)} are predictions, no measurement of them entered the fit: "
+                                f"{'; '.join(by_pp)}.")
     return notes
 
 
