@@ -11,9 +11,9 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue
 
-from vp.config import RunConfig, validate
+from vp.config import RunConfig, check_config
 from vp.cost import PROFILES, Hardware
-from vp.methods import get_method
+from vp.schedule.methods import get_method
 from vp.record import run_id
 
 GROUPS = ("model", "vocab", "method", "cluster", "logger", "hardware")
@@ -81,7 +81,7 @@ def run_config(cfg: DictConfig) -> RunConfig:
     # chunks are chosen per run only by methods that take them (interleaved); the others have a fixed count,
     # so a setup's run.chunks (e.g. 3 for 48 layers on 16 ranks) applies to interleaved alone
     run_chunks = run.pop("chunks", None)
-    chunks = (run_chunks or cfg.method.chunks) if spec.chunks == 0 else None
+    chunks = (run_chunks or cfg.method.chunks) if spec.family.chunks == 0 else None
     return RunConfig(method=cfg.method.name, chunks=chunks, layers=cfg.model.layers, hidden=cfg.model.hidden,
                      heads=cfg.model.heads, ffn_hidden=cfg.model.ffn_hidden, vocab_size=cfg.vocab.size,
                      pad_multiple=cfg.vocab.pad_multiple, **run)
@@ -111,7 +111,7 @@ def check(job: Job, gpus_here: int) -> None:
             raise ValueError(f"{name}.{err.key} is not set; give it on the command line") from None
     if not isinstance(cfg.vocab.size, int) or cfg.vocab.size < 1:
         raise ValueError(f"vocab.size={cfg.vocab.size!r} must be a positive integer")
-    job.run = validate(run_config(cfg))
+    job.run = check_config(run_config(cfg))
     if cfg.backend == "sim":
         hardware_of(cfg)
         return
