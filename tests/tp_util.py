@@ -5,7 +5,7 @@ import torch.nn as nn
 
 from vp.comm import Comm, make_groups
 from vp.mesh import Mesh
-from vp.tp.context import TensorParallel, tp_slices
+from vp.tp.context import tp_slices
 from vp.tp.layout import assemble_grid_activation, assemble_grid_weight, head_major
 
 # name -> (tp, mode, depth): the grids of the issue
@@ -20,17 +20,18 @@ def mesh_of(name: str, pp: int = 1) -> Mesh:
     return Mesh(pp=pp, tp=tp, tp_mode=mode, tp_depth=depth)
 
 
-def place(rank: int, world: int, names: list[str], extra=None) -> tuple[str | None, Mesh | None, int, Comm]:
+def place(rank: int, world: int, names: list[str], pipeline: bool = False) -> tuple:
     """Build every grid's channels on every rank of the pool (new_group is collective over the world; idle
-    ranks and ranks outside a channel's grids get groups of one). extra(mesh, offset) -> more channel slices.
+    ranks and ranks outside a channel's grids get groups of one); pipeline: also the run's pipeline channels.
     Returns (this rank's grid name, its mesh, its rank in that grid, its Comm); name None for an idle rank."""
+    from vp.run import channel_slices
+
     slices, offset, mine = {}, 0, (None, None, rank)
     for name in names:
         mesh = mesh_of(name)
-        parts = tp_slices(mesh, offset)
-        if extra:
-            parts.update(extra(mesh, offset))
+        parts = channel_slices(mesh) if pipeline else tp_slices(mesh)
         for ch, groups in parts.items():
+            groups = [[offset + r for r in g] for g in groups]
             slices.setdefault(ch, []).extend(groups)
         if offset <= rank < offset + mesh.world:
             mine = (name, mesh, rank - offset)
@@ -40,10 +41,6 @@ def place(rank: int, world: int, names: list[str], extra=None) -> tuple[str | No
         covered = {r for g in groups for r in g}
         groups.extend([r] for r in range(world) if r not in covered)
     return (*mine, Comm(make_groups(slices, rank), torch.device("cpu")))
-
-
-def tensor_parallel(mesh: Mesh, rank: int, comm: Comm) -> TensorParallel:
-    return TensorParallel.of(mesh, rank, comm)
 
 
 # -- assembling what the devices hold -----------------------------------------------------------------------

@@ -21,16 +21,19 @@ from vp.runtime.executor import RankModel
 from vp.runtime.loop import Runtime
 from vp.schedule import build
 from vp.schedule import validate as validate_schedule
+from vp.tp.context import TensorParallel, tp_slices
 from vp.trace import write_trace
 from vp.vocab.output import Shard
 
 
-def build_rank_model(cfg: RunConfig, sched, rank: int, device: torch.device) -> RankModel:
+def build_rank_model(cfg: RunConfig, sched, rank: int, device: torch.device,
+                     tp: TensorParallel | None = None) -> RankModel:
+    """rank: the pipeline rank; tp: this process's place in its stage's tensor-parallel group (tp > 1)."""
     vp_on = sched.vocab_parallel
-    stages = {c: build_stage(cfg, cfg.seed, sched.stage(rank, c), cfg.stage_layers, local_vocab=not vp_on).to(device)
+    stages = {c: build_stage(cfg, cfg.seed, sched.stage(rank, c), cfg.stage_layers, not vp_on, tp).to(device)
               for c in range(sched.chunks)}
     if not vp_on:
-        return RankModel(stages)
+        return RankModel(stages, tp=tp)
     shard = Shard.of(rank, cfg.pp, cfg.padded_vocab_size, cfg.vocab_size)
     end = shard.start + shard.rows
 
@@ -41,10 +44,14 @@ def build_rank_model(cfg: RunConfig, sched, rank: int, device: torch.device) -> 
 
 
 def train_rank(cfg: RunConfig, rank: int, comm: Comm, device: torch.device, fault=None) -> RankMeasurement:
-    """Run every iteration on this rank (process groups already up); returns this rank's measurements."""
+    """Run every iteration on this rank (process groups already up: the pipeline channels and, with tp > 1, the
+    tensor-parallel ones of vp.tp.context); returns this rank's measurements."""
+    mesh = cfg.mesh
+    pipeline_rank = mesh.coords(rank).p
+    tp = TensorParallel.of(mesh, rank, comm) if cfg.tp > 1 else None
     sched = validate_schedule(build(cfg.method, cfg.pp, cfg.microbatches, cfg.n_chunks))
-    model = build_rank_model(cfg, sched, rank, device)
-    runtime = Runtime(cfg, sched, rank, model, comm, device, fault)
+    model = build_rank_model(cfg, sched, pipeline_rank, device, tp)
+    runtime = Runtime(cfg, sched, pipeline_rank, model, comm, device, fault)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     results = [runtime.iteration(it) for it in range(cfg.iterations)]
@@ -73,7 +80,7 @@ def link_probe(comm: Comm, sizes=(4096, 262144, 4194304), reps: int = 3) -> list
     for fitting a link model (python -m harness.calibrate); counters are reset afterwards."""
     out = []
     me = comm.index("fwd+")
-    if me in (0, 1):
+    if me in (0, 1) and comm.size("fwd+") > 1:
         for size in sizes:
             buf = torch.zeros(size // 4, device=comm.device)
             best = float("inf")
@@ -93,12 +100,19 @@ def link_probe(comm: Comm, sizes=(4096, 262144, 4194304), reps: int = 3) -> list
     return out
 
 
+def channel_slices(mesh: Mesh) -> dict[str, list[list[int]]]:
+    """Every channel's groups: the pipeline's along the pipeline axis ("step", the end-of-iteration agreement, over
+    a whole replica), and with tp > 1 the tensor-parallel ones (vp.tp.context)."""
+    slices = {ch: mesh.groups("replica" if ch == "step" else "pp") for ch in PIPELINE_CHANNELS}
+    return slices | (tp_slices(mesh) if mesh.tp > 1 else {})
+
+
 def run_rank(cfg: RunConfig, rank: int, world: int, init_method: str, local_rank: int = 0, fault=None,
              experiment: str | None = None, trace_path: str | None = None) -> dict | None:
     """One process of a run: process groups, training, gathering; returns the record on rank 0, which also
     writes the Chrome trace of the measured iterations to trace_path when given."""
-    if world != cfg.pp:
-        raise ValueError(f"world size {world} differs from pp={cfg.pp}; launch exactly pp processes")
+    if world != cfg.world:
+        raise ValueError(f"world size {world} differs from pp x tp = {cfg.world}; launch exactly that many processes")
     device = torch.device("cuda", local_rank) if cfg.device == "cuda" else torch.device("cpu")
     if device.type == "cuda":
         torch.cuda.set_device(device)
@@ -107,8 +121,7 @@ def run_rank(cfg: RunConfig, rank: int, world: int, init_method: str, local_rank
                             world_size=world, timeout=timedelta(seconds=cfg.timeout_s))
     comm = None
     try:
-        mesh = Mesh(pp=cfg.pp)
-        comm = Comm(make_groups({ch: mesh.groups("pp") for ch in PIPELINE_CHANNELS}, rank, cfg.timeout_s), device)
+        comm = Comm(make_groups(channel_slices(cfg.mesh), rank, cfg.timeout_s), device)
         peak, how = device_peak(device)
         probe = link_probe(comm)
         mine = train_rank(cfg, rank, comm, device, fault)

@@ -112,11 +112,13 @@ class Runtime:
                               f"{type(err).__name__}: {err}") from err
         left = st.leftovers()
         assert not left, f"rank {self.rank}: state left over after iteration {it}: {sorted(left)}"
+        self.model.reduce_grads()
         stepped = self.scaler.step(self.optimizer, self.params)
         if self.device.type == "cuda":
             torch.cuda.synchronize()
         seconds = time.perf_counter() - begin
         loss = sum(v.item() for v in st.losses.values()) if len(st.losses) == self.s.microbatches else None
+        loss = self.model.total_loss(loss)
         return {"loss": loss, "seconds": seconds, "events": self.timer.collect(), "stepped": stepped}
 
     def _dispatch(self, a):

@@ -30,9 +30,9 @@ def channel_axes(mesh: Mesh) -> dict[str, str]:
     return GRID_CHANNELS if mesh.grid else MEGATRON_CHANNELS
 
 
-def tp_slices(mesh: Mesh, offset: int = 0) -> dict[str, list[list[int]]]:
-    """channel -> every group of it (global ranks + offset), for vp.comm.make_groups."""
-    return {ch: [[offset + r for r in g] for g in mesh.groups(axis)] for ch, axis in channel_axes(mesh).items()}
+def tp_slices(mesh: Mesh) -> dict[str, list[list[int]]]:
+    """channel -> every group of it (global ranks), for vp.comm.make_groups."""
+    return {ch: mesh.groups(axis) for ch, axis in channel_axes(mesh).items()}
 
 
 @dataclass(frozen=True)

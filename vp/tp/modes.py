@@ -48,7 +48,7 @@ def check_sizes(mode: TensorMode, tp: int, tp_depth: int, hidden: int, heads: in
     The grid shape itself (tp = q*q*d) is checked by vp.mesh.check_mesh."""
     q = mode.side(tp, tp_depth)
     what = f"the {q} grid columns of tp_mode={mode.name}" if mode.grid else f"tp={tp} (tp_mode=1d)"
-    for name, value in (("heads", heads), ("hidden", hidden), ("ffn_hidden", ffn)):
+    for name, value in (("hidden", hidden), ("heads", heads), ("ffn_hidden", ffn)):
         if value % q:
             raise ValueError(f"{name}={value} is not divisible by {what}; use a multiple of {q} "
                              f"such as {_near(value, q)}")
