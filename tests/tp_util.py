@@ -10,9 +10,12 @@ from vp.tp.layout import assemble_grid_activation, assemble_grid_weight, head_ma
 
 # name -> (tp, mode, depth): the grids of the issue
 GRIDS = {"1d-2": (2, "1d", 1), "1d-4": (4, "1d", 1), "2d-221": (4, "2d", 1), "2.5d-222": (8, "2.5d", 2),
-         "2.5d-112": (2, "2.5d", 2)}
-# grids run side by side in a pool of 8, each on consecutive ranks
+         "2.5d-112": (2, "2.5d", 2), "1d-8": (8, "1d", 1)}
+# grids run side by side in a pool of 8, each on consecutive ranks: the issue's grids ...
 PLACEMENTS = [["2.5d-222"], ["1d-4", "2d-221"], ["1d-2", "2.5d-112"]]
+TESTED = [g for names in PLACEMENTS for g in names]
+# ... and those of python -m vp.bench tp
+BENCH_PLACEMENTS = [["1d-8"], ["2.5d-222"], ["1d-4", "2d-221"]]
 
 
 def mesh_of(name: str, pp: int = 1) -> Mesh:
