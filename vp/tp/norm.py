@@ -19,23 +19,26 @@ from vp.tp.layout import block
 class _GridLayerNorm(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, gamma, beta, hidden, eps, tp):
-        sums = torch.stack([x.sum(-1), (x * x).sum(-1)])  # [2, n]
+        xf = x.float()  # statistics in fp32 whatever the compute dtype
+        sums = torch.stack([xf.sum(-1), (xf * xf).sum(-1)])  # [2, n]
         sums = tp.all_reduce(sums, "row") / hidden
         mean, var = sums[0], sums[1] - sums[0] ** 2  # [n]
         rstd = torch.rsqrt(var + eps)[:, None]  # [n, 1]
-        xhat = (x - mean[:, None]) * rstd  # [n, h/q]
+        xhat = (xf - mean[:, None]) * rstd  # [n, h/q]
         ctx.save_for_backward(xhat, rstd, gamma)
-        ctx.hidden, ctx.tp = hidden, tp
-        return xhat * gamma + beta
+        ctx.hidden, ctx.tp, ctx.dtype = hidden, tp, x.dtype
+        return (xhat * gamma + beta).to(x.dtype)
 
     @staticmethod
     def backward(ctx, grad_y):
         xhat, rstd, gamma = ctx.saved_tensors
+        grad_y = grad_y.float()
         g = grad_y * gamma  # [n, h/q]
         sums = torch.stack([g.sum(-1), (g * xhat).sum(-1)])  # [2, n]
         sums = ctx.tp.all_reduce(sums, "row") / ctx.hidden
         grad_x = (g - sums[0][:, None] - xhat * sums[1][:, None]) * rstd
-        return grad_x, (grad_y * xhat).sum(0), grad_y.sum(0), None, None, None
+        grad_gamma, grad_beta = (grad_y * xhat).sum(0).to(gamma.dtype), grad_y.sum(0).to(gamma.dtype)
+        return grad_x.to(ctx.dtype), grad_gamma, grad_beta, None, None, None
 
 
 class GridLayerNorm(nn.Module):
