@@ -80,8 +80,9 @@ def main(argv=None) -> int:
         return 2
     launched = launcher_env()
     if launched and launched[1] != cfg.world:
-        print(f"error: the launcher started {launched[1]} processes but pp x tp = {cfg.world}; "
-              f"start exactly that many (e.g. torchrun --nproc-per-node {cfg.world})", file=sys.stderr)
+        world = f"pp={cfg.pp}" + (f" x tp={cfg.tp} = {cfg.world}" if cfg.tp > 1 else "")
+        print(f"error: the launcher started {launched[1]} processes but {world}; "
+              f"start exactly {cfg.world} (e.g. torchrun --nproc-per-node {cfg.world})", file=sys.stderr)
         return 2
     try:
         if launched:
