@@ -27,12 +27,12 @@ def place(rank: int, world: int, names: list[str], pipeline: bool = False) -> tu
     """Build every grid's channels on every rank of the pool (new_group is collective over the world; idle
     ranks and ranks outside a channel's grids get groups of one); pipeline: also the run's pipeline channels.
     Returns (this rank's grid name, its mesh, its rank in that grid, its Comm); name None for an idle rank."""
-    from vp.run import channel_slices
+    from vp.run import mesh_channels
 
     slices, offset, mine = {}, 0, (None, None, rank)
     for name in names:
         mesh = mesh_of(name)
-        parts = channel_slices(mesh) if pipeline else tp_slices(mesh)
+        parts = mesh_channels(mesh) if pipeline else tp_slices(mesh)
         for ch, groups in parts.items():
             groups = [[offset + r for r in g] for g in groups]
             slices.setdefault(ch, []).extend(groups)

@@ -18,6 +18,7 @@ DTYPES = ("fp32", "bf16", "fp16")
 class RunConfig:
     method: str = "vocab-2"
     pp: int = 2
+    dp: int = 1  # data-parallel replicas; each runs `microbatches` of one global batch of dp x microbatches
     tp: int = 1  # tensor-parallel devices per stage (vp.tp); tp > 1 runs one stage (pp=1)
     tp_mode: str = "1d"  # 1d (Megatron) | 2d (SUMMA [q, q, 1]) | 2.5d (SUMMA [q, q, tp_depth])
     tp_depth: int = 1  # 2.5d only: d of the [q, q, d] grid, tp = q * q * d
@@ -45,6 +46,11 @@ class RunConfig:
         return self.ffn_hidden or 4 * self.hidden
 
     @property
+    def world(self) -> int:
+        """Processes (devices) of the run: dp x pp x tp."""
+        return self.dp * self.pp * self.tp
+
+    @property
     def spec(self) -> Method:
         return get_method(self.method)
 
@@ -53,13 +59,8 @@ class RunConfig:
         return chunks_for(self.spec, self.chunks)
 
     @property
-    def world(self) -> int:
-        """Processes of the run: pp x tp."""
-        return self.pp * self.tp
-
-    @property
     def mesh(self) -> Mesh:
-        return Mesh(pp=self.pp, tp=self.tp, tp_mode=self.tp_mode, tp_depth=self.tp_depth)
+        return Mesh(dp=self.dp, pp=self.pp, tp=self.tp, tp_mode=self.tp_mode, tp_depth=self.tp_depth)
 
     @property
     def vocab_shards(self) -> int:
@@ -153,7 +154,7 @@ def balanced_last_layers(cfg: RunConfig) -> int:
 def check_config(cfg: RunConfig) -> RunConfig:
     """Refuse a run that cannot work, naming the field and the fix; returns cfg unchanged."""
     spec = get_method(cfg.method)
-    for name in ("pp", "layers", "hidden", "heads", "seq_len", "vocab_size", "microbatches",
+    for name in ("pp", "dp", "layers", "hidden", "heads", "seq_len", "vocab_size", "microbatches",
                  "micro_batch_size", "iterations"):
         value = getattr(cfg, name)
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -196,12 +197,15 @@ def check_config(cfg: RunConfig) -> RunConfig:
 
 def check_tensor_parallel(cfg: RunConfig, spec: Method) -> None:
     """The tensor-parallel fields: a buildable grid, sizes it splits evenly, a layout that exists."""
-    check_mesh(1, cfg.pp, cfg.tp, cfg.tp_mode, cfg.tp_depth)
+    check_mesh(cfg.dp, cfg.pp, cfg.tp, cfg.tp_mode, cfg.tp_depth)
     if cfg.tp == 1:
         return
     if cfg.pp > 1:
         raise ValueError(f"tp={cfg.tp} with pp={cfg.pp}: pipelines of tensor-parallel stages are not built yet; "
                          f"use pp=1 (one stage on tp devices) or tp=1")
+    if cfg.dp > 1:
+        raise ValueError(f"tp={cfg.tp} with dp={cfg.dp}: data parallelism over tensor-parallel groups is not built "
+                         f"yet; use dp=1 or tp=1")
     if spec.vocab_parallel:
         raise ValueError(f"method={spec.name} splits the vocabulary over pipeline ranks, which is not built with "
                          f"tp > 1; use method=baseline with tp={cfg.tp}")

@@ -1,4 +1,4 @@
-"""Starting a run's pp x tp processes on this machine and turning their failures into one clear error."""
+"""Starting a run's dp x pp x tp processes on this machine and turning their failures into one clear error."""
 import json
 import multiprocessing as mp
 import os
@@ -64,7 +64,7 @@ def _local_worker(cfg_dict, rank, world, init_method, workdir, fault, trace_path
 
 
 def launch_local(cfg: RunConfig, fault=None, trace_path: str | None = None) -> dict:
-    """Start pp x tp processes here, wait for them, return rank 0's record; RunFailed if any rank fails."""
+    """Start dp x pp x tp processes here, wait for them, return rank 0's record; RunFailed if any rank fails."""
     ctx = mp.get_context("spawn")
     with tempfile.TemporaryDirectory(prefix="vp-run-") as workdir:
         init = f"file://{workdir}/rendezvous"

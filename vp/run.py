@@ -44,14 +44,13 @@ def build_rank_model(cfg: RunConfig, sched, rank: int, device: torch.device,
 
 
 def train_rank(cfg: RunConfig, rank: int, comm: Comm, device: torch.device, fault=None) -> RankMeasurement:
-    """Run every iteration on this rank (process groups already up: the pipeline channels and, with tp > 1, the
-    tensor-parallel ones of vp.tp.context); returns this rank's measurements."""
-    mesh = cfg.mesh
-    pipeline_rank = mesh.coords(rank).p
-    tp = TensorParallel.of(mesh, rank, comm) if cfg.tp > 1 else None
+    """Run every iteration on this (global) rank, process groups already up (channels(cfg): with tp > 1 also the
+    tensor-parallel ones of vp.tp.context); returns its measurements."""
+    where = cfg.mesh.coords(rank)
+    tp = TensorParallel.of(cfg.mesh, rank, comm) if cfg.tp > 1 else None
     sched = validate_schedule(build(cfg.method, cfg.pp, cfg.microbatches, cfg.n_chunks))
-    model = build_rank_model(cfg, sched, pipeline_rank, device, tp)
-    runtime = Runtime(cfg, sched, pipeline_rank, model, comm, device, fault)
+    model = build_rank_model(cfg, sched, where.p, device, tp)
+    runtime = Runtime(cfg, sched, where.p, model, comm, device, fault, replica=where.d, global_rank=rank)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     results = [runtime.iteration(it) for it in range(cfg.iterations)]
@@ -65,7 +64,7 @@ def train_rank(cfg: RunConfig, rank: int, comm: Comm, device: torch.device, faul
         peak = static + runtime.meter.peak
     its, mbs = cfg.iterations, cfg.iterations * cfg.microbatches
     return RankMeasurement(
-        rank=rank, host=socket.gethostname(),
+        rank=rank, replica=where.d, host=socket.gethostname(),
         device=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         losses=[r["loss"] for r in results], seconds=[r["seconds"] for r in results],
         events=[r["events"] for r in results[cfg.warmup:]], peak_memory_bytes=peak, memory_detail=detail,
@@ -73,6 +72,21 @@ def train_rank(cfg: RunConfig, rank: int, comm: Comm, device: torch.device, faul
         bytes_by_channel={k: v / its for k, v in comm.by_channel(comm.bytes_sent).items()},
         collectives={k: v / its for k, v in comm.by_op(comm.calls).items()},
         barriers_per_microbatch=sum(comm.barriers.values()) / mbs)
+
+
+def channels(cfg: RunConfig) -> dict[str, list[list[int]]]:
+    """Every process group of a run, by channel (vp.comm.make_groups)."""
+    return mesh_channels(cfg.mesh)
+
+
+def mesh_channels(mesh: Mesh) -> dict[str, list[list[int]]]:
+    """Each pipeline channel along the pipeline axis ("step", the end-of-iteration agreement, over a whole
+    replica: the pipeline when tp = 1), the data-parallel gradient all-reduce along the replica axis, and with
+    tp > 1 the tensor-parallel channels (vp.tp.context)."""
+    out = {ch: mesh.groups("replica" if ch == "step" else "pp") for ch in PIPELINE_CHANNELS}
+    if mesh.dp > 1:
+        out["dp"] = mesh.groups("dp")
+    return out | (tp_slices(mesh) if mesh.tp > 1 else {})
 
 
 def link_probe(comm: Comm, sizes=(4096, 262144, 4194304), reps: int = 3) -> list[list[float]]:
@@ -100,19 +114,13 @@ def link_probe(comm: Comm, sizes=(4096, 262144, 4194304), reps: int = 3) -> list
     return out
 
 
-def channel_slices(mesh: Mesh) -> dict[str, list[list[int]]]:
-    """Every channel's groups: the pipeline's along the pipeline axis ("step", the end-of-iteration agreement, over
-    a whole replica), and with tp > 1 the tensor-parallel ones (vp.tp.context)."""
-    slices = {ch: mesh.groups("replica" if ch == "step" else "pp") for ch in PIPELINE_CHANNELS}
-    return slices | (tp_slices(mesh) if mesh.tp > 1 else {})
-
-
 def run_rank(cfg: RunConfig, rank: int, world: int, init_method: str, local_rank: int = 0, fault=None,
              experiment: str | None = None, trace_path: str | None = None) -> dict | None:
     """One process of a run: process groups, training, gathering; returns the record on rank 0, which also
     writes the Chrome trace of the measured iterations to trace_path when given."""
     if world != cfg.world:
-        raise ValueError(f"world size {world} differs from pp x tp = {cfg.world}; launch exactly that many processes")
+        raise ValueError(f"world size {world} differs from dp x pp x tp = {cfg.world}; launch exactly that many "
+                         f"processes")
     device = torch.device("cuda", local_rank) if cfg.device == "cuda" else torch.device("cpu")
     if device.type == "cuda":
         torch.cuda.set_device(device)
@@ -121,7 +129,7 @@ def run_rank(cfg: RunConfig, rank: int, world: int, init_method: str, local_rank
                             world_size=world, timeout=timedelta(seconds=cfg.timeout_s))
     comm = None
     try:
-        comm = Comm(make_groups(channel_slices(cfg.mesh), rank, cfg.timeout_s), device)
+        comm = Comm(make_groups(channels(cfg), rank, cfg.timeout_s), device)
         peak, how = device_peak(device)
         probe = link_probe(comm)
         mine = train_rank(cfg, rank, comm, device, fault)
@@ -143,5 +151,5 @@ def run_rank(cfg: RunConfig, rank: int, world: int, init_method: str, local_rank
     record = make_record(cfg.to_dict(), metrics.to_dict(), env, experiment=experiment)
     if trace_path:
         write_trace(trace_path, [r.events for r in gathered], [r.seconds[cfg.warmup:] for r in gathered],
-                    {"run_id": record["run_id"], "method": cfg.method, "pp": cfg.pp})
+                    {"run_id": record["run_id"], "method": cfg.method, "dp": cfg.dp, "pp": cfg.pp})
     return record
