@@ -143,6 +143,7 @@ BASE = ["--method", "baseline", "--pp", "1", "--layers", "2", "--hidden", "16", 
     (["--tp", "4", "--pad-multiple", "6"], "pad_multiple=6 is not divisible by the 4 vocabulary shards"),
     (["--tp", "2", "--pp", "2"], "tp=2 with pp=2: pipelines of tensor-parallel stages are not built"),
     (["--tp", "2", "--method", "vocab-2", "--pp", "2"], "tp=2 with pp=2"),
+    (["--tp", "2", "--dp", "2"], "tp=2 with dp=2: data parallelism over tensor-parallel groups is not built"),
     (["--tp", "0"], "tp=0 must be a positive integer"),
 ])
 def test_bad_tensor_parallel_input_is_refused_before_any_process_starts(capsys, args, message):
