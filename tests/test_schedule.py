@@ -224,6 +224,12 @@ def test_cli_simulate_json_and_show(tmp_path):
     data = json.loads(out.stdout)
     assert data["bubble_rate"] == pytest.approx(3 / 11)
     assert data["peak_activations"] == [4, 3, 2, 1] and len(data["busy"]) == 4
+    out = run_cli("simulate", "--method", "vocab-2", "--pp", "4", "--microbatches", "8", "--strict", "--json",
+                  "--costs", "C1=0.5")
+    strict = json.loads(out.stdout)
+    flat = json.loads(run_cli("simulate", "--method", "vocab-2", "--pp", "4", "--microbatches", "8", "--json",
+                              "--costs", "C1=0.5").stdout)
+    assert strict["strict"] and strict["makespan"] >= flat["makespan"]
     png = tmp_path / "s.png"
     out = run_cli("show", "--method", "vocab-2", "--pp", "2", "--microbatches", "4", "--png", str(png),
                   "--costs", "S=0.3,T=0.3")

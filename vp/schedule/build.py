@@ -12,6 +12,8 @@ each with a target time on that timeline:
                        for a collective after T (Algorithm 1's C2), no later than the pass before that B
   IF(k)                the start of the first stage's F(k-1) (one forward ahead of its consumer)
   IB(k)                the end of the first stage's B(k)
+Microbatch 0's units, which open every collective group, go at their targets on every rank (no early C0, no
+delayed S), so that a lazily created communicator never blocks a rank before work the others wait for.
 The units, sorted by target time, are the one order in which every rank enters the collectives (the
 cross-group order that validate() checks: under NCCL two ranks entering two collectives in opposite orders can
 deadlock). Each rank puts a unit before the first of its stage passes that starts at or after the target (plus
@@ -24,6 +26,7 @@ from typing import NamedTuple
 from vp.schedule.actions import Action, Schedule
 from vp.schedule.methods import VOCAB, chunks_for, get_method
 from vp.schedule.simulate import simulate
+
 
 def lower(s: Schedule) -> Schedule:
     """Add SF/SB right after the pass that produces what they send and RF/RB right before their consumer."""
@@ -74,15 +77,18 @@ def _units(s: Schedule, times: dict) -> list[_Unit]:
         return max(0.0, min(later, needed_at - later - at))
 
     s_needed = [min(t_at[k], b_last[k]) if v.grad_x_in_s else t_at[k] for k in range(m)]
-    s_delay = [delay(x_ready[k], s_needed[k]) for k in range(m)]
+    # microbatch 0 opens every group: all ranks meet it at its target, so that a communicator created lazily on
+    # its first collective blocks no rank longer than the timeline does
+    s_delay = [delay(x_ready[k], s_needed[k]) if k else 0.0 for k in range(m)]
     units = []
     for k in range(m):
-        units.append(_Unit((x_ready[k], 0, k), (("C0", k),), s.last_rank, None))
+        units.append(_Unit((x_ready[k], 0, k), (("C0", k),), s.last_rank, None if k else 0.0))
         units.append(_Unit((x_ready[k], 3, k), (("S", k),) + tuple((c, k) for c in v.after_s), s.last_rank,
                            s_delay[k]))
         # T(k) sorts before S(k+1) at the same time, but after S(k) where the bound above pulls it that early
         t_key = (t_at[k], 2, k) if t_at[k] > x_ready[k] else (x_ready[k], 4, k)
         t_delay = delay(t_at[k], b_last[k]) if t_feeds_b else (s_delay[k + 1] if k + 1 < m else later)
+        t_delay = t_delay if k else 0.0
         units.append(_Unit(t_key, (("T", k),) + tuple((c, k) for c in v.after_t), s.last_rank, t_delay))
         units.append(_Unit((f0_start[k - 1] if k else -1.0, 5, k), (("IF", k),), None, 0.0))
         units.append(_Unit((b0_end[k], 1, k), (("IB", k),), s.first_rank, 0.0))

@@ -10,7 +10,8 @@ followed by the output layer of the next microbatch; the cool-down runs the rema
 Input layer: every rank looks up IF(k) for the first stage ahead of its F(k) (1.5p + 1 of them before the first
 output-layer step, then one after each output-layer step from microbatch p-1 on), and IB(k) after each
 output-layer step from microbatch p+1 on (p on an odd pipeline). The broadcast C0(k) starts on the last rank right
-after its F(k); every other rank enters it at the same place in the collective order, which is early for it.
+after its F(k); every other rank enters it at the same place in the collective order, which is early for it
+(C0(0), which opens the group, as late as that order allows).
 """
 
 
@@ -73,25 +74,33 @@ def interlaced(pp: int, microbatches: int, chunks: int = 1, vocab=None) -> list[
 
 
 def _receivers_enter_c0(order: list[list[tuple[str, int, int]]]) -> list[list[tuple[str, int, int]]]:
-    """Every rank but the last enters C0(k) right after the collective that precedes C0(k) on the last rank."""
+    """Every rank but the last enters C0(k) right after the collective that precedes C0(k) on the last rank;
+    C0(0), which opens its group, right before the collective that follows it there (a lazily created
+    communicator then blocks no receiver before the work the last rank waits for)."""
     root = order[-1]
-    entering = ("C0", "S", "T", "IF", "IB")
-    after = {}  # the instance before C0(k) on the root (None: none) -> C0s that follow it
-    prev = None
-    for kind, k, c in root:
-        if kind == "C0":
-            after.setdefault(prev, []).append((kind, k, c))
-        if kind in entering:
-            prev = (kind, k, c)
+    entering = [a for a in root if a[0] in ("C0", "S", "T", "IF", "IB")]
+    after, before = {}, {}  # an instance of the root -> C0s that follow it / the C0 that opens the group
+    for i, a in enumerate(entering):
+        if a[0] == "C0" and a[1] == 0:
+            nxt = next((b for b in entering[i + 1:] if b[0] != "C0"), None)
+            before[nxt] = a
+        elif a[0] == "C0":
+            after.setdefault(entering[i - 1], []).append(a)
     out = []
     for acts in order[:-1]:
         seq = []
-        for a in [None] + acts:
-            todo = [a]
+        for a in acts + [None]:
+            todo = [before[a]] if a in before else []
             while todo:
                 x = todo.pop(0)
-                if x is not None:
-                    seq.append(x)
+                seq.append(x)
                 todo += after.get(x, [])
+            if a is not None:
+                seq.append(a)
+                todo = list(after.get(a, []))
+                while todo:
+                    x = todo.pop(0)
+                    seq.append(x)
+                    todo += after.get(x, [])
         out.append(seq)
     return out + [root]

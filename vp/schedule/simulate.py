@@ -11,13 +11,15 @@ Execution model (the same one the runtime follows):
   that a receiver of C0 or IB (copies sent from one root) waits for the root alone; entering never
   blocks (collectives are launched asynchronously, each group on its own process group).
 
-strict=True is what NCCL guarantees when its communicators cannot progress concurrently (one connection,
-CUDA_DEVICE_MAX_CONNECTIONS=1, too few free SMs, a device sync): every rank runs all its collectives, of every
-group, on one ordered queue. An instance then starts when every member of its group has entered it and has
-finished everything queued before it on that rank (rooted ones too: a broadcast's kernel runs on every member),
-and completes its communication time later, on every member at once. Two ranks that enter two collectives in
-opposite orders deadlock here; validate() also checks that order statically. Communicators are assumed created
-before the first iteration (eagerly); sends and receives keep their own channels, as in the default mode.
+strict=True is the least NCCL guarantees: communicators that cannot progress concurrently (one connection,
+CUDA_DEVICE_MAX_CONNECTIONS=1, too few free SMs, a device sync) and that are created lazily. Every rank runs all
+its collectives, of every group, on one ordered queue: an instance starts when every member of its group has
+entered it and has finished everything queued before it on that rank (rooted ones too: a broadcast's kernel runs
+on every member), and completes its communication time later, on every member at once. And the first instance
+of each group blocks the rank that enters it until every member has entered it (communicator creation; a
+deadlock check only, untimed, since communicators outlive the first iteration). Two ranks that enter two
+collectives in opposite orders deadlock here; validate() also checks that order statically. Sends and receives
+keep their own channels, as in the default mode.
 """
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -99,9 +101,11 @@ def simulate(s: Schedule, costs: Costs | None = None, strict: bool = False) -> S
     timeline: list[list] = [[] for _ in range(pp)]
     busy, mem, peak = [0.0] * pp, [0.0] * pp, [0.0] * pp
     changed = [False]  # an entry was recorded without the rank advancing
+    lazy: dict = defaultdict(dict)  # strict: ranks waiting to create a group entered at the end of an action
     queue: list[list] = [[] for _ in range(pp)]  # strict: each rank's instances in the order it entered them
     head, free_at = [0] * pp, [0.0] * pp  # strict: first unfinished instance of each queue, and when it freed
     done: dict = {}  # strict: instance -> completion time, the same on every member
+    opened: dict = {}  # strict: group -> its first instance (creating the communicator blocks until all arrive)
 
     def enter(inst, r, t):
         entered[inst][r] = t
@@ -173,6 +177,15 @@ def simulate(s: Schedule, costs: Costs | None = None, strict: bool = False) -> S
             return step_p2p(r, i, a)
         ready = ready_after_local(r, i, a)
         entry = enters(s, a)
+        if strict and entry and opened.setdefault(entry.group, entry) == entry:
+            created = entered[entry] if entry.phase == "start" else lazy[entry]
+            if r not in created:
+                created[r] = ready
+                changed[0] = True
+                if entry.phase == "start":
+                    enter(entry, r, ready)
+            if len(created) < len(members(s, entry.group)):
+                return False  # this rank waits in the communicator's creation (untimed: once per run)
         if entry and entry.phase == "start" and r not in entered[entry]:
             enter(entry, r, ready)
         start = ready
