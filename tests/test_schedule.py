@@ -27,6 +27,8 @@ def grid():
 
 @pytest.mark.parametrize("method", list(METHODS))
 def test_every_generator_validates_over_the_grid(method):
+    """validate(): counts, dependencies, p2p order, each group's order, the cross-group collective order, and no
+    deadlock in the default nor the strict simulation (one ordered queue and lazy creation per rank)."""
     cases = [c for c in grid() if c[0] == method]
     assert cases
     for _, pp, m in cases:

@@ -168,3 +168,17 @@ def test_strict_mode_blocks_at_a_lazily_created_communicator():
     simulate(lazy)
     with pytest.raises(ScheduleError, match=r"rank 0 blocked at step 2 \(C0:0\)"):
         simulate(lazy, strict=True)
+
+
+def test_the_former_vocab_1_order_is_rejected():
+    """The order vocab-1 had before this check (pp 4, tests/fixtures/vocab-1-crossed-order.txt): rank 0 enters
+    C0:0 first, the last rank the lookups IF0..IF4 first; each group alone was in order. Rejected statically, and
+    deadlocked with one ordered queue per rank, as NCCL-semantics runs found."""
+    from pathlib import Path
+    s = Schedule.from_text((Path(__file__).parent / "fixtures" / "vocab-1-crossed-order.txt").read_text())
+    simulate(s)
+    with pytest.raises(ScheduleError, match=r"rank 0 enters C0:0 \(step 0\) before IF:4 \(step 11\); but rank 3 "
+                                            r"enters IF:4 \(step 4\) before C0:0 \(step 7\)"):
+        check_collective_order(s)
+    with pytest.raises(ScheduleError, match="deadlock"):
+        simulate(s, strict=True)

@@ -126,35 +126,41 @@ def crossed(entries: list[list[tuple[int, object]]]) -> list[tuple[int, tuple, t
             for (pa, sb, y), (pa2, sb2, x) in zip(common, common[1:]):
                 if pa2 < pa:  # rank b enters y then x; rank a enters x before y
                     return [(a, entries[a][pa2], entries[a][pa]), (b, (sb, y), (sb2, x))]
-    after = {}  # instance -> [(rank, the next instance on that rank)]
+    before, count = {}, Counter()  # instance -> [(rank, the instance that rank entered just before)]; in-degree
+    nodes = {inst for seq in entries for _, inst in seq}
     for r, seq in enumerate(entries):
         for (_, x), (_, y) in zip(seq, seq[1:]):
-            after.setdefault(x, []).append((r, y))
-    state, path = {}, []  # depth-first search: 1 on the path, 2 finished
-
-    def visit(x):
-        state[x] = 1
-        for r, y in after.get(x, []):
-            path.append((r, x, y))
-            if state.get(y) == 1:
-                return path[next(i for i, (_, a, _) in enumerate(path) if a == y):]
-            if y not in state and (cycle := visit(y)):
-                return cycle
-            path.pop()
-        state[x] = 2
+            before.setdefault(y, []).append((r, x))
+            count[y] += 1
+    ready = [x for x in nodes if not count[x]]
+    nexts = {}
+    for y, preds in before.items():
+        for r, x in preds:
+            nexts.setdefault(x, []).append(y)
+    while ready:  # Kahn: what is left afterwards lies on or behind a cycle
+        x = ready.pop()
+        nodes.discard(x)
+        for y in nexts.get(x, []):
+            count[y] -= 1
+            if not count[y]:
+                ready.append(y)
+    if not nodes:
         return None
-
-    for x in list(after):
-        if x not in state and (cycle := visit(x)):
-            segments = []  # merge consecutive edges of one rank
-            for r, x, y in cycle:
-                if segments and segments[-1][0] == r:
-                    segments[-1][2] = y
-                else:
-                    segments.append([r, x, y])
-            step = [{inst: i for i, inst in seq} for seq in entries]
-            return [(r, (step[r][x], x), (step[r][y], y)) for r, x, y in segments]
-    return None
+    cur = next(inst for seq in entries for _, inst in seq if inst in nodes)
+    walked, at = [], {}  # walk back through predecessors left until one repeats
+    while cur not in at:
+        at[cur] = len(walked)
+        r, prev = next((r, x) for r, x in before[cur] if x in nodes)
+        walked.append((r, prev, cur))
+        cur = prev
+    segments = []  # the cycle forwards, consecutive edges of one rank merged
+    for r, x, y in reversed(walked[at[cur]:]):
+        if segments and segments[-1][0] == r:
+            segments[-1][2] = y
+        else:
+            segments.append([r, x, y])
+    step = [{inst: i for i, inst in seq} for seq in entries]
+    return [(r, (step[r][x], x), (step[r][y], y)) for r, x, y in segments]
 
 
 def check_collective_order(s: Schedule):
