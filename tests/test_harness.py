@@ -120,8 +120,9 @@ def test_paper_grid_gives_redis_the_official_final_stage_layers(tmp_path):
 
 
 def test_sim_sweep_writes_records_and_resumes(tmp_path):
-    grid = ["experiment=paper_1f1b", "backend=sim", "grid.setups=[{model: 4b, run.pp: 8}]",
-            "grid.product={run.seq_len: [2048], vocab: [32k, 256k], method: [baseline, vocab-2]}"]
+    grid = ["experiment=paper_1f1b", "backend=sim",
+            "grid.setups=[{model: 4b, run.pp: 8, vocab: 32k}, {model: 4b, run.pp: 8, vocab: 256k}]",
+            "grid.product={run.seq_len: [2048], method: [baseline, vocab-2]}"]
     code, lines = sweep(tmp_path, *grid)
     assert code == 0 and "4 jobs, 0 done, 4 to run" in lines[0]
     recs = records(tmp_path, "paper_1f1b")
