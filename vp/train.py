@@ -2,7 +2,7 @@
 
 Started by a distributed launcher (torchrun sets RANK and WORLD_SIZE), each process runs its rank;
 otherwise this starts `pp` local processes itself (CPU + gloo, or one per GPU with --device cuda).
-Rank 0 prints one result record (DESIGN.md) with --json, or a summary. A failed run prints the failing
+Rank 0 prints one result record (docs/design.md) with --json, or a summary. A failed run prints the failing
 rank's error to stderr, exits non-zero and prints no record.
 """
 import argparse
@@ -16,6 +16,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from vp.checks import MAX_TOKENS_PER_MICROBATCH, check_fault, check_memory, check_size, parse_fault
 from vp.comm import PIPELINE_CHANNELS, Comm, make_groups
 from vp.mesh import Mesh
 from vp.config import RunConfig, validate
@@ -160,9 +161,6 @@ def launcher_env(env=os.environ) -> tuple[int, int, int, str] | None:
     return None
 
 
-FAULT_MODES = ("exit", "raise", "hang")
-
-
 # -- command line ------------------------------------------------------------------------------------
 def parse_args(argv=None):
     d = RunConfig()
@@ -189,29 +187,44 @@ def parse_args(argv=None):
     ap.add_argument("--lr", type=float, default=d.lr)
     ap.add_argument("--timeout-s", type=float, default=d.timeout_s)
     ap.add_argument("--json", action="store_true", help="print the result record as one JSON object")
+    ap.add_argument("--max-tokens", type=int, default=MAX_TOKENS_PER_MICROBATCH,
+                    help="refuse micro_batch_size x seq_len above this (a sanity limit against typos)")
+    ap.add_argument("--max-memory-gb", type=float, default=None,
+                    help="memory the local ranks may use together (default: what this machine has available)")
     ap.add_argument("--inject-fault", default=None, metavar="RANK:ACTION[:exit|raise|hang]",
                     help="testing aid: make a rank die, raise or hang at an action of the first iteration")
     args = ap.parse_args(argv)
-    fields = {k: v for k, v in vars(args).items() if k not in ("json", "inject_fault")}
+    fields = {k: v for k, v in vars(args).items() if k not in ("json", "inject_fault", "max_tokens", "max_memory_gb")}
     cfg = RunConfig(**fields)
-    fault = None
-    if args.inject_fault:
-        parts = args.inject_fault.split(":")
-        if len(parts) not in (2, 3) or not parts[0].isdigit() or (len(parts) == 3 and parts[2] not in FAULT_MODES):
-            raise ValueError(f"--inject-fault={args.inject_fault!r}: use RANK:ACTION[:exit|raise|hang], "
-                             f"e.g. 1:F2:exit")
-        fault = (int(parts[0]), parts[1], parts[2] if len(parts) == 3 else "exit")
-    return cfg, args.json, fault
+    fault = parse_fault(args.inject_fault) if args.inject_fault else None
+    return cfg, args.json, fault, args
+
+
+def check_here(cfg: RunConfig, fault, args, launched) -> None:
+    """What the config alone cannot tell: the fault spec, the run's size, its GPUs and memory here."""
+    if fault:
+        check_fault(cfg, fault)
+    check_size(cfg, args.max_tokens, "raise --max-tokens")
+    if cfg.device == "cuda":
+        ranks_here = int(os.environ.get("LOCAL_WORLD_SIZE", 1)) if launched else cfg.pp
+        have = torch.cuda.device_count()
+        if have < ranks_here:
+            raise ValueError(f"device=cuda needs {ranks_here} GPU(s) on this machine but {have} are visible; "
+                             f"use --device cpu (with --dtype fp32), or run where the GPUs are")
+        return
+    limit = args.max_memory_gb * 2**30 if args.max_memory_gb else None
+    check_memory(cfg, 1 if launched else cfg.pp, limit, "raise --max-memory-gb")
 
 
 def main(argv=None) -> int:
+    launched = launcher_env()
     try:
-        cfg, as_json, fault = parse_args(argv)
+        cfg, as_json, fault, args = parse_args(argv)
         validate(cfg)
+        check_here(cfg, fault, args, launched)
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    launched = launcher_env()
     if launched and launched[1] != cfg.pp:
         print(f"error: the launcher started {launched[1]} processes but pp={cfg.pp}; "
               f"start exactly pp processes (e.g. torchrun --nproc-per-node {cfg.pp})", file=sys.stderr)
@@ -225,6 +238,9 @@ def main(argv=None) -> int:
     except RunFailed as err:
         print(f"run failed ({err.status}): {err}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print("interrupted: every rank of this run was stopped; no record was written", file=sys.stderr)
+        return 130
     if record is None:
         return 0
     if as_json:
