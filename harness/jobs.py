@@ -10,9 +10,9 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from vp.checks import check_fault, check_memory, check_schedule_size, check_size, parse_fault
-from vp.config import RunConfig, validate
+from vp.config import RunConfig, check_config
 from vp.cost import PROFILES, Hardware
-from vp.methods import get_method
+from vp.schedule.methods import get_method
 from vp.record import run_id
 
 from harness.records import status_of
@@ -86,7 +86,7 @@ def run_config(cfg: DictConfig) -> RunConfig:
     # chunks are chosen per run only by methods that take them (interleaved); the others have a fixed count,
     # so a setup's run.chunks (e.g. 3 for 48 layers on 16 ranks) applies to interleaved alone
     run_chunks = run.pop("chunks", None)
-    chunks = (run_chunks or cfg.method.chunks) if spec.chunks == 0 else None
+    chunks = (run_chunks or cfg.method.chunks) if spec.family.chunks == 0 else None
     return RunConfig(method=cfg.method.name, chunks=chunks, layers=cfg.model.layers, hidden=cfg.model.hidden,
                      heads=cfg.model.heads, ffn_hidden=cfg.model.ffn_hidden, vocab_size=cfg.vocab.size,
                      pad_multiple=cfg.vocab.pad_multiple, **run)
@@ -110,7 +110,7 @@ def world_size(run: RunConfig) -> int:
 def check(job: Job, gpus_here: int) -> None:
     """Everything that can be known before submission; ValueError names the field and the fix."""
     cfg = job.cfg
-    job.run = validate(run_config(cfg))
+    job.run = check_config(run_config(cfg))
     limits = cfg.limits
     check_schedule_size(job.run.pp, job.run.microbatches, job.run.n_chunks, limits.schedule_size,
                         "raise limits.schedule_size")

@@ -25,7 +25,7 @@ def run_task(spec: dict) -> dict | None:
     import torch
 
     from vp.config import RunConfig
-    from vp.train import run_rank
+    from vp.run import run_rank
 
     env = submitit.JobEnvironment()
     rank, world, local_rank = env.global_rank, env.num_tasks, env.local_rank

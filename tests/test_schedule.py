@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from vp.methods import METHODS
+from vp.schedule.methods import METHODS, VOCAB
 from vp.schedule import Action, Schedule, ScheduleError, build, simulate, unit_costs, validate
 from vp.schedule.rules import waits_on
 
@@ -20,7 +20,7 @@ def grid():
     for method, spec in METHODS.items():
         for pp in range(2, 9):
             for m in sorted({pp, pp + 1, 2 * pp + 1, 4 * pp}):
-                if spec.schedule == "interleaved" and m % pp:
+                if spec.family.microbatches_multiple_of_pp and m % pp:
                     continue
                 yield method, pp, m
 
@@ -30,7 +30,7 @@ def test_every_generator_validates_over_the_grid(method):
     cases = [c for c in grid() if c[0] == method]
     assert cases
     for _, pp, m in cases:
-        chunks = 3 if METHODS[method].schedule == "interleaved" and pp % 2 else None
+        chunks = 3 if METHODS[method].family.chunks == 0 and pp % 2 else None
         validate(build(method, pp, m, chunks))
 
 
@@ -85,9 +85,9 @@ def test_barriers_have_a_pass_to_overlap_with(method):
         for i, a in enumerate(acts):
             if a.kind in ("C1", "C2"):
                 entered[(a.kind, a.mb)] = i
-            for group, _, mb in waits_on(s, a):
-                if group in ("C1", "C2") and first_b < i < last_f:
-                    between = acts[entered[(group, mb)] + 1:i]
+            for inst in waits_on(s, a):
+                if inst.group in ("C1", "C2") and first_b < i < last_f:
+                    between = acts[entered[(inst.group, inst.mb)] + 1:i]
                     assert any(b.kind in ("F", "B", "W", "S", "T") for b in between), (r, a)
 
 
@@ -167,7 +167,7 @@ def test_validator_catches_deadlock():
                                              ("RB", 1), ("B", 1)]],
              [Action(1, k, mb) for k, mb in [("RF", 0), ("F", 0), ("RF", 1), ("F", 1), ("B", 0), ("SB", 0),
                                              ("B", 1), ("SB", 1)]]]
-    s = Schedule("baseline", 2, 2, 1, "loop", "local", False, ranks)
+    s = Schedule("baseline", 2, 2, 1, "loop", VOCAB["local"], False, ranks)
     with pytest.raises(ScheduleError, match="deadlock: rank 0 blocked at step 2 \\(RB0\\); rank 1 blocked"):
         validate(s)
 

@@ -6,7 +6,7 @@ import math
 from dataclasses import asdict, dataclass, fields, replace
 
 from vp.flops import input_flops, layer_flops, output_flops
-from vp.methods import Method, chunks_for, get_method
+from vp.schedule.methods import Method, chunks_for, get_method
 
 DEVICES = ("cpu", "cuda")
 DTYPES = ("fp32", "bf16", "fp16")
@@ -99,7 +99,7 @@ def stage_layers(cfg: RunConfig) -> list[int]:
     """Transformer layers of each global stage (pp * chunks of them), checked against the method."""
     spec, pp, layers = cfg.spec, cfg.pp, cfg.layers
     stages = pp * cfg.n_chunks
-    if spec.name == "redis":
+    if spec.redistributes_layers:
         last = cfg.redis_last_layers
         if last is None:
             last = balanced_last_layers(cfg)
@@ -134,7 +134,7 @@ def balanced_last_layers(cfg: RunConfig) -> int:
     return best[1]
 
 
-def validate(cfg: RunConfig) -> RunConfig:
+def check_config(cfg: RunConfig) -> RunConfig:
     """Refuse a run that cannot work, naming the field and the fix; returns cfg unchanged."""
     spec = get_method(cfg.method)
     for name in ("pp", "layers", "hidden", "heads", "seq_len", "vocab_size", "microbatches",
@@ -168,8 +168,8 @@ def validate(cfg: RunConfig) -> RunConfig:
     if cfg.microbatches < cfg.pp:
         raise ValueError(f"microbatches={cfg.microbatches} is fewer than pp={cfg.pp}: the pipeline never "
                          f"fills; use microbatches >= {cfg.pp}")
-    if spec.schedule == "interleaved" and cfg.microbatches % cfg.pp:
+    if spec.family.microbatches_multiple_of_pp and cfg.microbatches % cfg.pp:
         up = -(-cfg.microbatches // cfg.pp) * cfg.pp
-        raise ValueError(f"microbatches={cfg.microbatches}: interleaved 1F1B (chunks={chunks}) needs a "
-                         f"multiple of pp={cfg.pp}; use {up}")
+        raise ValueError(f"microbatches={cfg.microbatches}: {spec.family.name} 1F1B (method={spec.name}, "
+                         f"chunks={chunks}) needs a multiple of pp={cfg.pp}; use {up}")
     return cfg

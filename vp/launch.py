@@ -49,8 +49,8 @@ def explain(errors: dict[int, str | None], order: list[int], notes: dict[int, st
     return classify(text), f"{summary}\n\n{text}"
 
 
-def _local_worker(cfg_dict, rank, world, init_method, workdir, fault):
-    from vp.train import run_rank
+def _local_worker(cfg_dict, rank, world, init_method, workdir, fault, trace_path):
+    from vp.run import run_rank
 
     # the parent stops the ranks (on Ctrl-C it kills them); a rank never handles SIGINT itself, and dies
     # with its parent
@@ -58,7 +58,8 @@ def _local_worker(cfg_dict, rank, world, init_method, workdir, fault):
     _die_with_parent()
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
     try:
-        record = run_rank(RunConfig.from_dict(cfg_dict), rank, world, init_method, local_rank=rank, fault=fault)
+        record = run_rank(RunConfig.from_dict(cfg_dict), rank, world, init_method, local_rank=rank, fault=fault,
+                          trace_path=trace_path)
         if record is not None:
             write_atomic(Path(workdir) / "record.json", record)
     except BaseException:  # noqa: BLE001 - reported through a file, then the process exits non-zero
@@ -77,12 +78,12 @@ def _die_with_parent() -> None:
             pass
 
 
-def run_local(cfg: RunConfig, fault=None) -> dict:
+def launch_local(cfg: RunConfig, fault=None, trace_path: str | None = None) -> dict:
     """Start pp processes here, wait for them, return rank 0's record; RunFailed if any rank fails."""
     ctx = mp.get_context("spawn")
     with tempfile.TemporaryDirectory(prefix="vp-run-") as workdir:
         init = f"file://{workdir}/rendezvous"
-        procs = [ctx.Process(target=_local_worker, args=(cfg.to_dict(), r, cfg.pp, init, workdir, fault))
+        procs = [ctx.Process(target=_local_worker, args=(cfg.to_dict(), r, cfg.pp, init, workdir, fault, trace_path))
                  for r in range(cfg.pp)]
         failed_at, order, killed = None, [], set()  # order: ranks in the order they were seen failing
         try:

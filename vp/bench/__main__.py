@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from vp.comm import Comm
+from vp.schedule.methods import VOCAB
 from vp.vocab.output import Shard, c1_step, c2_step, naive_backward, naive_forward, s_pass, t_pass
 
 
@@ -52,8 +53,9 @@ def bench_vocab(hidden: int, vocabs: list[int], tokens: int, reps: int):
                     if algorithm == "naive":
                         naive_backward(shard, w, naive_forward(shard, w, x, targets, weights, comm), comm)
                         return
-                    state = c1_step(s_pass(shard, w, x, targets, weights, algorithm), comm, algorithm)
-                    state = t_pass(shard, w, state, algorithm)
+                    algo = VOCAB[algorithm]
+                    state = c1_step(s_pass(shard, w, x, targets, weights, algo), comm, algo)
+                    state = t_pass(shard, w, state, algo)
                     if algorithm == "alg1":
                         c2_step(state, comm)
 
@@ -62,17 +64,17 @@ def bench_vocab(hidden: int, vocabs: list[int], tokens: int, reps: int):
 
 
 def bench_pipeline(methods: list[str], args):
-    from vp.config import RunConfig, validate
+    from vp.config import RunConfig, check_config
     from vp.cost import record_costs
-    from vp.launch import run_local
+    from vp.launch import launch_local
     from vp.schedule import simulate
 
     rows = []
     for method in methods:
-        cfg = validate(RunConfig(method=method, pp=2, layers=args.layers, hidden=args.hidden, heads=args.heads,
+        cfg = check_config(RunConfig(method=method, pp=2, layers=args.layers, hidden=args.hidden, heads=args.heads,
                                  seq_len=args.seq_len, vocab_size=args.vocab_size, microbatches=args.microbatches,
                                  iterations=args.iterations, warmup=1, timeout_s=900))
-        rec = run_local(cfg)
+        rec = launch_local(cfg)
         m = rec["metrics"]
         sched, costs = record_costs(rec)  # measured pass times, communication from the run's link probe
         predicted = simulate(sched, costs).makespan

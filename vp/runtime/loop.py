@@ -12,7 +12,6 @@ from vp.runtime.executor import Executor, RankModel
 from vp.runtime.memory import ActivationMeter
 from vp.runtime.state import IterState
 from vp.schedule import Schedule
-from vp.schedule.actions import COMPUTE
 from vp.schedule.rules import enters, waits_on
 
 
@@ -20,36 +19,36 @@ class RankFailure(RuntimeError):
     pass
 
 
-class PassTimer:
-    """Seconds of each compute pass: perf_counter on CPU, CUDA events (resolved once per iteration) on GPU."""
+class ActionTimer:
+    """Start and end of every action of one iteration on this rank, in seconds since the iteration began:
+    perf_counter on CPU; CUDA events on GPU (resolved once per iteration, so no action waits for the host)."""
 
     def __init__(self, device: torch.device):
         self.cuda = device.type == "cuda"
         self.marks = []
+        self.origin = None
 
-    def start(self):
+    def now(self):
         if self.cuda:
             ev = torch.cuda.Event(enable_timing=True)
             ev.record()
             return ev
         return time.perf_counter()
 
-    def stop(self, kind: str, began):
-        if self.cuda:
-            ev = torch.cuda.Event(enable_timing=True)
-            ev.record()
-            self.marks.append((kind, began, ev))
-        else:
-            self.marks.append((kind, time.perf_counter() - began, None))
+    def begin(self):
+        self.marks.clear()
+        self.origin = self.now()
 
-    def collect(self) -> dict[str, list[float]]:
+    def add(self, text: str, arrived, began, ended):
+        self.marks.append((text, arrived, began, ended))
+
+    def collect(self) -> list[tuple[str, float, float, float]]:
+        """(action text, arrived, start, end) of every action in the order executed, in seconds: the action was
+        reached at `arrived`, waited for the collectives it consumes until `start`, and ran until `end`."""
         if self.cuda:
             torch.cuda.synchronize()
-        out: dict[str, list[float]] = {}
-        for kind, began, ev in self.marks:
-            out.setdefault(kind, []).append(began.elapsed_time(ev) / 1e3 if ev is not None else began)
-        self.marks.clear()
-        return out
+            return [(text, *(self.origin.elapsed_time(m) / 1e3 for m in marks)) for text, *marks in self.marks]
+        return [(text, *(m - self.origin for m in marks)) for text, *marks in self.marks]
 
 
 class LossScaler:
@@ -86,7 +85,8 @@ class Runtime:
         self.ex = Executor(cfg, sched, rank, model, comm, device, self.meter)
         self.optimizer = torch.optim.AdamW(self.params, lr=cfg.lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.01)
         self.scaler = LossScaler(cfg.dtype == "fp16", comm)
-        self.timer = PassTimer(device)
+        self.timer = ActionTimer(device)
+        self.show_chunk = sched.chunks > 1
 
     def iteration(self, it: int) -> dict:
         st = IterState(it)
@@ -96,6 +96,7 @@ class Runtime:
         if self.device.type == "cuda":
             torch.cuda.synchronize()
         begin = time.perf_counter()
+        self.timer.begin()
         for i, a in enumerate(self.actions):
             try:
                 if self.fault and self.fault[0] == self.rank and self.fault[1] == a.text() and it == 0:
@@ -116,24 +117,23 @@ class Runtime:
             torch.cuda.synchronize()
         seconds = time.perf_counter() - begin
         loss = sum(v.item() for v in st.losses.values()) if len(st.losses) == self.s.microbatches else None
-        return {"loss": loss, "seconds": seconds, "pass_s": self.timer.collect(), "executed": st.executed,
-                "stepped": stepped}
+        return {"loss": loss, "seconds": seconds, "events": self.timer.collect(), "stepped": stepped}
 
     def _dispatch(self, a):
+        """launch (a collective entered at the start) -> wait for consumed collectives -> compute -> launch (at
+        the end): the order the simulator assumes. The action's time span covers all of it."""
+        arrived = self.timer.now()
         entry = enters(self.s, a)
-        if entry and entry[3] == "start":
-            self.ex.launch(a)
-        for inst in waits_on(self.s, a):
+        if entry and entry.phase == "start":
+            self.ex.launch(a, entry)
+        waits = waits_on(self.s, a)
+        for inst in waits:
             self.ex.wait(inst, self.cfg.timeout_s)
-        if a.kind in COMPUTE:
-            began = self.timer.start()
-            self.ex.compute(a)
-            self.timer.stop(a.kind, began)
-        else:
-            self.ex.compute(a)
-        if entry and entry[3] == "end":
-            self.ex.launch(a)
-        self.ex.st.executed.append(a)
+        began = self.timer.now() if waits else arrived
+        self.ex.compute(a)
+        if entry and entry.phase == "end":
+            self.ex.launch(a, entry)
+        self.timer.add(a.text(self.show_chunk), arrived, began, self.timer.now())
 
     def _inject(self, mode: str):
         """Test aid (--inject-fault): die, raise, or hang, at a chosen action."""
