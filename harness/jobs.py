@@ -22,7 +22,7 @@ from harness.records import status_of
 class Job:
     index: int
     overrides: list[str]
-    cfg: DictConfig
+    cfg: DictConfig | None
     run: RunConfig | None = None
     labels: dict = field(default_factory=dict)
     fault: tuple[int, str, str] | None = None
@@ -74,9 +74,16 @@ def grid_overrides(grid, given: dict[str, list[str] | None]) -> list[list[str]]:
     return out
 
 
+def _plain(grid) -> dict:
+    return OmegaConf.to_container(grid, resolve=True) if isinstance(grid, DictConfig) else (grid or {})
+
+
 def setup_keys(grid) -> set[str]:
-    grid = OmegaConf.to_container(grid, resolve=True) if isinstance(grid, DictConfig) else (grid or {})
-    return {k for s in grid.get("setups") or [] for k in s}
+    return {k for s in _plain(grid).get("setups") or [] for k in s}
+
+
+def axis_keys(grid) -> set[str]:
+    return setup_keys(grid) | set(_plain(grid).get("product") or {})
 
 
 def run_config(cfg: DictConfig) -> RunConfig:

@@ -128,7 +128,7 @@ class SweepSchema:
     dry_run: bool = False
     force: bool = False
     report: bool = True
-    fault: FaultSchema | None = None
+    fault: Any = None  # null or a FaultSchema's keys (an Optional structured node cannot take a merged dict)
     limits: LimitsSchema = field(default_factory=LimitsSchema)
     run: RunSchema = field(default_factory=RunSchema)
     grid: GridSchema = field(default_factory=GridSchema)
@@ -141,6 +141,7 @@ class SweepSchema:
 
 
 CLUSTERS = {"local": LocalCluster, "slurm": SlurmCluster}
+OPTIONAL_HERE = {("cluster", "partition")}  # checked only where it matters, with its own message (harness.jobs)
 
 
 def register() -> None:
@@ -175,6 +176,8 @@ def check(cfg: DictConfig) -> None:
     for path in (*SECTIONS, "cluster"):
         node = cfg if path == "" else OmegaConf.select(cfg, path)
         schema = schema_of(path, cfg)
+        if path == "fault" and node is not None and not isinstance(node, DictConfig):
+            raise ValueError(f"fault={node!r}: use null or fault={{method: M, at: 'RANK:ACTION[:exit|raise|hang]'}}")
         if node is None or schema is None or not isinstance(node, DictConfig):
             if path == "cluster" and node is not None:
                 raise ValueError(f"cluster.name={OmegaConf.select(cfg, 'cluster.name')!r} is unknown; "
@@ -185,8 +188,12 @@ def check(cfg: DictConfig) -> None:
             if key not in known:
                 raise ValueError(unknown_key_message(path, str(key), schema))
         for name, f in known.items():
+            if name not in node or OmegaConf.is_missing(node, name):
+                if f.default is MISSING and f.default_factory is DC_MISSING and not (path, name) in OPTIONAL_HERE:
+                    raise ValueError(f"{path + '.' if path else ''}{name} is not set; give it on the command line")
+                continue
             meta = f.metadata
-            if not meta or OmegaConf.is_missing(node, name):
+            if not meta:
                 continue
             value, where = node[name], f"{path}.{name}" if path else name
             if value is None:

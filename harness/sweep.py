@@ -68,6 +68,16 @@ def split_overrides(overrides: list[str]) -> tuple[list[str], dict[str, list[str
     return fixed, sweeps, given
 
 
+def _type_of(key: str) -> str | None:
+    """The declared type of a typed field 'run.pp' -> 'int', from harness.schema; None when not typed."""
+    from dataclasses import fields
+
+    path, _, name = key.rpartition(".")
+    cls = schema.SECTIONS.get(path)
+    hint = next((f.type for f in fields(cls) if f.name == name), None) if cls else None
+    return None if hint is None else getattr(hint, "__name__", str(hint))
+
+
 def _describe(err: Exception, overrides: list[str]) -> str:
     """A Hydra or OmegaConf composition error as one refusal: what was wrong and the fix."""
     text = str(err).strip().splitlines()
@@ -76,9 +86,13 @@ def _describe(err: Exception, overrides: list[str]) -> str:
     if cause is not None and str(cause).strip():
         detail = str(cause).strip().splitlines()[0]
         key = getattr(cause, "full_key", None) or ""
+        path, _, name = key.rpartition(".")
         if "not in" in detail.lower() and key:
-            path, _, name = key.rpartition(".")
             return schema.unknown_key_message(path, name, schema.SECTIONS.get(path, schema.SweepSchema))
+        kind = _type_of(key) if key else None
+        override = first.removeprefix("Error merging override ").strip()
+        if kind:
+            return f"{override}: {detail}; {key} takes a value of type {kind}"
         first = f"{first}: {detail}"
     if first.startswith("Could not override '"):
         key = first.split("'")[1]
@@ -109,16 +123,18 @@ def plan(overrides: list[str]) -> tuple[DictConfig, list[J.Job]]:
     axes = [[f"{k}={v}" for v in values] for k, values in sweeps.items() if k not in in_setups]
     extras = [[o for o in g if o.split("=", 1)[0] not in fixed_keys] + list(s)
               for g in J.grid_overrides(grid, given) for s in itertools.product(*axes)]
+    # a job is named by its own axes, including those the command line fixed (method=vocab-2 vocab=64k)
+    named = [o for o in fixed if o.lstrip("+~").split("=", 1)[0] in J.axis_keys(grid)]
     results = Path(base.results_dir)
     gpus = _gpus_here(base)
     out, seen = [], set()
     for i, extra in enumerate(extras):
-        name = " ".join(extra) or "(base config)"
+        job = J.Job(i, named + extra, None)
         try:
-            job = J.Job(i, extra, compose_checked(fixed + extra))
+            job.cfg = compose_checked(fixed + extra)
             J.check(job, gpus)
         except ValueError as err:
-            raise ValueError(f"job {i} ({name}): {err}") from None
+            raise ValueError(f"job {i} ({job.name}): {err}") from None
         J.finish(job, results)
         if job.run_id not in seen:  # the same run reached twice (e.g. run.chunks on a method without chunks)
             seen.add(job.run_id)
@@ -243,5 +259,27 @@ def main(cfg: DictConfig) -> None:
         sys.exit(code)
 
 
+def precheck(argv: list[str]) -> int:
+    """Compose the command line as @hydra.main will, so that a bad override (a wrong type, an unknown key) is
+    refused here with the field and the fix, exit code 2, instead of Hydra's error for the whole config."""
+    if any(a.startswith("-") and a not in ("-m", "--multirun") for a in argv):
+        return 0  # --help, --cfg, ...: Hydra's own flags
+    from hydra import initialize_config_dir
+
+    with initialize_config_dir(str(Path(__file__).resolve().parents[1] / "conf"), version_base="1.3"):
+        try:
+            fixed, _, _ = split_overrides([a for a in argv if not a.startswith("-")])
+            compose_checked(fixed)
+        except ValueError as err:
+            print(f"sweep refused, nothing was submitted: {err}", file=sys.stderr)
+            return 2
+    return 0
+
+
 if __name__ == "__main__":
-    main()
+    if code := precheck(sys.argv[1:]):
+        sys.exit(code)
+    try:
+        main()
+    except BrokenPipeError:  # `--help | head`: the reader left
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
