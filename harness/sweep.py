@@ -23,7 +23,6 @@ from omegaconf.errors import OmegaConfBaseException
 
 from harness import dispatch, jobs as J, schema
 from harness.records import finish_run
-from harness.report.build import report_dir_for, check_report_target
 
 schema.register()
 
@@ -78,6 +77,13 @@ def _type_of(key: str) -> str | None:
     return None if hint is None else getattr(hint, "__name__", str(hint))
 
 
+def _schema_for(path: str, overrides: list[str]):
+    if path == "cluster":  # the cluster file picked on the command line, else the default (local)
+        name = next((o.split("=", 1)[1] for o in overrides if o.startswith("cluster=")), "local")
+        return schema.CLUSTERS.get(name, schema.LocalCluster)
+    return schema.SECTIONS.get(path, schema.SweepSchema)
+
+
 def _describe(err: Exception, overrides: list[str]) -> str:
     """A Hydra or OmegaConf composition error as one refusal: what was wrong and the fix."""
     text = str(err).strip().splitlines()
@@ -88,7 +94,7 @@ def _describe(err: Exception, overrides: list[str]) -> str:
         key = getattr(cause, "full_key", None) or ""
         path, _, name = key.rpartition(".")
         if "not in" in detail.lower() and key:
-            return schema.unknown_key_message(path, name, schema.SECTIONS.get(path, schema.SweepSchema))
+            return schema.unknown_key_message(path, name, _schema_for(path, overrides))
         kind = _type_of(key) if key else None
         override = first.removeprefix("Error merging override ").strip()
         if kind:
@@ -97,8 +103,8 @@ def _describe(err: Exception, overrides: list[str]) -> str:
     if first.startswith("Could not override '"):
         key = first.split("'")[1]
         path, _, name = key.rpartition(".")
-        if path in schema.SECTIONS:
-            return schema.unknown_key_message(path, name, schema.SECTIONS[path])
+        if path in schema.SECTIONS or path == "cluster":
+            return schema.unknown_key_message(path, name, _schema_for(path, overrides))
     options = [line.strip() for line in text[1:] if line.strip() and not line.strip().startswith(("provider=",
                                                                                                  "Config search"))]
     return first + (f" ({' '.join(options)})" if options else "")
@@ -166,6 +172,8 @@ def check_outputs(cfg: DictConfig, jobs: list[J.Job]) -> None:
     """Output folders and the dispatch commands exist before the first job starts."""
     writable(Path(cfg.results_dir) / cfg.experiment, "results_dir")
     if cfg.report:
+        from harness.report.build import check_report_target, report_dir_for
+
         reports = report_dir_for(Path(cfg.results_dir), cfg.reports_dir)
         writable(reports, "reports_dir")
         check_report_target(reports / cfg.experiment, Path(cfg.results_dir) / cfg.experiment)
