@@ -377,8 +377,9 @@ def test_wandb_offline_one_run_per_record_with_the_records_numbers(tmp_path, mon
     assert summary["max_peak_memory_bytes"] == max(m["peak_memory_bytes"]) and summary["status"] == "ok"
     [run_record] = _wandb_records(runs[0], "run")
     assert run_record.display_name == "vocab-2 pp2 tiny V2k seq64" and run_record.run_id == rec["run_id"]
-    media = {p.name.split("_")[0] for p in runs[0].glob("files/media/**/*") if p.is_file()}
-    assert {"per", "timeline"} <= media or list(runs[0].glob("files/media/table/per_rank*"))
+    [table] = runs[0].glob("files/media/table/per_rank_*.table.json")
+    rows = json.loads(table.read_text())["data"]
+    assert [row[1] for row in rows] == m["peak_memory_bytes"] and [row[2] for row in rows] == m["bubble_fraction"]
     assert list(runs[0].glob("files/media/images/timeline/measured_*.png"))
     assert list(runs[0].glob("files/media/images/timeline/replayed_*.png"))
     for path in tmp_path.rglob("*"):
