@@ -162,6 +162,16 @@ def run_slurm(jobs, cfg, log=print) -> dict:
     if not cfg.cluster.wait:
         log(f"{len(handles)} jobs submitted; rerun the same command later to resume what did not finish")
         return {"submitted": len(handles)}
+    try:
+        return _follow(handles, cfg, started, log)
+    except KeyboardInterrupt:
+        ids = " ".join(str(h.job_id) for _, h in handles)
+        log(f"stopped following; the SLURM jobs go on and write their records (scancel {ids} stops them). "
+            f"Rerun the same command once they ended: finished runs are skipped")
+        raise
+
+
+def _follow(handles, cfg, started: str, log) -> dict:
     counts, last, total = {}, None, len(handles)
     pending = list(handles)
     while pending:
