@@ -7,17 +7,31 @@ logs it to W&B). A rank that fails leaves its traceback in the job folder, from
 which the sweep driver writes the failure record (harness.dispatch).
 """
 import os
+import socket
+import subprocess
 import traceback
 from pathlib import Path
 
 from harness.records import finish_run
 
 
+def node_address(node: str) -> str:
+    """The node's host name when it resolves, else its NodeAddr from SLURM (nodes named apart from their hosts,
+    e.g. several slurmd on one machine)."""
+    try:
+        socket.gethostbyname(node)
+        return node
+    except OSError:
+        pass
+    out = subprocess.run(["scontrol", "show", "node", node], capture_output=True, text=True, timeout=30).stdout
+    return next((w.split("=", 1)[1] for w in out.split() if w.startswith("NodeAddr=")), node)
+
+
 def rendezvous(spec: dict, env) -> str:
     """tcp://first-node:port (port from the job id) or a fresh file in the job folder."""
     if spec.get("rendezvous") == "tcp":
         job = int(str(env.job_id).split("_")[0])
-        return f"tcp://{env.hostnames[0]}:{20000 + job % 20000}"
+        return f"tcp://{node_address(env.hostnames[0])}:{20000 + job % 20000}"
     return f"file://{Path(spec['folder']).resolve()}/rendezvous-{env.job_id}"
 
 
