@@ -109,11 +109,6 @@ def hardware_of(cfg: DictConfig) -> Hardware:
     return PROFILES[hw.name]
 
 
-def world_size(run: RunConfig) -> int:
-    """Processes of one run (the mesh: dp x pp x tp where the run has those axes)."""
-    return getattr(run, "dp", 1) * run.pp * getattr(run, "tp", 1)
-
-
 def check(job: Job, gpus_here: int) -> None:
     """Everything that can be known before submission; ValueError names the field and the fix."""
     cfg = job.cfg
@@ -128,10 +123,10 @@ def check(job: Job, gpus_here: int) -> None:
         hardware_of(cfg)
         return
     check_size(job.run, limits.tokens_per_microbatch, "raise limits.tokens_per_microbatch")
-    world = world_size(job.run)
+    world = job.run.world
     if cfg.cluster.name == "local":
         if world > cfg.cluster.max_local_ranks:
-            raise ValueError(f"run.pp={job.run.pp} needs {world} local processes but cluster.max_local_ranks="
+            raise ValueError(f"run.dp x run.pp = {world} local processes but cluster.max_local_ranks="
                              f"{cfg.cluster.max_local_ranks}; use cluster=slurm, backend=sim, or raise "
                              f"cluster.max_local_ranks")
         if job.run.device == "cuda" and gpus_here < world:
@@ -146,8 +141,8 @@ def check(job: Job, gpus_here: int) -> None:
                          "(sinfo lists the partitions)")
     per_node = cfg.cluster.tasks_per_node or cfg.cluster.gpus_per_node or world
     if world % per_node:
-        raise ValueError(f"run.pp={job.run.pp} is not a multiple of cluster.tasks_per_node={per_node}; "
-                         f"set cluster.tasks_per_node to a divisor of pp")
+        raise ValueError(f"the world of {world} tasks (run.dp x run.pp) does not split over nodes of "
+                         f"cluster.tasks_per_node={per_node}; set cluster.tasks_per_node to a divisor of {world}")
     if job.run.device == "cuda" and not cfg.cluster.gpus_per_node:
         raise ValueError("run.device=cuda but cluster.gpus_per_node=0; set cluster.gpus_per_node or "
                          "run.device=cpu")

@@ -16,6 +16,8 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
 from harness.sweep import run
+from vp.config import RunConfig
+from vp.reference import train_reference
 from vp.schedule import build
 
 ROOT = Path(__file__).parents[1]
@@ -69,8 +71,8 @@ def test_every_config_group_option_composes_to_its_file(group):
 
 @pytest.mark.parametrize("overrides,jobs", [
     ([], 10),
-    (["experiment=paper_1f1b", "backend=sim"], 144),
-    (["experiment=paper_1f1b", "cluster=slurm", "cluster.partition=gpu"], 144),
+    (["experiment=paper_1f1b", "backend=sim"], 192),
+    (["experiment=paper_1f1b", "cluster=slurm", "cluster.partition=gpu"], 192),
     (["experiment=paper_vhalf", "backend=sim"], 72),
     (["experiment=vocab_padding", "backend=sim"], 4),
 ])
@@ -122,10 +124,10 @@ SMALL = [*TINY, "grid.product.vocab=[2k]", "grid.product.method=[baseline,vocab-
     (["grid.product.method=[baseline,nope]"], "job 1 (vocab=2k method=nope): In 'config': Could not find 'method/nope'"),
     (["run.pp=3"], "layers=4 cannot be split evenly over the 3 stages"),
     (["vocab.pad_multiple=3"], "pad_multiple=3 is not divisible by the 2 vocabulary shards"),
-    (["cluster.max_local_ranks=1"], "needs 2 local processes but cluster.max_local_ranks=1"),
+    (["cluster.max_local_ranks=1"], "run.dp x run.pp = 2 local processes but cluster.max_local_ranks=1"),
     (["cluster=slurm"], "cluster.partition is not set; run with cluster=slurm cluster.partition=NAME"),
     (["cluster=slurm", "cluster.partition=debug", "cluster.tasks_per_node=3", "cluster.gpus_per_node=0"],
-     "run.pp=2 is not a multiple of cluster.tasks_per_node=3"),
+     "the world of 2 tasks (run.dp x run.pp) does not split over nodes of cluster.tasks_per_node=3"),
     (["run.microbatches=0"], "microbatches=0 must be a positive integer"),
     (["run.seq_len=-1"], "seq_len=-1 must be a positive integer"),
     (["model.hidden=0"], "hidden=0 must be a positive integer"),
@@ -169,7 +171,7 @@ SMALL = [*TINY, "grid.product.vocab=[2k]", "grid.product.method=[baseline,vocab-
     (["backend=sim", "run.pp=1024", "run.microbatches=1024", "model.layers=1024"],
      "is above the schedule size limit of 65536"),
     # the fault spec, checked against the schedule
-    (["fault={method: vocab-2, at: '7:F2'}"], "fault rank 7 does not exist: pp=2 has ranks 0..1"),
+    (["fault={method: vocab-2, at: '7:F2'}"], "fault rank 7 does not exist: dp=1 x pp=2 has ranks 0..1"),
     (["fault={method: vocab-2, at: '1:F99'}"], "fault action 'F99' is not executed by rank 1 of method=vocab-2"),
     (["fault={method: vocab-2, at: '1:F2:explode'}"], "fault '1:F2:explode': use RANK:ACTION[:exit|raise|hang]"),
     (["fault={method: vocab-2}"], "fault.at is not set"),
@@ -410,6 +412,33 @@ def test_sweep_through_slurm(tmp_path):
     assert len(recs) == 2 and all(r["status"] == "ok" for r in recs), [r["error"] for r in recs]
     assert all(r["env"]["world_size"] == 2 for r in recs)
     assert recs[0]["metrics"]["loss"] == pytest.approx(recs[1]["metrics"]["loss"], rel=1e-5)
+
+
+@pytest.mark.slurm
+def test_mesh_job_spans_two_slurm_nodes(tmp_path):
+    """A dp 2 x pp 2 run through sbatch on two nodes (2 tasks each): the ranks meet at the first node's
+    address from SLURM's node record (emulated node names do not resolve) and train like one process."""
+    if not _slurm_up():
+        if os.environ.get("VP_REQUIRE_SLURM") == "1":
+            pytest.fail("VP_REQUIRE_SLURM=1 but no SLURM answers here; run `make slurm-up` first")
+        pytest.skip("no SLURM cluster here (make slurm-up starts one)")
+    nodes = subprocess.run(["sinfo", "-h", "-N", "-o", "%N"], capture_output=True, text=True).stdout.split()
+    if len(set(nodes)) < 2:
+        if os.environ.get("VP_REQUIRE_SLURM") == "1":
+            pytest.fail(f"VP_REQUIRE_SLURM=1 but SLURM has one node ({nodes}); scripts/slurm-up.sh starts two")
+        pytest.skip("SLURM has a single node here")
+    partition = subprocess.run(["sinfo", "-h", "-o", "%P"], capture_output=True, text=True).stdout.split()[0]
+    code, lines = sweep(tmp_path, "cluster=slurm", f"cluster.partition={partition.rstrip('*')}",
+                        "cluster.gpus_per_node=0", "cluster.cpus_per_task=1", "cluster.tasks_per_node=2",
+                        "cluster.time_min=10", *TINY, "run.dp=2", "run.microbatches=4", "grid.product.vocab=[2k]",
+                        "grid.product.method=[vocab-2]", "run.iterations=2")
+    assert code == 0, lines
+    (rec,) = records(tmp_path)
+    assert rec["status"] == "ok", rec["error"]
+    assert rec["env"]["world_size"] == 4 and len(rec["env"]["nodes"]) == 2
+    cfg = RunConfig.from_dict(rec["config"])
+    ref, _ = train_reference(cfg)
+    assert rec["metrics"]["loss"] == pytest.approx(ref, rel=1e-5)
 
 
 def test_make_declares_only_targets_that_have_rules():

@@ -27,7 +27,7 @@ def vp(module: str, *args, cwd=ROOT, timeout=120):
     (["--seq-len", "100000", "--max-tokens", "1000000", "--max-memory-gb", "1"],
      "GiB are available; use a smaller seq_len, micro_batch_size, microbatches, hidden or vocabulary, or raise "
      "--max-memory-gb"),
-    (["--inject-fault", "5:F2"], "fault rank 5 does not exist: pp=2 has ranks 0..1"),
+    (["--inject-fault", "5:F2"], "fault rank 5 does not exist: dp=1 x pp=2 has ranks 0..1"),
     (["--inject-fault", "1:F9"], "fault action 'F9' is not executed by rank 1 of method=vocab-2"),
     (["--inject-fault", "1:F2:boom"], "use RANK:ACTION[:exit|raise|hang]"),
     (["--trace", "/missing/dir/t.json"], "--trace /missing/dir/t.json: the folder /missing/dir does not exist"),

@@ -47,6 +47,41 @@ def test_interleaved_bubble_closed_form(pp, m, v):
     assert r.bubble_rate == pytest.approx((pp - 1) / (v * m + pp - 1))
 
 
+@pytest.mark.parametrize("pp,m,v", [(2, 4, 2), (4, 8, 2), (4, 16, 3), (8, 16, 2), (3, 6, 2), (4, 8, 4)])
+def test_interleaved_vocab_closed_forms(pp, m, v):
+    """Interleaved 1F1B with vocabulary passes: rank r holds interleaved's (2(p-r-1) + (v-1)p + 1)/v microbatches
+    of activations plus the algorithm's extra warm-up forwards (1 for Algorithm 2, 2 for Algorithm 1) of one
+    chunk each; Algorithm 2's passes add exactly their own work to interleaved's makespan 3(vm+p-1)/v, so its
+    bubble falls below interleaved's; Algorithm 1's end waits for one more T and C2 (a tail of at most two
+    chunk backwards)."""
+    passes = {"S": 0.4, "T": 0.2, "IF": 0.05, "IB": 0.05}
+    base = 3 * (v * m + pp - 1) / v
+    inter = simulate(build("interleaved", pp, m, v))
+    for method, extra in (("interleaved-vocab-2", 1), ("interleaved-vocab-1", 2)):
+        s = build(method, pp, m, v)
+        r = simulate(s, unit_costs(s, passes))
+        interleaved_peak = [(2 * (pp - rank - 1) + (v - 1) * pp + 1) / v for rank in range(pp)]
+        assert inter.peak_activations == pytest.approx(interleaved_peak)
+        assert r.peak_activations == pytest.approx([x + extra / v for x in interleaved_peak])
+        with_passes = base + m * sum(passes.values())
+        if extra == 1:
+            assert r.makespan == pytest.approx(with_passes)
+            assert r.bubble_rate < inter.bubble_rate
+        else:
+            assert with_passes <= r.makespan <= with_passes + 2 * 2 / v
+
+
+def test_interleaved_vocab_2_has_a_smaller_bubble_than_vocab_2():
+    """At the paper's output-layer costs (4b model, 256k vocabulary, 8 ranks: S+T of a shard ~0.6 of a rank's
+    forward), interleaving shrinks the bubble that 1F1B leaves, with the vocabulary passes balanced as in vocab-2."""
+    costs = "F=1,B=2,S=0.4,T=0.2,IF=0.05,IB=0.05"
+    got = {m: json.loads(run_cli("simulate", "--method", m, "--pp", "4", "--microbatches", "8", "--costs", costs,
+                                 "--json", *(["--chunks", "2"] if m.startswith("interleaved") else [])).stdout)
+           for m in ("interleaved", "interleaved-vocab-2", "vocab-2")}
+    assert got["interleaved-vocab-2"]["bubble_rate"] <= got["interleaved"]["bubble_rate"]
+    assert got["interleaved-vocab-2"]["bubble_rate"] < 0.7 * got["vocab-2"]["bubble_rate"]
+
+
 @pytest.mark.parametrize("pp", [2, 3, 4, 6, 8])
 def test_peak_activations_of_each_method(pp):
     m = 4 * pp
@@ -103,7 +138,7 @@ def test_text_form_round_trips():
 
 
 @pytest.mark.parametrize("method", ["baseline", "interleaved", "interlaced", "vocab-1", "vocab-2", "vhalf",
-                                    "vhalf-vocab-2"])
+                                    "vhalf-vocab-2", "interleaved-vocab-2"])
 def test_golden_snapshots(method):
     """Small schedules in text, so that a review reads what changed. VP_UPDATE_GOLDEN=1 rewrites them."""
     text = build(method, 4 if method != "interlaced" else 3, 8 if method != "interlaced" else 6).to_text()

@@ -29,10 +29,13 @@ def check_fault(cfg: RunConfig, fault: tuple[int, str, str]) -> None:
     """The rank exists and executes the action in its first iteration (where the runtime injects it)."""
     from vp.schedule import build
 
+    from vp.mesh import Mesh
+
     rank, action, _ = fault
-    if not 0 <= rank < cfg.pp:
-        raise ValueError(f"fault rank {rank} does not exist: pp={cfg.pp} has ranks 0..{cfg.pp - 1}")
-    texts = [a.text() for a in build(cfg.method, cfg.pp, cfg.microbatches, cfg.n_chunks).ranks[rank]]
+    if not 0 <= rank < cfg.world:
+        raise ValueError(f"fault rank {rank} does not exist: dp={cfg.dp} x pp={cfg.pp} has ranks 0..{cfg.world - 1}")
+    stage_rank = Mesh(dp=cfg.dp, pp=cfg.pp).coords(rank).p
+    texts = [a.text() for a in build(cfg.method, cfg.pp, cfg.microbatches, cfg.n_chunks).ranks[stage_rank]]
     if action not in texts:
         raise ValueError(f"fault action {action!r} is not executed by rank {rank} of method={cfg.method} "
                          f"(pp={cfg.pp}, microbatches={cfg.microbatches}); its first actions are "
@@ -87,7 +90,7 @@ def check_memory(cfg: RunConfig, ranks_here: int, limit_bytes: float | None, ove
     limit = limit_bytes if limit_bytes is not None else available_bytes()
     if limit is None:
         return
-    per_rank = estimate_rank_bytes(cfg)
+    per_rank = estimate_rank_bytes(cfg) * cfg.dp  # every data-parallel replica holds the same
     need = sum(sorted(per_rank, reverse=True)[:ranks_here])
     if need > limit:
         raise ValueError(f"the run needs about {need / GiB:.1f} GiB here ({ranks_here} ranks, the largest "

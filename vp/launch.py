@@ -1,4 +1,4 @@
-"""Starting a run's pp processes on this machine and turning their failures into one clear error."""
+"""Starting a run's dp x pp processes on this machine and turning their failures into one clear error."""
 import ctypes
 import json
 import multiprocessing as mp
@@ -79,12 +79,13 @@ def _die_with_parent() -> None:
 
 
 def launch_local(cfg: RunConfig, fault=None, trace_path: str | None = None) -> dict:
-    """Start pp processes here, wait for them, return rank 0's record; RunFailed if any rank fails."""
+    """Start dp x pp processes here, wait for them, return rank 0's record; RunFailed if any rank fails."""
     ctx = mp.get_context("spawn")
     with tempfile.TemporaryDirectory(prefix="vp-run-") as workdir:
         init = f"file://{workdir}/rendezvous"
-        procs = [ctx.Process(target=_local_worker, args=(cfg.to_dict(), r, cfg.pp, init, workdir, fault, trace_path))
-                 for r in range(cfg.pp)]
+        procs = [ctx.Process(target=_local_worker, args=(cfg.to_dict(), r, cfg.world, init, workdir, fault,
+                                                         trace_path))
+                 for r in range(cfg.world)]
         failed_at, order, killed = None, [], set()  # order: ranks in the order they were seen failing
         try:
             for p in procs:

@@ -41,10 +41,11 @@ def build_rank_model(cfg: RunConfig, sched, rank: int, device: torch.device) -> 
 
 
 def train_rank(cfg: RunConfig, rank: int, comm: Comm, device: torch.device, fault=None) -> RankMeasurement:
-    """Run every iteration on this rank (process groups already up); returns this rank's measurements."""
+    """Run every iteration on this (global) rank, process groups already up; returns its measurements."""
+    where = Mesh(dp=cfg.dp, pp=cfg.pp).coords(rank)
     sched = validate_schedule(build(cfg.method, cfg.pp, cfg.microbatches, cfg.n_chunks))
-    model = build_rank_model(cfg, sched, rank, device)
-    runtime = Runtime(cfg, sched, rank, model, comm, device, fault)
+    model = build_rank_model(cfg, sched, where.p, device)
+    runtime = Runtime(cfg, sched, where.p, model, comm, device, fault, replica=where.d, global_rank=rank)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     results = [runtime.iteration(it) for it in range(cfg.iterations)]
@@ -58,7 +59,7 @@ def train_rank(cfg: RunConfig, rank: int, comm: Comm, device: torch.device, faul
         peak = static + runtime.meter.peak
     its, mbs = cfg.iterations, cfg.iterations * cfg.microbatches
     return RankMeasurement(
-        rank=rank, host=socket.gethostname(),
+        rank=rank, replica=where.d, host=socket.gethostname(),
         device=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         losses=[r["loss"] for r in results], seconds=[r["seconds"] for r in results],
         events=[r["events"] for r in results[cfg.warmup:]], peak_memory_bytes=peak, memory_detail=detail,
@@ -66,6 +67,16 @@ def train_rank(cfg: RunConfig, rank: int, comm: Comm, device: torch.device, faul
         bytes_by_channel={k: v / its for k, v in comm.by_channel(comm.bytes_sent).items()},
         collectives={k: v / its for k, v in comm.by_op(comm.calls).items()},
         barriers_per_microbatch=sum(comm.barriers.values()) / mbs)
+
+
+def channels(cfg: RunConfig) -> dict[str, list[list[int]]]:
+    """Every process group of a run, by channel: each pipeline channel along the pipeline axis, and the
+    data-parallel gradient all-reduce along the replica axis."""
+    mesh = Mesh(dp=cfg.dp, pp=cfg.pp)
+    out = {ch: mesh.groups("pp") for ch in PIPELINE_CHANNELS}
+    if cfg.dp > 1:
+        out["dp"] = mesh.groups("dp")
+    return out
 
 
 def link_probe(comm: Comm, sizes=(4096, 262144, 4194304), reps: int = 3) -> list[list[float]]:
@@ -97,8 +108,8 @@ def run_rank(cfg: RunConfig, rank: int, world: int, init_method: str, local_rank
              experiment: str | None = None, trace_path: str | None = None) -> dict | None:
     """One process of a run: process groups, training, gathering; returns the record on rank 0, which also
     writes the Chrome trace of the measured iterations to trace_path when given."""
-    if world != cfg.pp:
-        raise ValueError(f"world size {world} differs from pp={cfg.pp}; launch exactly pp processes")
+    if world != cfg.world:
+        raise ValueError(f"world size {world} differs from dp x pp = {cfg.world}; launch exactly that many processes")
     device = torch.device("cuda", local_rank) if cfg.device == "cuda" else torch.device("cpu")
     if device.type == "cuda":
         torch.cuda.set_device(device)
@@ -107,8 +118,7 @@ def run_rank(cfg: RunConfig, rank: int, world: int, init_method: str, local_rank
                             world_size=world, timeout=timedelta(seconds=cfg.timeout_s))
     comm = None
     try:
-        mesh = Mesh(pp=cfg.pp)
-        comm = Comm(make_groups({ch: mesh.groups("pp") for ch in PIPELINE_CHANNELS}, rank, cfg.timeout_s), device)
+        comm = Comm(make_groups(channels(cfg), rank, cfg.timeout_s), device)
         peak, how = device_peak(device)
         probe = link_probe(comm)
         mine = train_rank(cfg, rank, comm, device, fault)
@@ -130,5 +140,5 @@ def run_rank(cfg: RunConfig, rank: int, world: int, init_method: str, local_rank
     record = make_record(cfg.to_dict(), metrics.to_dict(), env, experiment=experiment)
     if trace_path:
         write_trace(trace_path, [r.events for r in gathered], [r.seconds[cfg.warmup:] for r in gathered],
-                    {"run_id": record["run_id"], "method": cfg.method, "pp": cfg.pp})
+                    {"run_id": record["run_id"], "method": cfg.method, "dp": cfg.dp, "pp": cfg.pp})
     return record

@@ -44,23 +44,22 @@ def bench_vocab(hidden: int, vocabs: list[int], tokens: int, reps: int):
 
         ref = _best(single, reps)
         print(f"{vocab:>7} {'single':>9} {1:>2} {ref * 1e3:>9.1f} {1.0:>6.2f}")
-        for algorithm in ("naive", "alg1", "alg2"):
+        for algo in (v for v in VOCAB.values() if v.parallel):
             for p in (1, 2, 4):
                 shard = Shard(0, p, vocab // p, vocab)
                 w = torch.nn.Parameter(w_full[: shard.rows].clone())
 
                 def passes():
-                    if algorithm == "naive":
+                    if algo.synchronous:
                         naive_backward(shard, w, naive_forward(shard, w, x, targets, weights, comm), comm)
                         return
-                    algo = VOCAB[algorithm]
                     state = c1_step(s_pass(shard, w, x, targets, weights, algo), comm, algo)
                     state = t_pass(shard, w, state, algo)
-                    if algorithm == "alg1":
+                    if algo.after_t:
                         c2_step(state, comm)
 
                 t = _best(passes, reps)
-                print(f"{vocab:>7} {algorithm:>9} {p:>2} {t * 1e3:>9.1f} {t / ref:>6.2f}")
+                print(f"{vocab:>7} {algo.name:>9} {p:>2} {t * 1e3:>9.1f} {t / ref:>6.2f}")
 
 
 def bench_pipeline(methods: list[str], args):

@@ -12,6 +12,7 @@ Kinds:
 """
 import re
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import NamedTuple
 
 from vp.schedule.methods import VocabAlgorithm, get_vocab
@@ -102,13 +103,21 @@ class Schedule:
     def where(self, stage: int) -> tuple[int, int]:
         return rank_chunk_of(self.placement, self.pp, stage)
 
-    @property
+    @cached_property
     def first_rank(self) -> int:
         return self.where(0)[0]
 
-    @property
+    @cached_property
     def last_rank(self) -> int:
         return self.where(self.n_stages - 1)[0]
+
+    @cached_property
+    def first_chunk(self) -> int:
+        return self.where(0)[1]
+
+    @cached_property
+    def last_chunk(self) -> int:
+        return self.where(self.n_stages - 1)[1]
 
     def header(self) -> str:
         return (f"# schedule method={self.method} pp={self.pp} microbatches={self.microbatches} "

@@ -109,6 +109,8 @@ METHODS = {
         _method("vhalf", "vhalf", "local"),
         _method("vhalf-vocab-1", "vhalf", "alg1"),
         _method("vhalf-vocab-2", "vhalf", "alg2"),
+        _method("interleaved-vocab-1", "interleaved", "alg1"),
+        _method("interleaved-vocab-2", "interleaved", "alg2"),
     ]
 }
 

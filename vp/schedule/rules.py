@@ -23,8 +23,6 @@ def collective(s: Schedule, kind: str, mb: int) -> Collective:
 
 def local_needs(s: Schedule, a: Action) -> list[LOCAL]:
     r, k, mb, c = a
-    last_chunk = s.where(s.n_stages - 1)[1]
-    first_chunk = s.where(0)[1]
     if k == "F":
         st = s.stage(r, c)
         if st == 0:
@@ -43,13 +41,13 @@ def local_needs(s: Schedule, a: Action) -> list[LOCAL]:
     if k == "W":
         return [("B", mb, c)]
     if k == "S":
-        return [("F", mb, last_chunk)] if r == s.last_rank else [("C0", mb, 0)]
+        return [("F", mb, s.last_chunk)] if r == s.last_rank else [("C0", mb, 0)]
     if k == "T":
         return [("S", mb, 0)] + [(c1, mb, 0) for c1 in s.vocab.after_s]
     if k == "IB":
-        return [("B", mb, first_chunk)] if r == s.first_rank else []
+        return [("B", mb, s.first_chunk)] if r == s.first_rank else []
     if k == "C0":
-        return [("F", mb, last_chunk)] if r == s.last_rank else []
+        return [("F", mb, s.last_chunk)] if r == s.last_rank else []
     if k in s.vocab.after_s:
         return [("S", mb, 0)]
     if k in s.vocab.after_t:
