@@ -145,7 +145,6 @@ SMALL = [*TINY, "grid.product.vocab=[2k]", "grid.product.method=[baseline,vocab-
     (["backend=sim", "hardware.name=tpu9"], "hardware=tpu9 has no built-in profile"),
     (["grid.product.method=[interleaved]", "run.microbatches=3"], "needs a multiple of pp=2; use 4"),
     (["grid.product.method=[redis]", "run.redis_last_layers=9"], "redis_last_layers=9 leaves fewer than one layer"),
-    (["run.redis_last_layers=1"], "redis_last_layers=1 only applies to method=redis"),
     (["vocab.size=1"], "vocab_size=1 is smaller than the 2 vocabulary shards"),
     (["run.lr=0"], "lr=0.0 must be positive"),
     (["run.timeout_s=0"], "timeout_s=0.0 must be a positive number of seconds"),
@@ -220,6 +219,23 @@ def test_a_report_folder_of_other_results_is_not_overwritten(tmp_path):
     with initialize_config_dir(CONF, version_base="1.3"):
         code = run([f"results_dir={other}/results", f"reports_dir={tmp_path}/reports", "logger=off", *grid])
     assert code == 2 and readme.read_text() == before
+
+
+def test_paper_grid_gives_redis_the_official_final_stage_layers(tmp_path):
+    """paper_1f1b: redis leaves the official artifact's N = 4, 3, 2, 0 layers on the last of 8 stages for 32k..256k
+    (remainders on the later stages, rank 0 never gains one); the other methods split layers evenly."""
+    from harness.sweep import plan
+
+    overrides = [f"results_dir={tmp_path}/results", "experiment=paper_1f1b", "backend=sim", "logger=off"]
+    with initialize_config_dir(CONF, version_base="1.3"):
+        _, jobs = plan(overrides)
+    layers = {(j.run.method, j.run.vocab_size): j.run.stage_layers for j in jobs if j.run.pp == 8}
+    assert layers[("redis", 32000)] == [4] * 8
+    assert layers[("redis", 64000)] == [4] * 6 + [5, 3]
+    assert layers[("redis", 128000)] == [4] * 5 + [5, 5, 2]
+    assert layers[("redis", 256000)] == [4] * 3 + [5] * 4 + [0]
+    assert layers[("baseline", 256000)] == [4] * 8
+    assert all(j.run.redis_last_layers is None for j in jobs if j.run.method != "redis")
 
 
 def test_sim_sweep_writes_records_and_resumes_and_is_not_logged_unless_asked(tmp_path, monkeypatch):
