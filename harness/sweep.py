@@ -8,6 +8,7 @@ values, through the same plan (harness.hydra_sweeper, selected as hydra/sweeper=
 """
 import itertools
 import os
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -92,9 +93,14 @@ def _describe(err: Exception, overrides: list[str]) -> str:
     if cause is not None and str(cause).strip():
         detail = str(cause).strip().splitlines()[0]
         key = getattr(cause, "full_key", None) or ""
-        path, _, name = key.rpartition(".")
-        if "not in" in detail.lower() and key:
-            return schema.unknown_key_message(path, name, _schema_for(path, overrides))
+        missing = re.search(r"Key '([^']+)' (?:is )?not in", detail)
+        if missing and key:
+            name = missing.group(1)
+            path = "" if key == name else key[: -len(name) - 1] if key.endswith("." + name) else key
+            if path in schema.SECTIONS or path == "cluster":
+                return schema.unknown_key_message(path, name, _schema_for(path, overrides))
+            return (f"{path}.{name} does not exist in {path}; add it with +{path}.{name}=VALUE, or replace "
+                    f"{path} whole with '~{path}' '+{path}={{...}}'")
         kind = _type_of(key) if key else None
         override = first.removeprefix("Error merging override ").strip()
         if kind:

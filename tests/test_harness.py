@@ -151,6 +151,8 @@ SMALL = [*TINY, "grid.product.vocab=[2k]", "grid.product.method=[baseline,vocab-
     (["grid.product.method=[vhalf]", "run.pp=4"], "layers=4 cannot be split evenly over the 8 stages of method=vhalf"),
     (["+grid.shuffle=true"], "grid.shuffle is not a field of grid; its fields are setups, product"),
     (["grid.product.vocab=2k"], "grid.product.vocab=2k: "),
+    (["grid.product.seq=[64]"], "grid.product.seq does not exist in grid.product; add it with +grid.product.seq="),
+    (["forse=true"], "forse is not a field of the sweep config; did you mean force?"),
     # strings where booleans, numbers and limits belong, and keys that do not exist
     (["force=no2"], "force=no2: Value 'no2' is not a valid bool (type str); force takes a value of type bool"),
     (["dry_run=maybe"], "dry_run=maybe: Value 'maybe' is not a valid bool"),
@@ -176,8 +178,8 @@ SMALL = [*TINY, "grid.product.vocab=[2k]", "grid.product.method=[baseline,vocab-
     (["fault={method: vocab-2}"], "fault.at is not set"),
     # outputs and launchers
     (["results_dir=/proc/nope"], "results_dir=/proc/nope/smoke: cannot write in /proc"),
-    (["experiment=paper_1f1b", "backend=sim", "model=7b"], "model=7b matches none of the experiment's setups "
-                                                           "(model: 10b, 21b, 4b)"),
+    (["grid.setups=[{model: tiny}, {model: small}]", "model=7b"], "model=7b matches none of the experiment's "
+                                                                   "setups (model: small, tiny)"),
 ])
 def test_invalid_sweeps_are_refused_before_submission(tmp_path, capsys, overrides, message):
     code, _ = sweep(tmp_path, *SMALL, *overrides)
@@ -240,8 +242,9 @@ def test_paper_grid_gives_redis_the_official_final_stage_layers(tmp_path):
 
 def test_sim_sweep_writes_records_and_resumes_and_is_not_logged_unless_asked(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    grid = ["experiment=paper_1f1b", "backend=sim", "grid.setups=[{model: 4b, run.pp: 8}]",
-            "grid.product={run.seq_len: [2048], vocab: [32k, 256k], method: [baseline, vocab-2]}"]
+    grid = ["experiment=paper_1f1b", "backend=sim",
+            "grid.setups=[{model: 4b, run.pp: 8, vocab: 32k}, {model: 4b, run.pp: 8, vocab: 256k}]",
+            "grid.product={run.seq_len: [2048], method: [baseline, vocab-2]}"]
     code, lines = sweep(tmp_path, *grid, logger="wandb")
     assert code == 0 and "4 jobs, 0 done, 4 to run" in lines[0]
     assert "not logged to W&B; logger.sim=true logs them" in lines[-1] and not (tmp_path / "wandb").exists()
