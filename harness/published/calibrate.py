@@ -3,7 +3,7 @@ table NAME, fit the base profile's free parameters, write the profile and print 
 from dataclasses import replace
 from pathlib import Path
 
-from hydra import compose, initialize_config_dir
+from hydra import initialize_config_dir
 
 from harness import published
 from harness.published.fit import FITTED, Fit, fit_profile
@@ -19,9 +19,9 @@ def experiment_runs(name: str) -> list[RunConfig]:
 
     if not (CONF / "experiment" / f"{name}.yaml").is_file():
         raise ValueError(f"no experiment conf/experiment/{name}.yaml to pair with harness/published/{name}.csv")
-    overrides = [f"experiment={name}", "backend=sim", "logger=off"]
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        return [job.run for job in plan(compose(config_name="config", overrides=overrides), overrides)]
+        _, jobs = plan([f"experiment={name}", "backend=sim", "logger=off"])
+    return [job.run for job in jobs]
 
 
 def fit_table(name: str, fit: Fit, rows) -> str:
