@@ -137,9 +137,11 @@ class Seconds:
 
 
 def work_seconds(hw: Hardware, parts: dict) -> Seconds:
-    compute, memory = {}, 0.0
+    compute, memory, seconds = {}, 0.0, {}
     for eff_kind, work in parts.items():
-        gemm = sum(gemm_time(hw, g) for g in work.gemms)
+        for g in set(work.gemms) - set(seconds):  # a stage repeats its layers' GEMMs: time each shape once
+            seconds[g] = gemm_time(hw, g)
+        gemm = sum(seconds[g] for g in work.gemms)
         attention = work.attention_flops / (hw.peak_flops * hw.attention_efficiency)
         compute[eff_kind] = compute.get(eff_kind, 0.0) + gemm + attention
         memory += elementwise_time(hw, work.mem_bytes)
