@@ -9,7 +9,7 @@
   costs     the simulator's Costs of a run, and the Costs a recorded run implies
 docs/cost-model.md describes the model, its parameters and the calibration against published measurements.
 """
-from vp.cost.costs import comm_times, dp_allreduce_s, pass_costs, probe_link, record_costs
+from vp.cost.costs import check_modelled, comm_times, dp_allreduce_s, pass_costs, probe_link, record_costs
 from vp.cost.memory import layer_activation_bytes, layer_params, rank_params, static_bytes
 from vp.cost.network import fit_link
 from vp.cost.passes import pass_times, pass_work, work_seconds
@@ -19,6 +19,6 @@ from vp.schedule.actions import COMPUTE
 
 EFF_KINDS = COMPUTE  # the pass kinds a calibrated profile gives a speed multiplier
 
-__all__ = ["EFF_KINDS", "GiB", "PROFILES", "Hardware", "comm_times", "dp_allreduce_s", "fit_link",
-           "layer_activation_bytes", "layer_params", "pass_costs", "pass_times", "pass_work", "payloads", "probe_link",
-           "rank_params", "record_costs", "static_bytes", "traffic", "work_seconds"]
+__all__ = ["EFF_KINDS", "GiB", "PROFILES", "Hardware", "check_modelled", "comm_times", "dp_allreduce_s",
+           "fit_link", "layer_activation_bytes", "layer_params", "pass_costs", "pass_times", "pass_work", "payloads",
+           "probe_link", "rank_params", "record_costs", "static_bytes", "traffic", "work_seconds"]

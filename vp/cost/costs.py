@@ -14,16 +14,25 @@ from vp.schedule import Costs, Schedule, build
 COLLECTIVE_KINDS = ("C0", "C1", "C2", "IF", "IB", "S", "T")
 
 
+def check_modelled(cfg: RunConfig) -> RunConfig:
+    """Refuse a run the cost model cannot time: it models data and pipeline parallelism, not a stage split over
+    a tensor-parallel group."""
+    if cfg.tp > 1:
+        raise ValueError(f"tp={cfg.tp}: the cost model times each stage on one device and does not model tensor "
+                         f"parallelism; use backend=sim with tp=1 (dp and pp are modelled), or backend=real")
+    return cfg
+
+
 def comm_times(cfg: RunConfig, hw: Hardware, sched: Schedule) -> dict:
     """{kind: seconds} of each collective step (over the first replica's vocabulary group) and
     {("P2P", src, dst): seconds} per pair of pipeline ranks that pass activations; "P2P" alone is the slowest
     such pair. Message sizes come from payloads(), ranks sit on nodes as the mesh places them."""
     net = Network.of(hw)
     sizes = payloads(cfg, sched)
-    vocab = groups(cfg.dp, cfg.pp, "vocab")[0]
+    vocab = groups(cfg.mesh, "vocab")[0]
     out = {kind: sum(net.collective(OPS[op], vocab, nbytes) for op, nbytes in sizes[kind])
            for kind in COLLECTIVE_KINDS}
-    where = groups(cfg.dp, cfg.pp, "pp")[0]  # global rank of each pipeline rank
+    where = groups(cfg.mesh, "pp")[0]  # global rank of each pipeline rank
     (send,) = sizes["SF"]
     for st in range(sched.n_stages - 1):
         a, b = sched.where(st)[0], sched.where(st + 1)[0]
@@ -39,14 +48,15 @@ def dp_allreduce_s(cfg: RunConfig, hw: Hardware, sched: Schedule) -> float:
     if cfg.dp < 2:
         return 0.0
     net = Network.of(hw)
-    dp_groups = {g[0]: g for g in groups(cfg.dp, cfg.pp, "dp")}  # first member = the rank in replica 0
-    where = groups(cfg.dp, cfg.pp, "pp")[0]
+    dp_groups = {g[0]: g for g in groups(cfg.mesh, "dp")}  # first member = the rank in replica 0
+    where = groups(cfg.mesh, "pp")[0]
     return max(net.collective(ALL_REDUCE, dp_groups[where[p]], 4.0 * n)
                for p, n in enumerate(rank_params(cfg, sched)))
 
 
 def pass_costs(cfg: RunConfig, hw: Hardware, sched: Schedule) -> Costs:
     """Seconds per action and bytes held per microbatch, for the simulator."""
+    check_modelled(cfg)
     return Costs(pass_times(cfg, hw, sched), comm_times(cfg, hw, sched), held_bytes(cfg, hw, sched))
 
 

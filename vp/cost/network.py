@@ -79,9 +79,9 @@ class Network:
 
 
 @cache
-def groups(dp: int, pp: int, axis: str) -> tuple[tuple[int, ...], ...]:
+def groups(mesh: Mesh, axis: str) -> tuple[tuple[int, ...], ...]:
     """The mesh's groups along an axis, as global ranks (vp.mesh: rank = (d * pp + p) * tp + t)."""
-    return tuple(tuple(g) for g in Mesh(dp=dp, pp=pp).groups(axis))
+    return tuple(tuple(g) for g in mesh.groups(axis))
 
 
 def fit_link(points: list[list[float]]) -> tuple[float, float]:
