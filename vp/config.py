@@ -9,6 +9,7 @@ from vp.flops import input_flops, layer_flops, output_flops
 from vp.schedule.methods import Method, chunks_for, get_method
 
 DEVICES = ("cpu", "cuda")
+NCCL_FORMS = ("lazy", "queue", "both")  # vp.nccl.FORMS (this module stays free of torch)
 DTYPES = ("fp32", "bf16", "fp16")
 
 
@@ -34,6 +35,7 @@ class RunConfig:
     redis_last_layers: int | None = None  # redis only: layers on the last stage; None = balance by FLOPs
     lr: float = 1e-3
     timeout_s: float = 300.0
+    emulate_nccl: str | None = None  # CPU runs: keep NCCL's rules on gloo, lazy | queue | both (vp.nccl)
 
     @property
     def ffn(self) -> int:
@@ -162,6 +164,13 @@ def check_config(cfg: RunConfig) -> RunConfig:
         raise ValueError(f"lr={cfg.lr} must be positive (the default is 1e-3)")
     if not cfg.timeout_s > 0:
         raise ValueError(f"timeout_s={cfg.timeout_s} must be a positive number of seconds")
+    if cfg.emulate_nccl is not None:
+        if cfg.emulate_nccl not in NCCL_FORMS:
+            raise ValueError(f"emulate_nccl={cfg.emulate_nccl!r} is unknown; use one of {', '.join(NCCL_FORMS)} "
+                             f"(or leave it unset)")
+        if cfg.device != "cpu":
+            raise ValueError(f"emulate_nccl={cfg.emulate_nccl} emulates NCCL on CPU (gloo); device={cfg.device} "
+                             f"runs NCCL itself: drop emulate_nccl")
     chunks = chunks_for(spec, cfg.chunks)
     padded_vocab_size(cfg.vocab_size, cfg.pad_multiple, cfg.vocab_shards)
     stage_layers(cfg)

@@ -32,7 +32,7 @@ class RankMeasurement:
     collectives: dict  # calls per iteration, by operation
     barriers_per_microbatch: float
     peak_flops: float = 0.0
-    communicators: int = 0
+    communicators: int = 0  # NCCL communicators this rank holds (vp.comm.Comm.communicators)
 
     def pass_times(self) -> tuple[dict, dict]:
         """(mean seconds, passes per iteration) of each compute pass kind over the measured iterations."""
@@ -78,6 +78,7 @@ class Metrics:
     bytes_by_channel: list = field(default_factory=list)  # per rank, per iteration
     collectives: list = field(default_factory=list)  # per rank
     barriers_per_microbatch: list = field(default_factory=list)  # per rank
+    communicators: list = field(default_factory=list)  # per rank: NCCL communicators it holds (real runs)
     device_memory_bytes: float | None = None  # simulated: the device's capacity
 
     def to_dict(self) -> dict:
@@ -103,6 +104,7 @@ class Metrics:
                    bytes_by_channel=[r.bytes_by_channel for r in per_rank],
                    collectives=[r.collectives for r in per_rank],
                    barriers_per_microbatch=[r.barriers_per_microbatch for r in per_rank],
+                   communicators=[r.communicators for r in per_rank],
                    **throughput(cfg, t, len(per_rank), peak))
 
     @classmethod

@@ -22,7 +22,7 @@ def launcher_env(env=os.environ) -> tuple[int, int, int, str] | None:
     return None
 
 
-FAULT_MODES = ("exit", "raise", "hang")
+FAULT_MODES = ("exit", "raise", "hang", "oom")
 
 
 # -- command line ------------------------------------------------------------------------------------
@@ -50,11 +50,16 @@ def parse_args(argv=None):
     ap.add_argument("--redis-last-layers", type=int, default=None)
     ap.add_argument("--lr", type=float, default=d.lr)
     ap.add_argument("--timeout-s", type=float, default=d.timeout_s)
+    ap.add_argument("--emulate-nccl", nargs="?", const="both", default=None, metavar="lazy|queue|both",
+                    help="CPU runs: keep NCCL's rules on gloo (lazy: blocking communicator creation at first use; "
+                         "queue: one ordered queue for all of a rank's collectives; both, the default form); "
+                         "waits end only by the watchdog after --timeout-s (docs/gpu-path.md)")
     ap.add_argument("--json", action="store_true", help="print the result record as one JSON object")
     ap.add_argument("--trace", default=None, metavar="FILE",
                     help="write the measured timeline (Chrome/Perfetto trace JSON) of the measured iterations")
-    ap.add_argument("--inject-fault", default=None, metavar="RANK:ACTION[:exit|raise|hang]",
-                    help="testing aid: make a rank die, raise or hang at an action of the first iteration")
+    ap.add_argument("--inject-fault", default=None, metavar="RANK:ACTION[:exit|raise|hang|oom]",
+                    help="testing aid: make a rank die, raise, hang or fail as NCCL does when CUDA runs out of "
+                         "memory, at an action of the first iteration")
     args = ap.parse_args(argv)
     fields = {k: v for k, v in vars(args).items() if k not in ("json", "inject_fault", "trace")}
     cfg = RunConfig(**fields)
@@ -62,7 +67,7 @@ def parse_args(argv=None):
     if args.inject_fault:
         parts = args.inject_fault.split(":")
         if len(parts) not in (2, 3) or not parts[0].isdigit() or (len(parts) == 3 and parts[2] not in FAULT_MODES):
-            raise ValueError(f"--inject-fault={args.inject_fault!r}: use RANK:ACTION[:exit|raise|hang], "
+            raise ValueError(f"--inject-fault={args.inject_fault!r}: use RANK:ACTION[:exit|raise|hang|oom], "
                              f"e.g. 1:F2:exit")
         fault = (int(parts[0]), parts[1], parts[2] if len(parts) == 3 else "exit")
     return cfg, args.json, fault, args.trace
