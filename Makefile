@@ -6,7 +6,7 @@ TORCH ?= torch==2.13.0
 PY := $(VENV)/bin/python
 ARGS ?=
 
-.PHONY: venv test test-fast sweep report paper-tables bench slurm-up slurm-down clean
+.PHONY: venv test test-fast sweep report paper-tables bench gpu-check slurm-up slurm-down clean
 
 venv: $(VENV)/.installed
 
@@ -33,6 +33,10 @@ paper-tables: venv
 bench: venv
 	$(PY) -m vp.bench vocab
 	$(PY) -m vp.bench pipeline
+
+# the prepared check of the GPU path (docs/gpu-path.md): needs a CUDA build of torch (TORCH=... above)
+gpu-check: venv
+	$(PY) -m harness.gpucheck $(ARGS)
 
 slurm-up:
 	bash scripts/slurm-up.sh

@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from vp.flops import DEVICE_PEAKS, model_flops
+from vp.flops import DEVICE_NAMES, DEVICE_PEAKS, model_flops
 from vp.schedule.actions import COMPUTE, Action
 
 
@@ -141,19 +141,25 @@ def throughput(cfg, seconds: float, devices: int, peak_flops: float) -> dict:
 
 
 def device_peak(device: torch.device) -> tuple[float, str]:
-    """(peak FLOP/s, how it was found): the table for known GPUs, a matmul probe otherwise."""
+    """(peak FLOP/s, how it was found): the datasheet figure of a GPU named exactly in DEVICE_NAMES, else a
+    matmul probe (bf16 on GPUs, fp32 on CPU)."""
     if device.type == "cuda":
         name = torch.cuda.get_device_name(device)
-        for key, peak in DEVICE_PEAKS.items():
-            if key in name:
-                return peak, f"table:{key}"
+        return table_peak(name) or (probe_peak(device), f"probe:matmul ({name!r} is not in vp.flops.DEVICE_NAMES)")
     return probe_peak(device), "probe:matmul"
 
 
-def probe_peak(device: torch.device, n: int = 512, reps: int = 8) -> float:
-    """FLOP/s of the best of a few n x n fp32 matmuls on this process's threads."""
-    a = torch.randn(n, n, device=device)
-    b = torch.randn(n, n, device=device)
+def table_peak(name: str) -> tuple[float, str] | None:
+    """(datasheet peak, 'table:MODEL') of a device CUDA names exactly as in DEVICE_NAMES, else None."""
+    model = DEVICE_NAMES.get(name)
+    return (DEVICE_PEAKS[model], f"table:{model}") if model else None
+
+
+def probe_peak(device: torch.device, reps: int = 8) -> float:
+    """FLOP/s of the best of a few n x n matmuls: n = 512 in fp32 on CPU threads, n = 8192 in bf16 on a GPU."""
+    n, dtype = (8192, torch.bfloat16) if device.type == "cuda" else (512, torch.float32)
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
     best = float("inf")
     for _ in range(reps):
         if device.type == "cuda":
