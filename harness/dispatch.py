@@ -22,7 +22,7 @@ def _spec(job, cfg) -> dict:
 
 
 def _fault(job, cfg):
-    """Testing aid: fault={method: M, at: RANK:ACTION[:exit|hang]} makes runs of method M fail there."""
+    """Testing aid: fault={method: M, at: RANK:ACTION[:exit|raise|hang|oom]} makes runs of method M fail there."""
     fault = cfg.get("fault")
     if not fault or fault.get("method") != job.run.method:
         return None
