@@ -116,12 +116,12 @@ def check(job: Job, gpus_here: int) -> None:
         hardware_of(cfg)
         return
     if cfg.cluster.name == "local":
-        if job.run.pp > cfg.cluster.max_local_ranks:
-            raise ValueError(f"run.pp={job.run.pp} needs {job.run.pp} local processes but cluster.max_local_ranks="
+        if job.run.world > cfg.cluster.max_local_ranks:
+            raise ValueError(f"run.dp x run.pp = {job.run.world} local processes but cluster.max_local_ranks="
                              f"{cfg.cluster.max_local_ranks}; use cluster=slurm, backend=sim, or raise "
                              f"cluster.max_local_ranks")
-        if job.run.device == "cuda" and gpus_here < job.run.pp:
-            raise ValueError(f"run.device=cuda needs {job.run.pp} GPUs here but {gpus_here} are visible; use "
+        if job.run.device == "cuda" and gpus_here < job.run.world:
+            raise ValueError(f"run.device=cuda needs {job.run.world} GPUs here but {gpus_here} are visible; use "
                              f"run.device=cpu (with run.dtype=fp32), cluster=slurm, or backend=sim")
     elif cfg.cluster.name == "slurm":
         try:
@@ -131,10 +131,11 @@ def check(job: Job, gpus_here: int) -> None:
         if not partition:
             raise ValueError("cluster.partition is not set; run with cluster=slurm cluster.partition=NAME "
                              "(sinfo lists the partitions)")
-        per_node = cfg.cluster.tasks_per_node or cfg.cluster.gpus_per_node or job.run.pp
-        if job.run.pp % per_node:
-            raise ValueError(f"run.pp={job.run.pp} is not a multiple of cluster.tasks_per_node={per_node}; "
-                             f"set cluster.tasks_per_node to a divisor of pp")
+        per_node = cfg.cluster.tasks_per_node or cfg.cluster.gpus_per_node or job.run.world
+        if job.run.world % per_node:
+            raise ValueError(f"the world of {job.run.world} tasks (run.dp x run.pp) does not split over nodes of "
+                             f"cluster.tasks_per_node={per_node}; set cluster.tasks_per_node to a divisor of "
+                             f"{job.run.world}")
         if job.run.device == "cuda" and not cfg.cluster.gpus_per_node:
             raise ValueError("run.device=cuda but cluster.gpus_per_node=0; set cluster.gpus_per_node or "
                              "run.device=cpu")

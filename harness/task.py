@@ -7,6 +7,9 @@ which the sweep driver writes the failure record (harness.dispatch).
 """
 import faulthandler
 import os
+import re
+import socket
+import subprocess
 import traceback
 from pathlib import Path
 
@@ -14,13 +17,29 @@ from harness.records import finish_run
 
 
 def rendezvous(spec: dict, env, environ=os.environ) -> str:
-    """tcp://first-node:port (SLURM's reserved port, else one from the job id below the ephemeral range) or a
-    fresh file in the job folder."""
+    """tcp://first-node-address:port (SLURM's reserved port, else one from the job id below the ephemeral range)
+    or a fresh file in the job folder."""
     from vp.hostenv import rendezvous_port
 
     if spec.get("rendezvous") == "tcp":
-        return f"tcp://{env.hostnames[0]}:{rendezvous_port(env.job_id, environ)}"
+        return f"tcp://{node_address(env.hostnames[0])}:{rendezvous_port(env.job_id, environ)}"
     return f"file://{Path(spec['folder']).resolve()}/rendezvous-{env.job_id}"
+
+
+def node_address(node: str) -> str:
+    """The address of a SLURM node: its name when that resolves, else the NodeAddr of SLURM's node record
+    (emulated nodes, or clusters whose node names are not in DNS)."""
+    try:
+        socket.getaddrinfo(node, None)
+        return node
+    except socket.gaierror:
+        pass
+    out = subprocess.run(["scontrol", "show", "node", node, "-o"], capture_output=True, text=True, timeout=30)
+    match = re.search(r"\bNodeAddr=(\S+)", out.stdout)
+    if out.returncode != 0 or not match:
+        raise RuntimeError(f"node {node} does not resolve and `scontrol show node {node}` gives no NodeAddr "
+                           f"({out.stderr.strip() or out.stdout.strip()}); use cluster.rendezvous=file")
+    return match.group(1)
 
 
 def run_task(spec: dict) -> dict | None:
@@ -50,6 +69,7 @@ def run_task(spec: dict) -> dict | None:
     if rank != 0:
         return None
     record["labels"] = spec["labels"]
+    record["env"]["nodes"] = list(env.hostnames)
     finish_run(record, path, spec["logger"], Path(spec["wandb_root"]))
     return {"run_id": record["run_id"], "status": record["status"],
             "iteration_time_s": record["metrics"]["iteration_time_s"]}

@@ -45,9 +45,9 @@ def test_rendezvous_ports_stay_out_of_the_ephemeral_range():
 def test_a_slurm_task_meets_at_the_first_node_on_a_safe_port(tmp_path):
     from harness.task import rendezvous
 
-    env = SimpleNamespace(job_id="4242", hostnames=["node07", "node08"])
-    assert rendezvous({"rendezvous": "tcp"}, env, {}) == f"tcp://node07:{rendezvous_port('4242', {})}"
-    assert rendezvous({"rendezvous": "tcp"}, env, {"SLURM_STEP_RESV_PORTS": "15000-15007"}) == "tcp://node07:15000"
+    env = SimpleNamespace(job_id="4242", hostnames=["localhost", "node08"])
+    assert rendezvous({"rendezvous": "tcp"}, env, {}) == f"tcp://localhost:{rendezvous_port('4242', {})}"
+    assert rendezvous({"rendezvous": "tcp"}, env, {"SLURM_STEP_RESV_PORTS": "15000-15007"}) == "tcp://localhost:15000"
     assert rendezvous({"folder": str(tmp_path)}, env).startswith("file://")
 
 

@@ -10,7 +10,7 @@ from vp.comm import Comm, make_groups
 from vp.config import RunConfig
 from vp.nccl import Emulation, Watchdog, WatchdogTimeout
 from vp.reference import train_reference
-from vp.run import PROBE_LINKS, build_rank_model, schedule_channels, schedule_links
+from vp.run import PROBE_LINKS, build_rank_model, channels, schedule_links, train_rank
 from vp.runtime.loop import RankFailure, Runtime
 from vp.schedule import Schedule, build
 from vp.schedule.methods import METHODS
@@ -34,8 +34,7 @@ def emulated(rank, world, cfg, form, links=True, schedule_text=None):
     links: True creates every communicator eagerly (groups and pairs), 'groups' only the groups, False none."""
     sched = Schedule.from_text(schedule_text) if schedule_text else build(cfg.method, cfg.pp, cfg.microbatches,
                                                                           cfg.n_chunks)
-    groups = make_groups({ch: [list(range(world))] for ch in schedule_channels(sched, cfg)}, rank, 2 * cfg.timeout_s)
-    comm = Comm(groups, CPU, Emulation.of(form), cfg.timeout_s, rank)
+    comm = Comm(make_groups(channels(cfg, sched), rank, 2 * cfg.timeout_s), CPU, Emulation.of(form), cfg.timeout_s, rank)
     failed = False
     try:
         if links:
@@ -139,6 +138,30 @@ def test_eager_creation_counts_the_communicators_of_the_channels_used(pools):
     assert [r[2] for r in results] == [5, 5]  # world, fwd+ and bwd- groups, their pairs
     results = pools(2).run(emulated, tiny("vocab-2", 2), "lazy")
     assert [r[2] for r in results] == [9, 9]  # ... and the C0 C1 IF IB groups
+
+
+def emulated_dp(rank, world, cfg):
+    sched = build(cfg.method, cfg.pp, cfg.microbatches, cfg.n_chunks)
+    comm = Comm(make_groups(channels(cfg, sched), rank, 2 * cfg.timeout_s), CPU, Emulation.of("lazy"), cfg.timeout_s,
+                rank)
+    try:
+        comm.connect(schedule_links(sched) | PROBE_LINKS)
+        return train_rank(cfg, rank, comm, CPU), list(comm.lazily)
+    finally:
+        comm.close()
+
+
+def test_eager_creation_covers_every_channel_given_to_make_groups(pools):
+    """dp 2 x pp 2: the replicas' gradient all-reduce groups are created eagerly too; nothing is made lazily."""
+    from vp.metrics import replica_sum
+
+    cfg = tiny("vocab-2", 2, dp=2, microbatches=4)
+    results = pools(4).run(emulated_dp, cfg)
+    assert all(not lazily for _, lazily in results)
+    assert [m.communicators for m, _ in results] == [10] * 4  # vocab-2's 9, and the dp group
+    ref = reference_losses(cfg.with_(dp=1, microbatches=8))
+    torch.testing.assert_close(torch.tensor(replica_sum([m for m, _ in results])), torch.tensor(ref), rtol=1e-5,
+                               atol=0)
 
 
 def test_watchdog_reports_every_wait_and_fires_once():

@@ -116,3 +116,30 @@ def test_memory_accounting_shows_the_imbalance_vp_removes(pools):
     assert max(vocab2) / min(vocab2) < 1.15, vocab2
     assert base[1] > 1.3 * base[0], base
     assert max(vocab2) < base[1]
+
+
+def dp_run(rank, world, cfg):
+    """One rank of a dp x pp run on a pool of dp * pp processes (groups cut from the mesh)."""
+    from vp.comm import make_groups
+    from vp.run import channels
+
+    comm = Comm(make_groups(channels(cfg), rank), torch.device("cpu"))
+    try:
+        return train_rank(cfg, rank, comm, torch.device("cpu"))
+    finally:
+        comm.close()
+
+
+@pytest.mark.parametrize("method", ["vocab-2", "interleaved", "vhalf-vocab-1"])
+def test_data_parallel_replicas_split_one_global_batch(pools, method):
+    """dp 2 x microbatches 4 = dp 1 x microbatches 8: same global batch, same losses as the single process;
+    the gradient all-reduce is the only traffic between replicas and the cost model knows its bytes."""
+    from vp.metrics import replica_sum
+
+    cfg = tiny(method, 2, dp=2, microbatches=4)
+    results = pools(4).run(dp_run, cfg)
+    losses = replica_sum(results)
+    ref, _ = train_reference(cfg.with_(dp=1, microbatches=8))
+    torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref), rtol=1e-5, atol=0)
+    sched = build(cfg.method, cfg.pp, cfg.microbatches, cfg.n_chunks)
+    assert [r.bytes_by_channel for r in results] == traffic(cfg, sched) * 2

@@ -17,6 +17,7 @@ DTYPES = ("fp32", "bf16", "fp16")
 class RunConfig:
     method: str = "vocab-2"
     pp: int = 2
+    dp: int = 1  # data-parallel replicas; each runs `microbatches` of one global batch of dp x microbatches
     chunks: int | None = None  # model chunks per rank; only interleaved takes a value (default 2)
     layers: int = 4
     hidden: int = 64
@@ -40,6 +41,11 @@ class RunConfig:
     @property
     def ffn(self) -> int:
         return self.ffn_hidden or 4 * self.hidden
+
+    @property
+    def world(self) -> int:
+        """Processes (devices) of the run: dp x pp."""
+        return self.dp * self.pp
 
     @property
     def spec(self) -> Method:
@@ -139,7 +145,7 @@ def balanced_last_layers(cfg: RunConfig) -> int:
 def check_config(cfg: RunConfig) -> RunConfig:
     """Refuse a run that cannot work, naming the field and the fix; returns cfg unchanged."""
     spec = get_method(cfg.method)
-    for name in ("pp", "layers", "hidden", "heads", "seq_len", "vocab_size", "microbatches",
+    for name in ("pp", "dp", "layers", "hidden", "heads", "seq_len", "vocab_size", "microbatches",
                  "micro_batch_size", "iterations"):
         value = getattr(cfg, name)
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:

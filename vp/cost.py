@@ -174,8 +174,17 @@ def traffic(cfg: RunConfig, sched: Schedule) -> list[dict[str, float]]:
             for op, nbytes in sizes[a.kind]:
                 if op != "broadcast" or root_of(sched, channel) == r:
                     sent[channel] = sent.get(channel, 0.0) + nbytes
+        if cfg.dp > 1:  # the gradient all-reduce over the replicas, one flat fp32 buffer
+            sent["dp"] = 4.0 * rank_params(cfg, sched)[r]
         out.append(dict(sorted(sent.items())))
     return out
+
+
+def dp_allreduce_s(cfg: RunConfig, hw: Hardware, sched: Schedule) -> float:
+    """Seconds of the data-parallel gradient all-reduce after the pipeline's flush (the slowest rank's)."""
+    if cfg.dp < 2:
+        return 0.0
+    return max(op_time(hw, "all_reduce", 4.0 * n, cfg.dp) for n in rank_params(cfg, sched))
 
 
 def pass_costs(cfg: RunConfig, hw: Hardware, sched: Schedule) -> Costs:

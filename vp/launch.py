@@ -1,4 +1,4 @@
-"""Starting a run's pp processes on this machine and turning their failures into one clear error."""
+"""Starting a run's dp x pp processes on this machine and turning their failures into one clear error."""
 import faulthandler
 import json
 import multiprocessing as mp
@@ -57,13 +57,14 @@ def _local_worker(cfg_dict, rank, world, init_method, workdir, fault, trace_path
 
 
 def launch_local(cfg: RunConfig, fault=None, trace_path: str | None = None) -> dict:
-    """Start pp processes here, wait for them, return rank 0's record; RunFailed if any rank fails."""
+    """Start dp x pp processes here, wait for them, return rank 0's record; RunFailed if any rank fails."""
     ctx = mp.get_context("spawn")
     grace = min(KILL_GRACE_S, cfg.timeout_s)
     with tempfile.TemporaryDirectory(prefix="vp-run-") as workdir:
         init = f"file://{workdir}/rendezvous"
-        procs = [ctx.Process(target=_local_worker, args=(cfg.to_dict(), r, cfg.pp, init, workdir, fault, trace_path))
-                 for r in range(cfg.pp)]
+        procs = [ctx.Process(target=_local_worker, args=(cfg.to_dict(), r, cfg.world, init, workdir, fault,
+                                                         trace_path))
+                 for r in range(cfg.world)]
         for p in procs:
             p.start()
         seen, killed = {}, set()  # rank -> when it was seen failing
@@ -77,7 +78,7 @@ def launch_local(cfg: RunConfig, fault=None, trace_path: str | None = None) -> d
                         killed.add(r)
         for p in procs:
             p.join()
-        _replay_logs(workdir, cfg.pp)
+        _replay_logs(workdir, cfg.world)
         failures = [r for r, p in enumerate(procs) if p.exitcode != 0]
         if failures:
             raise RunFailed(*failure.explain([_rank_end(workdir, r, procs[r].exitcode, r in killed, seen.get(r))

@@ -19,6 +19,7 @@ from vp.schedule.actions import COMPUTE, Action
 class RankMeasurement:
     """What one rank measured over a run (gathered to rank 0, then turned into the run's Metrics)."""
     rank: int
+    replica: int
     host: str
     device: str
     losses: list  # per iteration; None where this rank does not know the loss
@@ -91,7 +92,7 @@ class Metrics:
         iter_s = [max(r.seconds[i] for r in per_rank) for i in measured]
         t = statistics.median(iter_s)
         peak = statistics.fmean(r.peak_flops for r in per_rank)
-        losses = next((r.losses for r in per_rank if all(x is not None for x in r.losses)), None)
+        losses = replica_sum(per_rank)
         passes = [r.pass_times() for r in per_rank]
         kinds = sorted({k for times, _ in passes for k in times})
         bubble = [r.bubble_fraction(measured) for r in per_rank]
@@ -109,9 +110,10 @@ class Metrics:
 
     @classmethod
     def from_simulation(cls, cfg, result, peak_flops: float, static_bytes: list, bytes_sent: list,
-                        device_memory_bytes: float) -> "Metrics":
-        """The run's metrics from a simulated iteration (vp.schedule.SimResult) with the cost model's figures."""
-        t = result.makespan
+                        device_memory_bytes: float, tail_s: float = 0.0) -> "Metrics":
+        """The run's metrics from a simulated iteration (vp.schedule.SimResult) with the cost model's figures;
+        tail_s: what follows the pipeline's flush on every rank (the data-parallel gradient all-reduce)."""
+        t = result.makespan + tail_s
         sums: dict[tuple[str, int], list] = {}  # (kind, rank) -> [seconds, passes], in one walk over the timeline
         for r, timeline in enumerate(result.timeline):
             for a, t0, t1 in timeline:
@@ -121,20 +123,38 @@ class Metrics:
                     acc[1] += 1
         ranks = range(len(result.timeline))
         kinds = [k for k in COMPUTE if any((k, r) in sums for r in ranks)]
+        bubble = [1.0 - b / t for b in result.busy]
+
+        def per_rank(values: list) -> list:  # every replica's pipeline behaves alike: rank = replica * pp + p
+            return list(values) * cfg.dp
+
         return cls(loss=None, iteration_time_s=t, iteration_times_s=[t],
-                   pass_time_s={k: [sums[(k, r)][0] / sums[(k, r)][1] if (k, r) in sums else None for r in ranks]
-                                for k in kinds},
-                   pass_count={k: [sums[(k, r)][1] if (k, r) in sums else 0 for r in ranks] for k in kinds},
-                   peak_memory_bytes=[s + a for s, a in zip(static_bytes, result.peak_activations)],
-                   memory_detail=[{"static": s, "activations": a}
-                                  for s, a in zip(static_bytes, result.peak_activations)],
-                   bubble_fraction=result.bubble_fraction, bubble_rate=result.bubble_rate, bytes_sent=bytes_sent,
-                   device_memory_bytes=device_memory_bytes, **throughput(cfg, t, len(result.timeline), peak_flops))
+                   pass_time_s={k: per_rank([sums[(k, r)][0] / sums[(k, r)][1] if (k, r) in sums else None
+                                             for r in ranks]) for k in kinds},
+                   pass_count={k: per_rank([sums[(k, r)][1] if (k, r) in sums else 0 for r in ranks]) for k in kinds},
+                   peak_memory_bytes=per_rank(s + a for s, a in zip(static_bytes, result.peak_activations)),
+                   memory_detail=per_rank({"static": s, "activations": a}
+                                          for s, a in zip(static_bytes, result.peak_activations)),
+                   bubble_fraction=per_rank(bubble), bubble_rate=statistics.fmean(bubble),
+                   bytes_sent=per_rank(bytes_sent), device_memory_bytes=device_memory_bytes,
+                   **throughput(cfg, t, cfg.dp * len(result.timeline), peak_flops))
+
+
+def replica_sum(per_rank: list[RankMeasurement]) -> list | None:
+    """The global batch's loss per iteration: the sum over replicas of the loss a rank of each replica knows."""
+    known = {}
+    for r in per_rank:
+        if all(x is not None for x in r.losses):
+            known.setdefault(r.replica, r.losses)
+    if len(known) != len({r.replica for r in per_rank}):
+        return None
+    return [sum(values) for values in zip(*known.values())]
 
 
 def throughput(cfg, seconds: float, devices: int, peak_flops: float) -> dict:
-    """tokens/s and MFU of one iteration of `seconds` on `devices` devices of `peak_flops` each."""
-    sequences = cfg.microbatches * cfg.micro_batch_size
+    """tokens/s and MFU of one iteration (one global batch of dp x microbatches) of `seconds` on `devices`
+    devices of `peak_flops` each."""
+    sequences = cfg.dp * cfg.microbatches * cfg.micro_batch_size
     flops = model_flops(sequences, cfg.seq_len, cfg.hidden, cfg.ffn, cfg.layers, cfg.vocab_size)
     return {"tokens_per_s": sequences * cfg.seq_len / seconds, "mfu": flops / (seconds * devices * peak_flops),
             "model_flops": flops, "peak_flops": peak_flops, "devices": devices}

@@ -45,10 +45,11 @@ def build_rank_model(cfg: RunConfig, sched, rank: int, device: torch.device) -> 
 
 
 def train_rank(cfg: RunConfig, rank: int, comm: Comm, device: torch.device, fault=None) -> RankMeasurement:
-    """Run every iteration on this rank (process groups already up); returns this rank's measurements."""
+    """Run every iteration on this (global) rank, process groups already up; returns its measurements."""
+    where = Mesh(dp=cfg.dp, pp=cfg.pp).coords(rank)
     sched = validate_schedule(build(cfg.method, cfg.pp, cfg.microbatches, cfg.n_chunks))
-    model = build_rank_model(cfg, sched, rank, device)
-    runtime = Runtime(cfg, sched, rank, model, comm, device, fault)
+    model = build_rank_model(cfg, sched, where.p, device)
+    runtime = Runtime(cfg, sched, where.p, model, comm, device, fault, replica=where.d, global_rank=rank)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
     results = [runtime.iteration(it) for it in range(cfg.iterations)]
@@ -62,7 +63,7 @@ def train_rank(cfg: RunConfig, rank: int, comm: Comm, device: torch.device, faul
         peak = static + runtime.meter.peak
     its, mbs = cfg.iterations, cfg.iterations * cfg.microbatches
     return RankMeasurement(
-        rank=rank, host=socket.gethostname(),
+        rank=rank, replica=where.d, host=socket.gethostname(),
         device=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         losses=[r["loss"] for r in results], seconds=[r["seconds"] for r in results],
         events=[r["events"] for r in results[cfg.warmup:]], peak_memory_bytes=peak, memory_detail=detail,
@@ -73,8 +74,7 @@ def train_rank(cfg: RunConfig, rank: int, comm: Comm, device: torch.device, faul
 
 
 def schedule_channels(sched: Schedule, cfg: RunConfig) -> list[str]:
-    """The channels a run uses, in PIPELINE_CHANNELS order: NCCL makes a communicator (and its buffers) for every
-    group created, used or not, so a run creates only these."""
+    """The pipeline channels a run uses, in PIPELINE_CHANNELS order."""
     used = {ch for ch, _, _ in schedule_links(sched) | PROBE_LINKS}
     used |= {inst.group for acts in sched.ranks for a in acts if (inst := enters(sched, a))}
     if cfg.dtype == "fp16":
@@ -94,6 +94,17 @@ def schedule_links(sched: Schedule) -> set[tuple[str, int, int]]:
 
 
 PROBE_LINKS = {("fwd+", 0, 1), ("bwd-", 1, 0)}  # link_probe's ping-pong
+
+
+def channels(cfg: RunConfig, sched: Schedule | None = None) -> dict[str, list[list[int]]]:
+    """Every process group of a run, by channel: the pipeline channels along the pipeline axis (given the
+    schedule, only those it uses: NCCL makes a communicator, and its buffers, for every group created), and the
+    data-parallel gradient all-reduce along the replica axis. make_groups creates them in this order."""
+    mesh = Mesh(dp=cfg.dp, pp=cfg.pp)
+    out = {ch: mesh.groups("pp") for ch in (PIPELINE_CHANNELS if sched is None else schedule_channels(sched, cfg))}
+    if cfg.dp > 1:
+        out["dp"] = mesh.groups("dp")
+    return out
 
 
 def link_probe(comm: Comm, sizes=(4096, 262144, 4194304), reps: int = 3) -> list[list[float]]:
@@ -125,8 +136,8 @@ def run_rank(cfg: RunConfig, rank: int, world: int, init_method: str, local_rank
              experiment: str | None = None, trace_path: str | None = None) -> dict | None:
     """One process of a run: process groups, training, gathering; returns the record on rank 0, which also
     writes the Chrome trace of the measured iterations to trace_path when given."""
-    if world != cfg.pp:
-        raise ValueError(f"world size {world} differs from pp={cfg.pp}; launch exactly pp processes")
+    if world != cfg.world:
+        raise ValueError(f"world size {world} differs from dp x pp = {cfg.world}; launch exactly that many processes")
     device = torch.device("cpu")
     if cfg.device == "cuda":  # device_id: NCCL creates the world's communicator now, and each group's in new_group
         device = torch.device("cuda", device_index(local_rank, torch.cuda.device_count()))
@@ -140,9 +151,8 @@ def run_rank(cfg: RunConfig, rank: int, world: int, init_method: str, local_rank
                             device_id=device if device.type == "cuda" else None)
     comm = None
     try:
-        mesh, sched = Mesh(pp=cfg.pp), build(cfg.method, cfg.pp, cfg.microbatches, cfg.n_chunks)
-        groups = make_groups({ch: mesh.groups("pp") for ch in schedule_channels(sched, cfg)}, rank, pg_timeout)
-        comm = Comm(groups, device, emulate, cfg.timeout_s, rank)
+        sched = build(cfg.method, cfg.pp, cfg.microbatches, cfg.n_chunks)
+        comm = Comm(make_groups(channels(cfg, sched), rank, pg_timeout), device, emulate, cfg.timeout_s, rank)
         comm.connect(schedule_links(sched) | PROBE_LINKS)
         peak, how = device_peak(device)
         probe = link_probe(comm)
@@ -167,5 +177,5 @@ def run_rank(cfg: RunConfig, rank: int, world: int, init_method: str, local_rank
     record = make_record(cfg.to_dict(), metrics.to_dict(), env, experiment=experiment)
     if trace_path:
         write_trace(trace_path, [r.events for r in gathered], [r.seconds[cfg.warmup:] for r in gathered],
-                    {"run_id": record["run_id"], "method": cfg.method, "pp": cfg.pp})
+                    {"run_id": record["run_id"], "method": cfg.method, "dp": cfg.dp, "pp": cfg.pp})
     return record

@@ -1,7 +1,9 @@
 """python -m vp.train --method M --pp P [sizes ...] [--json] [--trace FILE]: one real training run.
 
 Started by a distributed launcher (torchrun sets RANK and WORLD_SIZE), each process runs its rank;
-otherwise this starts `pp` local processes itself (CPU + gloo, or one per GPU with --device cuda).
+otherwise this starts dp x pp local processes itself (CPU + gloo, or one per GPU with --device cuda).
+--microbatches is per data-parallel replica: an iteration is one global batch of dp x microbatches x
+micro-batch-size sequences.
 Rank 0 prints one result record with --json, or a summary, and writes the measured timeline of the measured
 iterations as a Chrome/Perfetto trace with --trace. A failed run prints the failing rank's error to stderr,
 exits non-zero and prints no record.
@@ -32,6 +34,7 @@ def parse_args(argv=None):
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--method", default=d.method)
     ap.add_argument("--pp", type=int, default=d.pp)
+    ap.add_argument("--dp", type=int, default=d.dp, help="data-parallel replicas (microbatches are per replica)")
     ap.add_argument("--chunks", type=int, default=None)
     ap.add_argument("--layers", type=int, default=d.layers)
     ap.add_argument("--hidden", type=int, default=d.hidden)
@@ -81,9 +84,9 @@ def main(argv=None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     launched = launcher_env()
-    if launched and launched[1] != cfg.pp:
-        print(f"error: the launcher started {launched[1]} processes but pp={cfg.pp}; "
-              f"start exactly pp processes (e.g. torchrun --nproc-per-node {cfg.pp})", file=sys.stderr)
+    if launched and launched[1] != cfg.world:
+        print(f"error: the launcher started {launched[1]} processes but dp x pp = {cfg.world}; "
+              f"start exactly that many (e.g. torchrun --nproc-per-node {cfg.world})", file=sys.stderr)
         return 2
     try:
         if launched:
@@ -102,7 +105,7 @@ def main(argv=None) -> int:
         print(json.dumps(record))
     else:
         m = record["metrics"]
-        print(f"{cfg.method} pp={cfg.pp}: loss {m['loss']}  iteration {m['iteration_time_s']:.4f} s  "
+        print(f"{cfg.method} dp={cfg.dp} pp={cfg.pp}: loss {m['loss']}  iteration {m['iteration_time_s']:.4f} s  "
               f"{m['tokens_per_s']:.0f} tokens/s  MFU {m['mfu']:.3f}")
         print("  peak memory per rank (MiB): " + " ".join(f"{b / 2**20:.1f}" for b in m["peak_memory_bytes"]))
     return 0

@@ -37,8 +37,12 @@ class RankModel:
 
 class Executor:
     def __init__(self, cfg, sched: Schedule, rank: int, model: RankModel, comm: Comm, device: torch.device,
-                 meter: ActivationMeter):
+                 meter: ActivationMeter, replica: int = 0):
+        """rank: this process's pipeline rank; replica: its data-parallel replica, which takes microbatches
+        replica * microbatches ... of the global batch."""
         self.cfg, self.s, self.rank, self.model, self.comm, self.device = cfg, sched, rank, model, comm, device
+        self.first_mb = replica * sched.microbatches
+        self.global_mbs = cfg.dp * sched.microbatches
         self.meter = meter
         self.dtype = DTYPES[cfg.dtype]
         self.act_shape = (cfg.micro_batch_size, cfg.seq_len, cfg.hidden)
@@ -55,13 +59,13 @@ class Executor:
     # -- data ---------------------------------------------------------------------------------------
     def batch(self, mb: int):
         if mb not in self.st.batches:
-            ids, targets, mask = microbatch(self.cfg.seed, self.st.iteration, mb, self.cfg.micro_batch_size,
-                                            self.cfg.seq_len, self.cfg.vocab_size)
+            ids, targets, mask = microbatch(self.cfg.seed, self.st.iteration, self.first_mb + mb,
+                                            self.cfg.micro_batch_size, self.cfg.seq_len, self.cfg.vocab_size)
             self.st.batches[mb] = tuple(t.to(self.device, non_blocking=True) for t in (ids, targets, mask))
         return self.st.batches[mb]
 
     def loss_weights(self, mb: int) -> torch.Tensor:
-        return loss_weights(self.batch(mb)[2], self.s.microbatches) * self.loss_scale
+        return loss_weights(self.batch(mb)[2], self.global_mbs) * self.loss_scale
 
     # -- collectives --------------------------------------------------------------------------------
     def launch(self, a: Action, inst):

@@ -77,12 +77,16 @@ class LossScaler:
 
 class Runtime:
     def __init__(self, cfg, sched: Schedule, rank: int, model: RankModel, comm, device: torch.device,
-                 fault: tuple[int, str, str] | None = None):
+                 fault: tuple[int, str, str] | None = None, replica: int = 0, global_rank: int | None = None):
+        """rank: the pipeline rank whose actions this process runs; replica: its data-parallel replica;
+        global_rank: its rank in the world (names it in errors and fault specs; default: rank)."""
         self.cfg, self.s, self.rank, self.model, self.device, self.fault = cfg, sched, rank, model, device, fault
+        self.me = rank if global_rank is None else global_rank
+        self.comm = comm
         self.actions = sched.ranks[rank]
         self.params = model.parameters()
         self.meter = ActivationMeter(self.params)
-        self.ex = Executor(cfg, sched, rank, model, comm, device, self.meter)
+        self.ex = Executor(cfg, sched, rank, model, comm, device, self.meter, replica)
         self.optimizer = torch.optim.AdamW(self.params, lr=cfg.lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.01)
         self.scaler = LossScaler(cfg.dtype == "fp16", comm)
         self.timer = ActionTimer(device)
@@ -100,26 +104,39 @@ class Runtime:
         for i, a in enumerate(self.actions):
             self.ex.comm.doing(f"iteration {it}, step {i} ({a.text()})")
             try:
-                if self.fault and self.fault[0] == self.rank and self.fault[1] == a.text() and it == 0:
+                if self.fault and self.fault[0] == self.me and self.fault[1] == a.text() and it == 0:
                     self._inject(self.fault[2])
                 self._dispatch(a)
             except Exception as err:
-                raise RankFailure(f"rank {self.rank} failed at iteration {it}, step {i} ({a.text()}): "
+                raise RankFailure(f"rank {self.me} failed at iteration {it}, step {i} ({a.text()}): "
                                   f"{type(err).__name__}: {err}\n" + self.s.grid((self.rank, i), 5)) from err
         self.ex.comm.doing(f"iteration {it}, the end (waiting for its last communication)")
         try:
             self.ex.drain(self.cfg.timeout_s)
         except Exception as err:
-            raise RankFailure(f"rank {self.rank} failed at iteration {it} waiting for its last communication: "
+            raise RankFailure(f"rank {self.me} failed at iteration {it} waiting for its last communication: "
                               f"{type(err).__name__}: {err}") from err
         left = st.leftovers()
-        assert not left, f"rank {self.rank}: state left over after iteration {it}: {sorted(left)}"
+        assert not left, f"rank {self.me}: state left over after iteration {it}: {sorted(left)}"
+        if self.cfg.dp > 1:
+            self.reduce_gradients()
         stepped = self.scaler.step(self.optimizer, self.params)
         if self.device.type == "cuda":
             torch.cuda.synchronize()
         seconds = time.perf_counter() - begin
         loss = sum(v.item() for v in st.losses.values()) if len(st.losses) == self.s.microbatches else None
         return {"loss": loss, "seconds": seconds, "events": self.timer.collect(), "stepped": stepped}
+
+    def reduce_gradients(self):
+        """Sum every gradient over the data-parallel replicas, in one all-reduce of one flat fp32 buffer (the
+        loss weights already divide by the global batch, so the sum is the global batch's gradient)."""
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
+        flat = torch.cat([g.reshape(-1).float() for g in grads])
+        self.comm.all_reduce(flat, "dp")
+        offset = 0
+        for p, g in zip(self.params, grads):
+            p.grad = flat[offset:offset + g.numel()].view_as(g).to(g.dtype)
+            offset += g.numel()
 
     def _dispatch(self, a):
         """launch (a collective entered at the start) -> wait for consumed collectives -> compute -> launch (at
