@@ -6,7 +6,7 @@ otherwise this starts dp x pp local processes itself (CPU + gloo, or one per GPU
 micro-batch-size sequences.
 Rank 0 prints one result record with --json, or a summary, and writes the measured timeline of the measured
 iterations as a Chrome/Perfetto trace with --trace. A failed run prints the failing rank's error to stderr,
-exits non-zero and prints no record.
+exits non-zero and prints no record. --emulate-nccl keeps NCCL's rules on a CPU run (docs/gpu-path.md).
 """
 import argparse
 import json
