@@ -14,9 +14,9 @@ from vp.run import PROBE_LINKS, build_rank_model, channels, schedule_links, trai
 from vp.runtime.loop import RankFailure, Runtime
 from vp.schedule import Schedule, build
 from vp.schedule.methods import METHODS
-from vp.schedule.rules import enters
+from vp.schedule.validate import ScheduleError, check_collective_order
 
-FIXTURES = Path(__file__).parent / "fixtures" / "schedules"
+FIXTURES = Path(__file__).parent / "fixtures"
 CPU = torch.device("cpu")
 
 
@@ -49,39 +49,9 @@ def emulated(rank, world, cfg, form, links=True, schedule_text=None):
         comm.close(failed=failed)
 
 
-def crossed(sched: Schedule) -> bool:
-    """Whether the ranks enter the collectives of all groups in orders no single order contains (a cycle in the
-    'entered before' relation): such a schedule deadlocks when all collectives of a rank share one queue."""
-    after: dict = {}
-    for acts in sched.ranks:
-        seq = [inst for a in acts if (inst := enters(sched, a))]
-        for x, y in zip(seq, seq[1:]):
-            after.setdefault(x, set()).add(y)
-    state: dict = {}
-
-    def cycle(node) -> bool:
-        state[node] = 1
-        for nxt in after.get(node, ()):
-            if state.get(nxt) == 1 or (nxt not in state and cycle(nxt)):
-                return True
-        state[node] = 2
-        return False
-
-    return any(cycle(n) for n in list(after) if n not in state)
-
-
-def _cases():
-    for form in ("lazy", "queue"):
-        for pp in (2, 4):
-            for method in METHODS:
-                cfg = tiny(method, pp)
-                x = form == "queue" and crossed(build(method, pp, cfg.microbatches, cfg.n_chunks))
-                yield pytest.param(method, pp, form, marks=pytest.mark.xfail(
-                    x, run=False, reason="the schedule enters collectives of different groups in crossed orders; "
-                                         "they deadlock on one queue (the cross-group placement of issue 14 fixes it)"))
-
-
-@pytest.mark.parametrize("method,pp,form", list(_cases()))
+@pytest.mark.parametrize("form", ["lazy", "queue"])
+@pytest.mark.parametrize("pp", [2, 4])
+@pytest.mark.parametrize("method", list(METHODS))
 def test_every_method_trains_under_both_emulation_forms(pools, method, pp, form):
     """Loss parity with the reference under lazy creation (communicators made eagerly, none lazily) and under one
     queue for all collectives of a rank; waits end only by the watchdog."""
@@ -99,15 +69,16 @@ def reference_losses(cfg: RunConfig) -> list[float]:
 
 
 def test_lazy_creation_in_the_old_order_deadlocks_and_the_watchdog_names_ranks_and_actions(pools):
-    """Without eager creation (init_process_group without device_id), rank 0 creates C0 at C0:0 while rank 1
-    creates IF at IF0: each blocks until the other arrives."""
-    cfg = tiny("vocab-2", 2, timeout_s=4.0)
-    results = pools(2).run(emulated, cfg, "lazy", False)
-    assert [r[0] for r in results] == ["failed", "failed"]
+    """Without eager creation (init_process_group without device_id), vocab-1's former order (saved) has rank 0
+    create C0 at C0:0 while rank 3 creates IF at IF0: each blocks until the other arrives."""
+    text = (FIXTURES / "vocab-1-crossed-order.txt").read_text()
+    cfg = tiny("vocab-1", 4, microbatches=8, iterations=1, warmup=0, timeout_s=4.0)
+    results = pools(4).run(emulated, cfg, "lazy", False, text)
+    assert all(r[0] == "failed" for r in results)
     assert "rank 0 failed at iteration 0, step 0 (C0:0)" in results[0][1]
     assert "Watchdog caught collective operation timeout" in results[0][1]
     assert "creation of the C0 communicator" in results[0][1]
-    assert "rank 1 failed at iteration 0" in results[1][1] and "creation of the IF communicator" in results[1][1]
+    assert "rank 3 failed at iteration 0" in results[3][1] and "creation of the IF communicator" in results[3][1]
 
 
 def test_without_the_pair_warm_up_interlaced_deadlocks_at_a_lazily_created_pair(pools):
@@ -120,10 +91,11 @@ def test_without_the_pair_warm_up_interlaced_deadlocks_at_a_lazily_created_pair(
 
 
 def test_the_saved_crossed_schedule_deadlocks_on_one_queue(pools):
-    """Today's vocab-1 at pp 4 (saved): rank 0 enters C1:0 C0:1 IF5, rank 3 C1:0 IF5 ... C0:1; with every
+    """vocab-1's former order at pp 4 (saved): rank 0 enters C1:0 C0:1 IF5, rank 3 C1:0 IF5 ... C0:1; with every
     collective of a rank on one queue each waits for a collective queued behind the other's."""
-    text = (FIXTURES / "vocab-1-pp4-crossed.txt").read_text()
-    assert crossed(Schedule.from_text(text))
+    text = (FIXTURES / "vocab-1-crossed-order.txt").read_text()
+    with pytest.raises(ScheduleError, match="crossed orders"):  # the validator's static check rejects it
+        check_collective_order(Schedule.from_text(text))
     cfg = tiny("vocab-1", 4, microbatches=8, iterations=1, warmup=0, timeout_s=4.0)
     results = pools(4).run(emulated, cfg, "queue", True, text)
     assert all(r[0] == "failed" for r in results)

@@ -5,8 +5,9 @@ Every user error is a ValueError that names the field and says how to fix it; no
 import math
 from dataclasses import asdict, dataclass, fields, replace
 
-from vp.flops import input_flops, layer_flops, output_flops
+from vp.mesh import Mesh, check_mesh
 from vp.schedule.methods import Method, chunks_for, get_method
+from vp.tp.modes import check_sizes, get_mode
 
 DEVICES = ("cpu", "cuda")
 NCCL_FORMS = ("lazy", "queue", "both")  # vp.nccl.FORMS (this module stays free of torch)
@@ -18,6 +19,9 @@ class RunConfig:
     method: str = "vocab-2"
     pp: int = 2
     dp: int = 1  # data-parallel replicas; each runs `microbatches` of one global batch of dp x microbatches
+    tp: int = 1  # tensor-parallel devices per stage (vp.tp); tp > 1 runs one stage (pp=1)
+    tp_mode: str = "1d"  # 1d (Megatron) | 2d (SUMMA [q, q, 1]) | 2.5d (SUMMA [q, q, tp_depth])
+    tp_depth: int = 1  # 2.5d only: d of the [q, q, d] grid, tp = q * q * d
     chunks: int | None = None  # model chunks per rank; only interleaved takes a value (default 2)
     layers: int = 4
     hidden: int = 64
@@ -33,7 +37,8 @@ class RunConfig:
     seed: int = 1234
     device: str = "cpu"
     dtype: str = "fp32"
-    redis_last_layers: int | None = None  # redis only: layers on the last stage; None = balance by FLOPs
+    redis_last_layers: int | None = None  # redis only: layers on the last stage (official --final-stage-num-layers);
+    #                                       None = the official default, 0
     lr: float = 1e-3
     timeout_s: float = 300.0
     emulate_nccl: str | None = None  # CPU runs: keep NCCL's rules on gloo, lazy | queue | both (vp.nccl)
@@ -44,8 +49,8 @@ class RunConfig:
 
     @property
     def world(self) -> int:
-        """Processes (devices) of the run: dp x pp."""
-        return self.dp * self.pp
+        """Processes (devices) of the run: dp x pp x tp."""
+        return self.dp * self.pp * self.tp
 
     @property
     def spec(self) -> Method:
@@ -56,8 +61,14 @@ class RunConfig:
         return chunks_for(self.spec, self.chunks)
 
     @property
+    def mesh(self) -> Mesh:
+        return Mesh(dp=self.dp, pp=self.pp, tp=self.tp, tp_mode=self.tp_mode, tp_depth=self.tp_depth)
+
+    @property
     def vocab_shards(self) -> int:
-        return self.pp if self.spec.vocab_parallel else 1
+        """Pipeline ranks (vocabulary parallelism) x tensor-parallel columns (grid columns; 1-D: tp)."""
+        columns = get_mode(self.tp_mode).side(self.tp, self.tp_depth)
+        return (self.pp if self.spec.vocab_parallel else 1) * columns
 
     @property
     def padded_vocab_size(self) -> int:
@@ -108,15 +119,7 @@ def stage_layers(cfg: RunConfig) -> list[int]:
     spec, pp, layers = cfg.spec, cfg.pp, cfg.layers
     stages = pp * cfg.n_chunks
     if spec.redistributes_layers:
-        last = cfg.redis_last_layers
-        if last is None:
-            last = balanced_last_layers(cfg)
-        if not 0 <= last <= layers - (pp - 1):
-            raise ValueError(f"redis_last_layers={last} leaves fewer than one layer for each of the other "
-                             f"{pp - 1} stages of layers={layers}; use 0..{layers - (pp - 1)}")
-        rest = layers - last
-        base, extra = divmod(rest, pp - 1)
-        return [base + (1 if s < extra else 0) for s in range(pp - 1)] + [last]
+        return redis_layers(layers, pp, cfg.redis_last_layers or 0)
     if cfg.redis_last_layers is not None:
         raise ValueError(f"redis_last_layers={cfg.redis_last_layers} only applies to method=redis; "
                          f"drop it for method={spec.name}")
@@ -128,18 +131,16 @@ def stage_layers(cfg: RunConfig) -> list[int]:
     return [layers // stages] * stages
 
 
-def balanced_last_layers(cfg: RunConfig) -> int:
-    """Layers on the last stage that minimise the largest stage's FLOPs (layer redistribution, redis)."""
-    tokens = cfg.micro_batch_size * cfg.seq_len
-    per_layer = layer_flops(tokens, cfg.seq_len, cfg.hidden, cfg.ffn)
-    head = output_flops(tokens, cfg.hidden, cfg.padded_vocab_size)
-    best = None
-    for last in range(0, cfg.layers - (cfg.pp - 1) + 1):
-        others = -(-(cfg.layers - last) // (cfg.pp - 1))
-        worst = max(others * per_layer + input_flops(tokens, cfg.hidden), last * per_layer + head)
-        if best is None or worst < best[0]:
-            best = (worst, last)
-    return best[1]
+def redis_layers(layers: int, pp: int, last: int) -> list[int]:
+    """Layer redistribution as the official code places layers (sail-sg/VocabularyParallelism,
+    transformer_block.py::get_num_layers_to_build, --final-stage-num-layers N): N layers on the last stage, the
+    rest split over stages 0..p-2 with the remainders on the later ones (p-2, p-3, ...), so that stage 0, which
+    holds the input layer, never gains one."""
+    if not isinstance(last, int) or not 0 <= last <= layers - (pp - 1):
+        raise ValueError(f"redis_last_layers={last} leaves fewer than one layer for each of the other "
+                         f"{pp - 1} stages of layers={layers}; use 0..{layers - (pp - 1)}")
+    base, extra = divmod(layers - last, pp - 1)
+    return [base + (1 if s >= pp - 1 - extra else 0) for s in range(pp - 1)] + [last]
 
 
 def check_config(cfg: RunConfig) -> RunConfig:
@@ -152,8 +153,11 @@ def check_config(cfg: RunConfig) -> RunConfig:
             raise ValueError(f"{name}={value!r} must be a positive integer")
     if cfg.ffn_hidden is not None and (not isinstance(cfg.ffn_hidden, int) or cfg.ffn_hidden < 1):
         raise ValueError(f"ffn_hidden={cfg.ffn_hidden!r} must be a positive integer (default 4 * hidden)")
-    if cfg.pp < 2:
-        raise ValueError(f"pp={cfg.pp}: method={spec.name} is a pipeline method and needs pp >= 2")
+    one_stage = not spec.vocab_parallel and not spec.redistributes_layers and spec.family.chunks == 1
+    if cfg.pp < 2 and not one_stage:
+        raise ValueError(f"pp={cfg.pp}: method={spec.name} is a pipeline method and needs pp >= 2 "
+                         f"(pp=1 runs one stage with method=baseline)")
+    check_tensor_parallel(cfg, spec)
     if not isinstance(cfg.warmup, int) or not 0 <= cfg.warmup < cfg.iterations:
         raise ValueError(f"warmup={cfg.warmup!r} must be 0..iterations-1 = {cfg.iterations - 1} "
                          f"so that at least one iteration is measured")
@@ -188,3 +192,20 @@ def check_config(cfg: RunConfig) -> RunConfig:
         raise ValueError(f"microbatches={cfg.microbatches}: {spec.family.name} 1F1B (method={spec.name}, "
                          f"chunks={chunks}) needs a multiple of pp={cfg.pp}; use {up}")
     return cfg
+
+
+def check_tensor_parallel(cfg: RunConfig, spec: Method) -> None:
+    """The tensor-parallel fields: a buildable grid, sizes it splits evenly, a layout that exists."""
+    check_mesh(cfg.dp, cfg.pp, cfg.tp, cfg.tp_mode, cfg.tp_depth)
+    if cfg.tp == 1:
+        return
+    if cfg.pp > 1:
+        raise ValueError(f"tp={cfg.tp} with pp={cfg.pp}: pipelines of tensor-parallel stages are not built yet; "
+                         f"use pp=1 (one stage on tp devices) or tp=1")
+    if cfg.dp > 1:
+        raise ValueError(f"tp={cfg.tp} with dp={cfg.dp}: data parallelism over tensor-parallel groups is not built "
+                         f"yet; use dp=1 or tp=1")
+    if spec.vocab_parallel:
+        raise ValueError(f"method={spec.name} splits the vocabulary over pipeline ranks, which is not built with "
+                         f"tp > 1; use method=baseline with tp={cfg.tp}")
+    check_sizes(get_mode(cfg.tp_mode), cfg.tp, cfg.tp_depth, cfg.hidden, cfg.heads, cfg.ffn, cfg.micro_batch_size)

@@ -1,4 +1,4 @@
-"""Starting a run's dp x pp processes on this machine and turning their failures into one clear error."""
+"""Starting a run's dp x pp x tp processes on this machine and turning their failures into one clear error."""
 import faulthandler
 import json
 import multiprocessing as mp
@@ -57,7 +57,7 @@ def _local_worker(cfg_dict, rank, world, init_method, workdir, fault, trace_path
 
 
 def launch_local(cfg: RunConfig, fault=None, trace_path: str | None = None) -> dict:
-    """Start dp x pp processes here, wait for them, return rank 0's record; RunFailed if any rank fails."""
+    """Start dp x pp x tp processes here, wait for them, return rank 0's record; RunFailed if any rank fails."""
     ctx = mp.get_context("spawn")
     grace = min(KILL_GRACE_S, cfg.timeout_s)
     with tempfile.TemporaryDirectory(prefix="vp-run-") as workdir:

@@ -12,6 +12,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from vp.tp.stage import TensorParallelStage
+from vp.vocab.output import Shard
 from vp.wgrad import WeightGradStore, linear
 
 VOCAB_BLOCK = 1024  # rows of a vocabulary matrix drawn from one generator
@@ -115,7 +117,19 @@ def reference_model(cfg, seed: int) -> Stage:
     return Stage(cfg, seed, 0, cfg.layers, first=True, last=True, local_vocab=True)
 
 
-def build_stage(cfg, seed: int, stage: int, stage_layers: list[int], local_vocab: bool) -> Stage:
+def build_stage(cfg, seed: int, stage: int, stage_layers: list[int], local_vocab: bool, tp=None) -> nn.Module:
+    """Stage `stage` of the model; with tp (a vp.tp.context.TensorParallel), this device's part of it: the
+    blocks come from the tensor mode's layer factory (vp.tp.block.shard_block), cut from the full stage."""
     first_layer = sum(stage_layers[:stage])
-    return Stage(cfg, seed, first_layer, stage_layers[stage], stage == 0, stage == len(stage_layers) - 1,
-                 local_vocab)
+    first, last = stage == 0, stage == len(stage_layers) - 1
+    if tp is None:
+        return Stage(cfg, seed, first_layer, stage_layers[stage], first, last, local_vocab)
+    assert local_vocab, "vocabulary parallelism over pipeline x tensor-parallel ranks is not built"
+    full = Stage(cfg, seed, first_layer, stage_layers[stage], first, last, local_vocab=False)
+    shard = Shard.of(tp.c, tp.columns, cfg.padded_vocab_size, cfg.vocab_size)
+
+    def rows(name):  # this device's vocabulary shard, drawn alone with the uncut model's values
+        return vocab_rows(seed, name, cfg.vocab_size, shard.start, shard.start + shard.rows, cfg.hidden)
+
+    return TensorParallelStage(full, tp, shard, rows("embed.weight") if first else None,
+                               rows("head.weight") if last else None)

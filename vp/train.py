@@ -1,9 +1,9 @@
 """python -m vp.train --method M --pp P [sizes ...] [--json] [--trace FILE]: one real training run.
 
 Started by a distributed launcher (torchrun sets RANK and WORLD_SIZE), each process runs its rank;
-otherwise this starts dp x pp local processes itself (CPU + gloo, or one per GPU with --device cuda).
+otherwise this starts dp x pp x tp local processes itself (CPU + gloo, or one per GPU with --device cuda).
 --microbatches is per data-parallel replica: an iteration is one global batch of dp x microbatches x
-micro-batch-size sequences.
+micro-batch-size sequences. --tp runs each stage on a tensor-parallel group (docs/tensor-parallel.md).
 Rank 0 prints one result record with --json, or a summary, and writes the measured timeline of the measured
 iterations as a Chrome/Perfetto trace with --trace. A failed run prints the failing rank's error to stderr,
 exits non-zero and prints no record. --emulate-nccl keeps NCCL's rules on a CPU run (docs/gpu-path.md).
@@ -35,6 +35,9 @@ def parse_args(argv=None):
     ap.add_argument("--method", default=d.method)
     ap.add_argument("--pp", type=int, default=d.pp)
     ap.add_argument("--dp", type=int, default=d.dp, help="data-parallel replicas (microbatches are per replica)")
+    ap.add_argument("--tp", type=int, default=d.tp, help="tensor-parallel devices per stage (needs --pp 1)")
+    ap.add_argument("--tp-mode", default=d.tp_mode, help="1d (Megatron), 2d or 2.5d (SUMMA grid)")
+    ap.add_argument("--tp-depth", type=int, default=d.tp_depth, help="2.5d: depth d, tp = q*q*d")
     ap.add_argument("--chunks", type=int, default=None)
     ap.add_argument("--layers", type=int, default=d.layers)
     ap.add_argument("--hidden", type=int, default=d.hidden)
@@ -50,7 +53,9 @@ def parse_args(argv=None):
     ap.add_argument("--seed", type=int, default=d.seed)
     ap.add_argument("--device", default=d.device)
     ap.add_argument("--dtype", default=d.dtype)
-    ap.add_argument("--redis-last-layers", type=int, default=None)
+    ap.add_argument("--redis-last-layers", type=int, default=None, metavar="N",
+                    help="redis: transformer layers on the last stage, as the official --final-stage-num-layers "
+                         "(default 0); the rest go to the other stages, remainders on the later ones")
     ap.add_argument("--lr", type=float, default=d.lr)
     ap.add_argument("--timeout-s", type=float, default=d.timeout_s)
     ap.add_argument("--emulate-nccl", nargs="?", const="both", default=None, metavar="lazy|queue|both",
@@ -85,7 +90,7 @@ def main(argv=None) -> int:
         return 2
     launched = launcher_env()
     if launched and launched[1] != cfg.world:
-        print(f"error: the launcher started {launched[1]} processes but dp x pp = {cfg.world}; "
+        print(f"error: the launcher started {launched[1]} processes but dp x pp x tp = {cfg.world}; "
               f"start exactly that many (e.g. torchrun --nproc-per-node {cfg.world})", file=sys.stderr)
         return 2
     try:
@@ -105,7 +110,7 @@ def main(argv=None) -> int:
         print(json.dumps(record))
     else:
         m = record["metrics"]
-        print(f"{cfg.method} dp={cfg.dp} pp={cfg.pp}: loss {m['loss']}  iteration {m['iteration_time_s']:.4f} s  "
+        print(f"{cfg.method} {cfg.mesh.describe()}: loss {m['loss']}  iteration {m['iteration_time_s']:.4f} s  "
               f"{m['tokens_per_s']:.0f} tokens/s  MFU {m['mfu']:.3f}")
         print("  peak memory per rank (MiB): " + " ".join(f"{b / 2**20:.1f}" for b in m["peak_memory_bytes"]))
     return 0

@@ -36,8 +36,17 @@ class WeightGradStore:
     def put(self, x: torch.Tensor, grad_out: torch.Tensor, weight: torch.Tensor):
         self._pending.append((x, grad_out, weight))
 
+    def defer(self, step):
+        """A weight-gradient computation of another shape (a tensor-parallel SUMMA loop): run at flush()."""
+        self._pending.append(step)
+
+    @torch.no_grad()  # like autograd's own backward: no graph is built from the saved inputs
     def flush(self):
-        for x, grad_out, weight in self._pending:
+        for item in self._pending:
+            if callable(item):
+                item()
+                continue
+            x, grad_out, weight = item
             _accumulate(weight, _grad_weight(x, grad_out))
         self._pending.clear()
 

@@ -2,6 +2,7 @@
 
 python -m vp.bench vocab     S+T of one vocabulary shard against the single-device output layer
 python -m vp.bench pipeline  real 2-rank CPU runs of a vocabulary-heavy GPT, against baseline and the simulator
+python -m vp.bench tp        tensor-parallel grids: bytes per layer measured against the closed form, time
 """
 import argparse
 import statistics
@@ -108,8 +109,14 @@ def main(argv=None) -> int:
     p.add_argument("--vocab-size", type=int, default=64000)
     p.add_argument("--microbatches", type=int, default=8)
     p.add_argument("--iterations", type=int, default=3)
+    t = sub.add_parser("tp")
+    t.add_argument("--json", action="store_true", help="print a list of row objects")
     args = ap.parse_args(argv)
-    if args.what == "vocab":
+    if args.what == "tp":
+        from vp.bench.tp import run
+
+        run(args.json)
+    elif args.what == "vocab":
         bench_vocab(args.hidden, args.vocab, args.tokens, args.reps)
     else:
         if "baseline" not in args.methods:
