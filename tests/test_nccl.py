@@ -112,9 +112,9 @@ def test_eager_creation_counts_the_communicators_of_the_channels_used(pools):
     assert [r[2] for r in results] == [9, 9]  # ... and the C0 C1 IF IB groups
 
 
-def emulated_dp(rank, world, cfg):
+def emulated_mesh(rank, world, cfg, form):
     sched = build(cfg.method, cfg.pp, cfg.microbatches, cfg.n_chunks)
-    comm = Comm(make_groups(channels(cfg, sched), rank, 2 * cfg.timeout_s), CPU, Emulation.of("lazy"), cfg.timeout_s,
+    comm = Comm(make_groups(channels(cfg, sched), rank, 2 * cfg.timeout_s), CPU, Emulation.of(form), cfg.timeout_s,
                 rank)
     try:
         comm.connect(schedule_links(sched) | PROBE_LINKS)
@@ -123,15 +123,29 @@ def emulated_dp(rank, world, cfg):
         comm.close()
 
 
-def test_eager_creation_covers_every_channel_given_to_make_groups(pools):
-    """dp 2 x pp 2: the replicas' gradient all-reduce groups are created eagerly too; nothing is made lazily."""
+TP_QUEUE_DEADLOCK = pytest.mark.xfail(strict=True, reason=(
+    "tensor-parallel collectives inside F and B share the rank's one queue with C0, which receivers enter early "
+    "(C0 slack): on pp 2 x tp 2, stage 0's F3 all-reduce waits behind C0:3, whose root waits for F3's output; the "
+    "cross-group order covers the schedule's collectives, not those inside compute passes"))
+
+
+@pytest.mark.parametrize("world,form,mesh,communicators", [
+    (4, "lazy", dict(dp=2, microbatches=4), 10),  # vocab-2's 9, and the dp group
+    (4, "lazy", dict(tp=2), None),
+    (8, "lazy", dict(tp=4, tp_mode="2d", micro_batch_size=2), None),
+    pytest.param(4, "queue", dict(tp=2, timeout_s=5.0), None, marks=TP_QUEUE_DEADLOCK),
+])
+def test_eager_creation_covers_every_channel_given_to_make_groups(pools, world, form, mesh, communicators):
+    """The data- and tensor-parallel channels are created eagerly too (nothing lazily), and the mesh trains like
+    the single process."""
     from vp.metrics import replica_sum
 
-    cfg = tiny("vocab-2", 2, dp=2, microbatches=4)
-    results = pools(4).run(emulated_dp, cfg)
+    cfg = tiny("vocab-2", 2, layers=4, **mesh)
+    results = pools(world).run(emulated_mesh, cfg, form)
     assert all(not lazily for _, lazily in results)
-    assert [m.communicators for m, _ in results] == [10] * 4  # vocab-2's 9, and the dp group
-    ref = reference_losses(cfg.with_(dp=1, microbatches=8))
+    if communicators:
+        assert [m.communicators for m, _ in results] == [communicators] * world
+    ref = reference_losses(cfg)  # the whole model on one global batch (dp x microbatches)
     torch.testing.assert_close(torch.tensor(replica_sum([m for m, _ in results])), torch.tensor(ref), rtol=1e-5,
                                atol=0)
 

@@ -294,20 +294,33 @@ class Comm:
             return t[0].clone()
         out = torch.empty(t.shape[1:], dtype=t.dtype, device=t.device)
         # [size * a, *rest] -> [a, *rest]: the collective splits its input along the first dimension
-        dist.reduce_scatter_single(out.view(-1, *t.shape[2:]) if t.dim() > 1 else out.view(1),
-                                   t.reshape(-1, *t.shape[2:]) if t.dim() > 1 else t, group=self._pg(channel))
+        self._collective(channel, "reduce_scatter", lambda: dist.reduce_scatter_single(
+            out.view(-1, *t.shape[2:]) if t.dim() > 1 else out.view(1), t.reshape(-1, *t.shape[2:]) if t.dim() > 1
+            else t, group=self._pg(channel), async_op=True))
         return out
 
     # -- asynchronous collectives: the caller waits on the returned work (overlap with its next GEMM) ----
     def ibroadcast(self, t: torch.Tensor, src: int, channel: str):
         """Counted as broadcast; t must be contiguous and stay untouched until wait()."""
         self._count(channel, "broadcast", t, sends=self.index(channel) == src)
-        return dist.broadcast(t, group=self._pg(channel), group_src=src, async_op=True)
+        return self._started(channel, "broadcast",
+                             lambda: dist.broadcast(t, group=self._pg(channel), group_src=src, async_op=True))
 
     def ireduce(self, t: torch.Tensor, dst: int, channel: str):
         """Counted as reduce; the sum lands in t on dst after wait()."""
         self._count(channel, "reduce", t)
-        return dist.reduce(t, group=self._pg(channel), group_dst=dst, async_op=True)
+        return self._started(channel, "reduce",
+                             lambda: dist.reduce(t, group=self._pg(channel), group_dst=dst, async_op=True))
+
+    def _started(self, channel: str, op: str, start):
+        """An asynchronous collective, started; wait() on the result. Emulating NCCL, it is created lazily like
+        any other, waits through the watchdog, and in the queue form runs in the rank's one queue."""
+        if self.watchdog is None:
+            return start()
+        self._first_use(("group", channel))
+        if self.emulate.queue:
+            return self.submit(channel, lambda: self.block(f"{op} on {channel}", start()), f"{op} on {channel}")
+        return Pending(self, start(), f"{op} on {channel}")
 
     def close(self, failed: bool = False):
         """Release streams and groups; after a failure, without waiting on steps that may never end (the process

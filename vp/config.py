@@ -198,14 +198,8 @@ def check_tensor_parallel(cfg: RunConfig, spec: Method) -> None:
     """The tensor-parallel fields: a buildable grid, sizes it splits evenly, a layout that exists."""
     check_mesh(cfg.dp, cfg.pp, cfg.tp, cfg.tp_mode, cfg.tp_depth)
     if cfg.tp == 1:
+        if cfg.tp_mode != "1d":
+            raise ValueError(f"tp_mode={cfg.tp_mode} needs tensor parallelism, but tp=1; set tp (e.g. tp=4 for a "
+                             f"[2, 2, 1] grid) or drop tp_mode")
         return
-    if cfg.pp > 1:
-        raise ValueError(f"tp={cfg.tp} with pp={cfg.pp}: pipelines of tensor-parallel stages are not built yet; "
-                         f"use pp=1 (one stage on tp devices) or tp=1")
-    if cfg.dp > 1:
-        raise ValueError(f"tp={cfg.tp} with dp={cfg.dp}: data parallelism over tensor-parallel groups is not built "
-                         f"yet; use dp=1 or tp=1")
-    if spec.vocab_parallel:
-        raise ValueError(f"method={spec.name} splits the vocabulary over pipeline ranks, which is not built with "
-                         f"tp > 1; use method=baseline with tp={cfg.tp}")
     check_sizes(get_mode(cfg.tp_mode), cfg.tp, cfg.tp_depth, cfg.hidden, cfg.heads, cfg.ffn, cfg.micro_batch_size)

@@ -1,8 +1,10 @@
 """Starting a run's dp x pp x tp processes on this machine and turning their failures into one clear error."""
+import ctypes
 import faulthandler
 import json
 import multiprocessing as mp
 import os
+import signal
 import sys
 import tempfile
 import time
@@ -38,12 +40,16 @@ def explain(errors: dict[int, str | None], order: list[int], notes: dict[int, st
 def _local_worker(cfg_dict, rank, world, init_method, workdir, fault, trace_path):
     from vp.run import run_rank
 
+    # the parent stops the ranks (on Ctrl-C it kills them); a rank never handles SIGINT itself, and dies
+    # with its parent
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _die_with_parent()
     # this rank's stderr (Python's, and NCCL's from C++) goes to its log; a fatal signal (NCCL's watchdog aborts
     # the process) leaves every thread's Python stack there
     log = open(Path(workdir) / f"log-{rank}.txt", "w")
     os.dup2(log.fileno(), 2)
     faulthandler.enable()
-    torch.set_num_threads(cpu_threads(world, env={}))  # pp processes share this machine's (or task's) CPUs
+    torch.set_num_threads(cpu_threads(world, env={}))  # the ranks share this machine's (or task's) CPUs
     try:
         record = run_rank(RunConfig.from_dict(cfg_dict), rank, world, init_method, local_rank=rank, fault=fault,
                           trace_path=trace_path)
@@ -56,6 +62,15 @@ def _local_worker(cfg_dict, rank, world, init_method, workdir, fault, trace_path
         os._exit(1)  # now: do not wait for communication threads that a dead peer keeps blocked
 
 
+def _die_with_parent() -> None:
+    """Linux: this process gets SIGKILL when the process that started it ends (prctl PR_SET_PDEATHSIG)."""
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)
+        except OSError:
+            pass
+
+
 def launch_local(cfg: RunConfig, fault=None, trace_path: str | None = None) -> dict:
     """Start dp x pp x tp processes here, wait for them, return rank 0's record; RunFailed if any rank fails."""
     ctx = mp.get_context("spawn")
@@ -65,17 +80,26 @@ def launch_local(cfg: RunConfig, fault=None, trace_path: str | None = None) -> d
         procs = [ctx.Process(target=_local_worker, args=(cfg.to_dict(), r, cfg.world, init, workdir, fault,
                                                          trace_path))
                  for r in range(cfg.world)]
-        for p in procs:
-            p.start()
         seen, killed = {}, set()  # rank -> when it was seen failing
-        while any(p.exitcode is None for p in procs):
-            time.sleep(0.05)
-            seen.update({r: time.time() for r, p in enumerate(procs) if p.exitcode not in (None, 0) and r not in seen})
-            if seen and time.time() - min(seen.values()) > grace:
-                for r, p in enumerate(procs):  # the others did not give up on their own: stop them
-                    if p.exitcode is None:
-                        p.kill()
-                        killed.add(r)
+        try:
+            for p in procs:
+                p.start()
+            while any(p.exitcode is None for p in procs):
+                time.sleep(0.05)
+                seen.update({r: time.time() for r, p in enumerate(procs) if p.exitcode not in (None, 0) and r not in seen})
+                if seen and time.time() - min(seen.values()) > grace:
+                    for r, p in enumerate(procs):  # the others did not give up on their own: stop them
+                        if p.exitcode is None:
+                            p.kill()
+                            killed.add(r)
+        except BaseException:  # Ctrl-C (or any error here): ranks may sit in a blocking collective, kill them
+            for p in procs:
+                if p.pid is not None and p.exitcode is None:
+                    p.kill()
+            for p in procs:
+                if p.pid is not None:
+                    p.join()
+            raise
         for p in procs:
             p.join()
         _replay_logs(workdir, cfg.world)

@@ -124,8 +124,9 @@ def build_stage(cfg, seed: int, stage: int, stage_layers: list[int], local_vocab
     first, last = stage == 0, stage == len(stage_layers) - 1
     if tp is None:
         return Stage(cfg, seed, first_layer, stage_layers[stage], first, last, local_vocab)
-    assert local_vocab, "vocabulary parallelism over pipeline x tensor-parallel ranks is not built"
     full = Stage(cfg, seed, first_layer, stage_layers[stage], first, last, local_vocab=False)
+    if not local_vocab:  # vocabulary parallelism: the vocabulary layers are pipeline passes (vp.run)
+        return TensorParallelStage(full, tp, None, None, None)
     shard = Shard.of(tp.c, tp.columns, cfg.padded_vocab_size, cfg.vocab_size)
 
     def rows(name):  # this device's vocabulary shard, drawn alone with the uncut model's values

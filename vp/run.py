@@ -38,13 +38,15 @@ def build_rank_model(cfg: RunConfig, sched, rank: int, device: torch.device,
               for c in range(sched.chunks)}
     if not vp_on:
         return RankModel(stages, tp=tp)
-    shard = Shard.of(rank, cfg.pp, cfg.padded_vocab_size, cfg.vocab_size)
+    # vocabulary shards over pipeline ranks x tensor-parallel columns: shard p * columns + c (vp.mesh "vocab")
+    columns, c = (tp.columns, tp.c) if tp is not None else (1, 0)
+    shard = Shard.of(rank * columns + c, cfg.pp * columns, cfg.padded_vocab_size, cfg.vocab_size)
     end = shard.start + shard.rows
 
     def rows(name):
         return torch.nn.Parameter(vocab_rows(cfg.seed, name, cfg.vocab_size, shard.start, end, cfg.hidden).to(device))
 
-    return RankModel(stages, shard, rows("head.weight"), rows("embed.weight"))
+    return RankModel(stages, shard, rows("head.weight"), rows("embed.weight"), tp=tp)
 
 
 def train_rank(cfg: RunConfig, rank: int, comm: Comm, device: torch.device, fault=None) -> RankMeasurement:
@@ -111,14 +113,24 @@ def channels(cfg: RunConfig, sched: Schedule | None = None) -> dict[str, list[li
     return {ch: groups for ch, groups in out.items() if ch not in PIPELINE_CHANNELS or ch in used}
 
 
+VOCAB_AXIS = {"C1": "vocab", "C2": "vocab", "naive": "vocab", "step": "replica"}  # the rest: "pp"
+ROW_STEPS = ("C0.row", "IF.row", "IB.row")
+
+
 def mesh_channels(mesh: Mesh) -> dict[str, list[list[int]]]:
-    """Each pipeline channel along the pipeline axis ("step", the end-of-iteration agreement, over a whole
-    replica: the pipeline when tp = 1), the data-parallel gradient all-reduce along the replica axis, and with
-    tp > 1 the tensor-parallel channels (vp.tp.context)."""
-    out = {ch: mesh.groups("replica" if ch == "step" else "pp") for ch in PIPELINE_CHANNELS}
+    """Every process group of a run, by channel, cut from the mesh:
+    - p2p, C0, IF, IB along the pipeline axis: between the same tensor-parallel offset of every stage;
+    - C1, C2 and the naive algorithm's all-reduces over the vocabulary shards of one token block: pipeline ranks x
+      grid columns (mesh axis "vocab"; the pipeline when tp = 1);
+    - "step", the end-of-iteration agreement, over a whole replica; "dp", the gradient all-reduce, over replicas;
+    - with tp > 1, the tensor-parallel channels of the layers (vp.tp.context) and, for the vocabulary passes, the
+      within-stage halves of C0, IF and IB over a grid row (1-D: the tp group), each its own group."""
+    out = {ch: mesh.groups(VOCAB_AXIS.get(ch, "pp")) for ch in PIPELINE_CHANNELS}
     if mesh.dp > 1:
         out["dp"] = mesh.groups("dp")
-    return out | (tp_slices(mesh) if mesh.tp > 1 else {})
+    if mesh.tp > 1:
+        out |= tp_slices(mesh) | {ch: mesh.groups("row") for ch in ROW_STEPS}
+    return out
 
 
 def link_probe(comm: Comm, sizes=(4096, 262144, 4194304), reps: int = 3) -> list[list[float]]:

@@ -13,6 +13,7 @@ import json
 import os
 import sys
 
+from vp.checks import MAX_TOKENS_PER_MICROBATCH, check_fault, check_memory, check_output_file, check_size, parse_fault
 from vp.config import RunConfig, check_config
 from vp.launch import RunFailed, launch_local
 
@@ -22,9 +23,6 @@ def launcher_env(env=os.environ) -> tuple[int, int, int, str] | None:
     if "RANK" in env and "WORLD_SIZE" in env:
         return int(env["RANK"]), int(env["WORLD_SIZE"]), int(env.get("LOCAL_RANK", 0)), "env://"
     return None
-
-
-FAULT_MODES = ("exit", "raise", "hang", "oom")
 
 
 # -- command line ------------------------------------------------------------------------------------
@@ -63,32 +61,53 @@ def parse_args(argv=None):
                          "queue: one ordered queue for all of a rank's collectives; both, the default form); "
                          "waits end only by the watchdog after --timeout-s (docs/gpu-path.md)")
     ap.add_argument("--json", action="store_true", help="print the result record as one JSON object")
+    ap.add_argument("--max-tokens", type=int, default=MAX_TOKENS_PER_MICROBATCH,
+                    help="refuse micro_batch_size x seq_len above this (a sanity limit against typos)")
+    ap.add_argument("--max-memory-gb", type=float, default=None,
+                    help="memory the local ranks may use together (default: what this machine has available)")
     ap.add_argument("--trace", default=None, metavar="FILE",
                     help="write the measured timeline (Chrome/Perfetto trace JSON) of the measured iterations")
     ap.add_argument("--inject-fault", default=None, metavar="RANK:ACTION[:exit|raise|hang|oom]",
                     help="testing aid: make a rank die, raise, hang or fail as NCCL does when CUDA runs out of "
                          "memory, at an action of the first iteration")
     args = ap.parse_args(argv)
-    fields = {k: v for k, v in vars(args).items() if k not in ("json", "inject_fault", "trace")}
+    fields = {k: v for k, v in vars(args).items()
+              if k not in ("json", "inject_fault", "trace", "max_tokens", "max_memory_gb")}
     cfg = RunConfig(**fields)
-    fault = None
-    if args.inject_fault:
-        parts = args.inject_fault.split(":")
-        if len(parts) not in (2, 3) or not parts[0].isdigit() or (len(parts) == 3 and parts[2] not in FAULT_MODES):
-            raise ValueError(f"--inject-fault={args.inject_fault!r}: use RANK:ACTION[:exit|raise|hang|oom], "
-                             f"e.g. 1:F2:exit")
-        fault = (int(parts[0]), parts[1], parts[2] if len(parts) == 3 else "exit")
-    return cfg, args.json, fault, args.trace
+    fault = parse_fault(args.inject_fault) if args.inject_fault else None
+    return cfg, args.json, fault, args
+
+
+def check_here(cfg: RunConfig, fault, args, launched) -> None:
+    """What the config alone cannot tell: the fault spec, the run's size, the trace file, GPUs and memory here."""
+    if fault:
+        check_fault(cfg, fault)
+    check_size(cfg, args.max_tokens, "raise --max-tokens")
+    if args.trace:
+        check_output_file(args.trace, "--trace", (".json",))
+    if cfg.device == "cuda":
+        import torch
+
+        ranks_here = int(os.environ.get("LOCAL_WORLD_SIZE", 1)) if launched else cfg.world
+        have = torch.cuda.device_count()
+        if have < ranks_here:
+            raise ValueError(f"device=cuda needs {ranks_here} GPU(s) on this machine but {have} are visible; "
+                             f"use --device cpu (with --dtype fp32), or run where the GPUs are")
+        return
+    limit = args.max_memory_gb * 2**30 if args.max_memory_gb else None
+    check_memory(cfg, 1 if launched else cfg.world, limit, "raise --max-memory-gb")
 
 
 def main(argv=None) -> int:
+    launched = launcher_env()
     try:
-        cfg, as_json, fault, trace = parse_args(argv)
+        cfg, as_json, fault, args = parse_args(argv)
         check_config(cfg)
+        check_here(cfg, fault, args, launched)
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    launched = launcher_env()
+    trace = args.trace
     if launched and launched[1] != cfg.world:
         print(f"error: the launcher started {launched[1]} processes but dp x pp x tp = {cfg.world}; "
               f"start exactly that many (e.g. torchrun --nproc-per-node {cfg.world})", file=sys.stderr)
@@ -104,6 +123,9 @@ def main(argv=None) -> int:
     except RunFailed as err:
         print(f"run failed ({err.status}): {err}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print("interrupted: every rank of this run was stopped; no record was written", file=sys.stderr)
+        return 130
     if record is None:
         return 0
     if as_json:

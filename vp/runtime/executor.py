@@ -16,6 +16,7 @@ from vp.schedule import Action, Schedule
 from vp.schedule.rules import collective, p2p_peer, root_of
 from vp.tp.context import TensorParallel
 from vp.tp.grads import reduce_replicated
+from vp.tp.layout import token_rows
 from vp.vocab import input as vocab_in
 from vp.vocab import output as vocab_out
 from vp.wgrad import WeightGradStore
@@ -38,9 +39,16 @@ class RankModel:
         return params + [p for p in (self.out_weight, self.in_weight) if p is not None]
 
     def reduce_grads(self):
-        """After the iteration's last backward: sum the gradients of parameters a tensor-parallel grid replicates."""
-        if self.tp is not None:
-            reduce_replicated(list(self.stages.values()), self.tp)
+        """After the iteration's last backward: sum the gradients of parameters a tensor-parallel grid replicates
+        (the vocabulary shards too: a grid holds shard p * q + c on every (r, k), each device summing its rows)."""
+        if self.tp is None:
+            return
+        reduce_replicated(list(self.stages.values()), self.tp)
+        shards = [p for p in (self.out_weight, self.in_weight) if p is not None and p.grad is not None]
+        if shards and self.tp.size("batch") > 1:
+            flat = self.tp.all_reduce(torch.cat([p.grad.reshape(-1) for p in shards]), "batch")
+            for p, g in zip(shards, flat.split([p.numel() for p in shards])):
+                p.grad.copy_(g.view_as(p))
 
     def total_loss(self, loss: float | None) -> float | None:
         """The iteration's loss over every token block (a grid device computes its own block's share)."""
@@ -59,8 +67,13 @@ class Executor:
         self.global_mbs = cfg.dp * sched.microbatches
         self.meter = meter
         self.dtype = DTYPES[cfg.dtype]
-        self.act_shape = (cfg.micro_batch_size, cfg.seq_len, cfg.hidden)
-        self.tokens = cfg.micro_batch_size * cfg.seq_len
+        # a tensor-parallel grid device holds token block j of the micro-batch's sequences and hidden column c
+        self.tp = model.tp
+        self.blocks, self.block = (self.tp.batch_blocks, self.tp.token_block) if self.tp else (1, 0)
+        self.grid = self.tp is not None and self.tp.mode.grid
+        rows = cfg.micro_batch_size // self.blocks
+        self.act_shape = (rows, cfg.seq_len, cfg.hidden // self.tp.q if self.grid else cfg.hidden)
+        self.tokens = rows * cfg.seq_len
         self.last_stage = sched.n_stages - 1
         self.loss_scale = 1.0
         self.st: IterState | None = None
@@ -81,15 +94,43 @@ class Executor:
     def loss_weights(self, mb: int) -> torch.Tensor:
         return loss_weights(self.batch(mb)[2], self.global_mbs) * self.loss_scale
 
+    def local(self, t: torch.Tensor) -> torch.Tensor:
+        """This device's sequences (its token block) of a whole micro-batch tensor [b, ...]."""
+        return token_rows(t, self.blocks, self.block)
+
+    # -- hidden-dimension layout of a tensor-parallel grid (1-D devices and tp = 1 hold the whole hidden) ----
+    def full_hidden(self, x: torch.Tensor, channel: str) -> torch.Tensor:
+        """[..., h/q] of each device of a grid row -> [..., h], gathered over the row."""
+        if not self.grid:
+            return x
+        parts = self.comm.all_gather(x.contiguous(), channel)  # [q, ..., h/q]
+        return parts.movedim(0, -2).reshape(*x.shape[:-1], -1)
+
+    def sum_hidden(self, x: torch.Tensor, channel: str) -> torch.Tensor:
+        """Partial [..., h] of the devices of a stage's row, summed: a grid device keeps its column's [..., h/q]
+        (reduce-scatter), a 1-D device all of it (all-reduce)."""
+        if self.tp is None:
+            return x
+        if not self.grid:
+            return self.comm.all_reduce(x, channel)
+        return self.comm.reduce_scatter(x.view(*x.shape[:-1], self.tp.q, -1).movedim(-2, 0).contiguous(), channel)
+
+    def hidden_block(self, x: torch.Tensor) -> torch.Tensor:
+        """[..., h] -> this device's column [..., h/q] (a grid) or all of it."""
+        if not self.grid:
+            return x
+        return x.view(*x.shape[:-1], self.tp.q, -1)[..., self.tp.c, :]
+
     # -- collectives --------------------------------------------------------------------------------
     def launch(self, a: Action, inst):
         """Start the collective instance an action enters, on its channel's CommStream."""
         st, comm, mb, algo = self.st, self.comm, a.mb, self.s.vocab
         if a.kind == "C0":  # the last stage's X and the loss weights, [n, h + 1] in fp32, to every rank
             root = root_of(self.s, "C0")
-            if self.rank == root:
-                x = st.x_last[mb].reshape(self.tokens, -1).float()
-                buf = torch.cat([x, self.loss_weights(mb).reshape(-1, 1)], dim=1)
+            if self.rank == root:  # a grid gathers X's hidden over its row first; S here reads the whole of it
+                x = self.full_hidden(st.x_last[mb], "C0.row").reshape(self.tokens, -1).float()
+                st.x_last[mb] = x
+                buf = torch.cat([x, self.local(self.loss_weights(mb)).reshape(-1, 1)], dim=1)
             else:
                 buf = torch.empty(self.tokens, self.cfg.hidden + 1, device=self.device)
             st.pending[inst] = comm.submit(inst.group, lambda: comm.broadcast(buf, root, inst.group), inst.text())
@@ -105,13 +146,20 @@ class Executor:
                     vocab_out.c2_step(out, comm)
 
             st.pending[inst] = comm.submit(inst.group, step, inst.text())
-        elif a.kind == "IF":  # sum the partial embeddings on the first stage's rank
+        elif a.kind == "IF":  # sum the partial embeddings on the first stage's rank, then over its row
             local, first = st.embed_local.pop(mb), root_of(self.s, "IF")
-            st.pending[inst] = comm.submit(inst.group, lambda: comm.reduce(local, first, inst.group), inst.text())
+
+            def step():
+                total = comm.reduce(local, first, inst.group)
+                return self.sum_hidden(total, "IF.row") if self.rank == first else None
+
+            st.pending[inst] = comm.submit(inst.group, step, inst.text())
         elif a.kind == "IB":  # the first stage's embedding gradient to every rank
             root = root_of(self.s, "IB")
-            buf = (st.embed_grad.pop(mb) if self.rank == root
-                   else torch.empty(self.act_shape, dtype=self.dtype, device=self.device))  # the root's dtype
+            if self.rank == root:  # a grid gathers the gradient's hidden over its row first
+                buf = self.full_hidden(st.embed_grad.pop(mb), "IB.row")
+            else:  # the whole hidden of this device's token block, in the root's dtype
+                buf = torch.empty(*self.act_shape[:-1], self.cfg.hidden, dtype=self.dtype, device=self.device)
             st.pending[inst] = comm.submit(inst.group, lambda: comm.broadcast(buf, root, inst.group), inst.text())
             if self.rank == root:
                 st.ready[inst] = buf
@@ -186,7 +234,7 @@ class Executor:
         if stage_idx == self.last_stage:
             grad = None
             if self.s.vocab_parallel:
-                grad = st.out[mb].grad_x.reshape(out.shape).to(out.dtype)
+                grad = self.hidden_block(st.out[mb].grad_x).reshape(out.shape).to(out.dtype)
                 self._used_out(mb)
         else:
             next_rank, next_chunk = self.s.where(stage_idx + 1)
@@ -236,10 +284,9 @@ class Executor:
 
     def _S(self, a: Action):
         st, mb, m = self.st, a.mb, self.model
-        _, targets, _ = self.batch(mb)
+        targets = self.local(self.batch(mb)[1])
         if self.rank == self.s.last_rank:
-            x, w = st.x_last.pop(mb).reshape(self.tokens, -1), self.loss_weights(mb)
-            w = w.reshape(-1)
+            x, w = st.x_last.pop(mb), self.local(self.loss_weights(mb)).reshape(-1)
         else:
             pack = self.result("C0", mb)
             x, w = pack[:, :-1], pack[:, -1]
@@ -275,8 +322,8 @@ class Executor:
 
     def _IF(self, a: Action):
         ids = self.batch(a.mb)[0]
-        self.st.embed_local[a.mb] = vocab_in.local_lookup(self.model.shard, self.model.in_weight, ids)
+        self.st.embed_local[a.mb] = vocab_in.local_lookup(self.model.shard, self.model.in_weight, self.local(ids))
 
     def _IB(self, a: Action):
         grad = self.result("IB", a.mb)
-        vocab_in.accumulate_grad(self.model.shard, self.model.in_weight, self.batch(a.mb)[0], grad)
+        vocab_in.accumulate_grad(self.model.shard, self.model.in_weight, self.local(self.batch(a.mb)[0]), grad)

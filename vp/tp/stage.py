@@ -35,26 +35,31 @@ class TensorParallelStage(nn.Module):
     def __init__(self, full: nn.Module, tp: TensorParallel, shard: Shard, embed_rows: torch.Tensor | None,
                  head_rows: torch.Tensor | None):
         """full: the stage built without vocabulary layers (vp.model.Stage, local_vocab=False); embed_rows and
-        head_rows: this device's shard of the input embedding and output weight (first and last stage)."""
+        head_rows: this device's shard of the input embedding and output weight (first and last stage), or None
+        under vocabulary parallelism, where the vocabulary layers are pipeline passes (vp.vocab) and the first
+        stage takes the summed embedding's block, the last returns X = final_norm(x)."""
         super().__init__()
         self.tp, self.first, self.last = tp, full.first, full.last
+        self.embed = self.head = None
         if self.first:
             self.pos = Position(full.pos, tp)
-            self.embed = VocabEmbedding(embed_rows, shard, tp)
+            if embed_rows is not None:
+                self.embed = VocabEmbedding(embed_rows, shard, tp)
         self.layers = nn.ModuleDict({name: shard_block(b, tp) for name, b in full.layers.items()})
         if self.last:
             self.final_norm = GridLayerNorm(full.final_norm, tp) if tp.mode.grid else copy.deepcopy(full.final_norm)
-            self.head = VocabOutput(head_rows, shard, tp)
+            if head_rows is not None:
+                self.head = VocabOutput(head_rows, shard, tp)
 
     def local(self, t: torch.Tensor) -> torch.Tensor:
         """This device's sequences of a whole micro-batch tensor [b, ...]."""
         return token_rows(t, self.tp.batch_blocks, self.tp.token_block)
 
     def forward(self, x, wgrad: WeightGradStore | None = None):
-        """x: the micro-batch's token ids [b, s] (first stage), else this device's activation block."""
+        """x: the micro-batch's token ids [b, s] (first stage with its embedding), else this device's activation
+        block (on a first stage without one: the block of the summed embedding)."""
         if self.first:
-            ids = self.local(x)
-            x = self.embed(ids) + self.pos.weight[: ids.shape[1]]
+            x = (self.embed(self.local(x)) if self.embed is not None else x) + self.pos.weight[: x.shape[1]]
         for blk in self.layers.values():
             x = blk(x, wgrad)
         return self.final_norm(x) if self.last else x
