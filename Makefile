@@ -10,7 +10,7 @@ ARGS ?=
 # one stamp per requested torch: asking for another build makes it out of date
 TORCH_STAMP := $(VENV)/.torch-$(shell printf '%s' '$(TORCH)' | cksum | cut -d' ' -f1)
 
-.PHONY: help venv test sweep report paper-tables paper-artifact calibrate-paper bench slurm-up slurm-down clean
+.PHONY: help venv test sweep report paper-tables paper-artifact calibrate-paper bench gpu-check slurm-up slurm-down clean
 
 help:  ## this list
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z-]+:.*## / {printf "  make %-13s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -56,6 +56,9 @@ calibrate-paper: venv  ## refit conf/hardware/a100_paper.yaml to the published a
 bench: venv  ## vocabulary-layer and pipeline benchmarks (printed, never asserted)
 	$(PY) -m vp.bench vocab
 	$(PY) -m vp.bench pipeline
+
+gpu-check: venv  ## the prepared check of the GPU path (docs/gpu-path.md; needs a CUDA torch: TORCH=...)
+	$(PY) -m harness.gpucheck $(ARGS)
 
 slurm-up:  ## start a single-node SLURM here (root; installs slurm-wlm and munge when missing)
 	bash scripts/slurm-up.sh

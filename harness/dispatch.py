@@ -49,19 +49,26 @@ def executor_for(job, cfg, folder: Path):
 
 def _record_failure_if_missing(job, cfg, handle, error: str, started: str, timed_out: bool = False) -> tuple[str, str]:
     """After a job ended: keep the record its rank 0 wrote, or write one naming the culprit rank from the
-    tracebacks the ranks left in the job folder (vp.launch.explain), or from what submitit or SLURM said."""
-    from vp.launch import classify, explain
+    tracebacks the ranks left in the job folder, stamped with the time they failed, or NCCL's words in their logs
+    (vp.failure.explain), or from what submitit or SLURM said."""
+    from vp.failure import RankEnd, classify, explain, log_evidence, read_error
 
     if status_of(job.path) is not None and _written_since(job.path, started):
         return status_of(job.path), ""
     kept = status_of(job.path) == "ok"  # a forced rerun that failed: the ok record of the earlier run stays
     folder = Path(_spec(job, cfg)["folder"])
-    errors = {r: p.read_text() for r in range(job.run.world)
-              if (p := folder / f"error-{handle.job_id}-{r}.txt").exists()}
-    if errors:
-        notes = {r: "ended without a Python error (killed or crashed)" for r in range(job.run.world) if r not in errors}
-        order = sorted(notes) + sorted(errors)
-        status, message = explain({**errors, **{r: None for r in notes}}, order, notes)
+    ends = []
+    for r in range(job.run.world):
+        err, log = folder / f"error-{handle.job_id}-{r}.txt", folder / f"{handle.job_id}_{r}_log.err"
+        if err.exists():
+            at, text = read_error(err)
+            ends.append(RankEnd(r, text, "raised an error", at))
+        elif log.exists() and (evidence := log_evidence(log.read_text(errors="replace"))):
+            ends.append(RankEnd(r, evidence, "ended without a Python error", log.stat().st_mtime))
+    if ends:  # a rank without trace is a cause too, after every cause with a time (vp.failure.explain)
+        silent = sorted(set(range(job.run.world)) - {e.rank for e in ends})
+        status, message = explain(ends + [RankEnd(r, None, "ended without a Python error (killed, crashed or hung)")
+                                          for r in silent])
     else:
         message = error or "the job ended without writing a record"
         status = classify(message)

@@ -101,7 +101,7 @@ class SlurmCluster:
 @dataclass
 class FaultSchema:
     method: str = MISSING
-    at: str = MISSING  # RANK:ACTION[:exit|raise|hang]
+    at: str = MISSING  # RANK:ACTION[:exit|raise|hang|oom]
 
 
 @dataclass
@@ -177,7 +177,7 @@ def check(cfg: DictConfig) -> None:
         node = cfg if path == "" else OmegaConf.select(cfg, path)
         schema = schema_of(path, cfg)
         if path == "fault" and node is not None and not isinstance(node, DictConfig):
-            raise ValueError(f"fault={node!r}: use null or fault={{method: M, at: 'RANK:ACTION[:exit|raise|hang]'}}")
+            raise ValueError(f"fault={node!r}: use null or fault={{method: M, at: 'RANK:ACTION[:exit|raise|hang|oom]'}}")
         if node is None or schema is None or not isinstance(node, DictConfig):
             if path == "cluster" and node is not None:
                 raise ValueError(f"cluster.name={OmegaConf.select(cfg, 'cluster.name')!r} is unknown; "

@@ -6,6 +6,7 @@ Rank 0 writes the measured timeline (`<run_id>.trace.json`, Chrome/Perfetto) and
 logs it to W&B). A rank that fails leaves its traceback in the job folder, from
 which the sweep driver writes the failure record (harness.dispatch).
 """
+import faulthandler
 import os
 import re
 import socket
@@ -16,11 +17,13 @@ from pathlib import Path
 from harness.records import finish_run
 
 
-def rendezvous(spec: dict, env) -> str:
-    """tcp://first-node-address:port (port from the job id) or a fresh file in the job folder."""
+def rendezvous(spec: dict, env, environ=os.environ) -> str:
+    """tcp://first-node-address:port (SLURM's reserved port, else one from the job id below the ephemeral range)
+    or a fresh file in the job folder."""
+    from vp.hostenv import rendezvous_port
+
     if spec.get("rendezvous") == "tcp":
-        job = int(str(env.job_id).split("_")[0])
-        return f"tcp://{node_address(env.hostnames[0])}:{20000 + job % 20000}"
+        return f"tcp://{node_address(env.hostnames[0])}:{rendezvous_port(env.job_id, environ)}"
     return f"file://{Path(spec['folder']).resolve()}/rendezvous-{env.job_id}"
 
 
@@ -45,20 +48,25 @@ def run_task(spec: dict) -> dict | None:
     import torch
 
     from vp.config import RunConfig
+    from vp.failure import write_error
+    from vp.hostenv import cpu_threads
     from vp.run import run_rank
 
     env = submitit.JobEnvironment()
     rank, world, local_rank = env.global_rank, env.num_tasks, env.local_rank
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // max(1, world // max(1, env.num_nodes))))
+    faulthandler.enable()  # a fatal signal (NCCL's watchdog aborts the process) leaves the Python stacks in the log
+    torch.set_num_threads(cpu_threads(-(-world // max(1, env.num_nodes))))
     cfg = RunConfig.from_dict(spec["config"])
     path = Path(spec["path"])
     init = rendezvous(spec, env)
     try:
         record = run_rank(cfg, rank, world, init, local_rank, fault=spec.get("fault"), experiment=spec["experiment"],
                           trace_path=spec.get("trace"))
-    except BaseException:
-        # every failing rank leaves its traceback; the sweep driver names the culprit in the run's record
-        (Path(spec["folder"]) / f"error-{env.job_id}-{rank}.txt").write_text(traceback.format_exc())
+    except BaseException as err:
+        # every failing rank leaves its traceback, stamped with the time it failed; the sweep driver names the
+        # culprit (the first to fail on its own) in the run's record
+        write_error(Path(spec["folder"]) / f"error-{env.job_id}-{rank}.txt", traceback.format_exc(),
+                    getattr(err, "failed_at", None))
         raise
     if rank != 0:
         return None

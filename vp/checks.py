@@ -11,12 +11,12 @@ GiB = 1024**3
 MAX_TOKENS_PER_MICROBATCH = 131072  # micro_batch_size x seq_len above this is taken for a typo
 MAX_SCHEDULE_SIZE = 65536  # pp x microbatches x chunks: about 30 s and 0.5 GiB to build and simulate
 PROCESS_BYTES = 0.4 * GiB  # a rank's Python, torch and communication buffers before any tensor of the run
-FAULT_MODES = ("exit", "raise", "hang")
+FAULT_MODES = ("exit", "raise", "hang", "oom")  # oom: what a NCCL call raises when CUDA is out of memory
 PICTURE_SUFFIXES = (".png", ".pdf", ".svg")
 
 
 def parse_fault(text: str) -> tuple[int, str, str]:
-    """'RANK:ACTION[:exit|raise|hang]' -> (rank, action, mode); the action is checked by check_fault."""
+    """"RANK:ACTION[:exit|raise|hang|oom]" -> (rank, action, mode); the action is checked by check_fault."""
     parts = str(text).split(":")
     if len(parts) in (3, 4) and parts[1].startswith("C") and parts[2].isdigit():  # C1:3 names its microbatch
         parts = [parts[0], f"{parts[1]}:{parts[2]}", *parts[3:]]

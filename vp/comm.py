@@ -9,6 +9,7 @@ groups along the pipeline axis:
   naive      the synchronous all-reduces of the naive (Megatron / interlaced) output layer
   step       end-of-iteration agreement (fp16 overflow check, metrics)
 Ranks named in calls (src, dst) are indices in the channel's group, never global ranks.
+Communicators are created eagerly in one global order (connect); with `emulate`, gloo keeps NCCL's rules (vp.nccl).
 """
 import contextlib
 import queue
@@ -21,6 +22,8 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+
+from vp.nccl import Emulation, Pending, Watchdog, connect, create
 
 PIPELINE_CHANNELS = ("fwd+", "fwd-", "bwd+", "bwd-", "C0", "C1", "C2", "IF", "IB", "naive", "step")
 
@@ -52,6 +55,11 @@ def make_groups(slices: dict[str, list[list[int]]], rank: int, timeout_s: float 
     return out
 
 
+def p2p_channel(kind: str, sender: int, receiver: int) -> str:
+    """The channel of a transfer: activations ('fwd') or gradients ('bwd'), to a higher ('+') or lower ('-') rank."""
+    return kind + ("+" if receiver > sender else "-")
+
+
 def local_groups(channels, ranks: list[int], me: int) -> dict[str, Group]:
     """Groups over one list of ranks for each channel (tests, one pipeline): me is this rank's index."""
     return make_groups({ch: [list(ranks)] for ch in channels}, ranks[me])
@@ -59,11 +67,14 @@ def local_groups(channels, ranks: list[int], me: int) -> dict[str, Group]:
 class Handle:
     """The result of a step submitted to a CommStream; wait() returns what the step returned."""
 
-    def __init__(self, channel: str, future=None, event=None, result=None):
+    def __init__(self, channel: str, future=None, event=None, result=None, watchdog: Watchdog | None = None):
         self.channel, self._future, self._event, self._result = channel, future, event, result
+        self._watchdog = watchdog
 
     def wait(self, timeout: float | None = None):
         if self._future is not None:
+            if self._watchdog is not None:  # as on NCCL: no timeout but the watchdog's
+                return self._watchdog.wait(self.channel, self._future)
             try:
                 return self._future.result(timeout)
             except FutureTimeout:
@@ -78,8 +89,8 @@ class CommStream:
     blocks the caller), a CUDA stream on GPU (NCCL and the step's small kernels run there; the caller waits
     on an event). The thread is a daemon: a rank that fails never waits for a step stuck on a dead peer."""
 
-    def __init__(self, device: torch.device, channel: str):
-        self.device, self.channel = device, channel
+    def __init__(self, device: torch.device, channel: str, watchdog: Watchdog | None = None):
+        self.device, self.channel, self.watchdog = device, channel, watchdog
         if device.type == "cuda":
             self.stream = torch.cuda.Stream(device)
         else:
@@ -96,7 +107,7 @@ class CommStream:
                 except BaseException as err:  # noqa: BLE001 - handed to whoever waits for the step
                     future.set_exception(err)
 
-    def submit(self, step) -> Handle:
+    def submit(self, step, what: str | None = None) -> Handle:
         if self.device.type == "cuda":
             self.stream.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(self.stream):
@@ -106,7 +117,7 @@ class CommStream:
             return Handle(self.channel, event=event, result=result)
         future = Future()
         self.steps.put((step, future))
-        return Handle(self.channel, future=future)
+        return Handle(what or self.channel, future=future, watchdog=self.watchdog)
 
     def close(self, wait: bool = True):
         if self.device.type != "cuda":
@@ -116,17 +127,23 @@ class CommStream:
 
 
 class Comm:
-    def __init__(self, groups: dict[str, Group], device: torch.device):
+    def __init__(self, groups: dict[str, Group], device: torch.device, emulate: Emulation | None = None,
+                 timeout_s: float = 300.0, rank: int = 0):
         """groups: channel -> this rank's Group (make_groups). Every collective and send on a channel runs on
-        that channel's group; an operation that waits longer than the groups' timeout fails."""
-        self.groups, self.device = dict(groups), device
+        that channel's group; an operation that waits longer than the groups' timeout fails. `emulate` applies
+        NCCL's rules on gloo (vp.nccl), with a watchdog of timeout_s as the only timeout."""
+        self.groups, self.device, self.emulate = dict(groups), device, emulate
+        self.watchdog = Watchdog(rank, timeout_s) if emulate else None
         self.calls, self.bytes_sent, self.barriers = Counter(), Counter(), Counter()  # keyed (channel, op)
         self._streams: dict[str, CommStream] = {}
+        self.created: set[tuple] = set()  # communicators: ("group", channel) or ("pair", channel, a, b), a < b
+        self.lazily: list[tuple] = []  # those created at their first use, in order (never, once connect() ran)
 
     @classmethod
-    def local(cls, ranks: list[int], me: int, device: torch.device, channels=PIPELINE_CHANNELS) -> "Comm":
+    def local(cls, ranks: list[int], me: int, device: torch.device, channels=PIPELINE_CHANNELS,
+              emulate: Emulation | None = None, timeout_s: float = 300.0) -> "Comm":
         """A Comm whose channels all span `ranks` (one pipeline, or a test's whole world)."""
-        return cls(local_groups(channels, ranks, me), device)
+        return cls(local_groups(channels, ranks, me), device, emulate, timeout_s, ranks[me])
 
     def index(self, channel: str) -> int:
         """This rank's index in the channel's group."""
@@ -134,6 +151,37 @@ class Comm:
 
     def size(self, channel: str) -> int:
         return self.groups[channel].size
+
+    # -- communicators ------------------------------------------------------------------------------
+    def connect(self, links=()):
+        """Create every communicator this rank uses, eagerly, in one order shared by all ranks (vp.nccl.connect)."""
+        connect(self, links)
+
+    def communicators(self) -> int:
+        """NCCL communicators this rank holds: the world's and one per group of two or more ranks or pair made."""
+        return 1 + sum(1 for key in self.created if self.size(key[1]) > 1)
+
+    def _first_use(self, key: tuple):
+        """Emulated NCCL without eager creation: the first use creates the communicator, blocking this thread."""
+        if key in self.created:
+            return
+        if self.emulate and self.emulate.lazy:
+            self.lazily.append(key)
+            create(self, key)
+        else:  # gloo connected the group when it was made; NCCL would connect here
+            self.created.add(key)
+
+    def block(self, what: str, work):
+        """Wait for a Work to complete: through the watchdog when emulating NCCL, else the backend's own wait."""
+        if self.watchdog is not None:
+            self.watchdog.wait(what, work)
+        else:
+            work.wait()
+
+    def doing(self, where: str):
+        """What this rank does now (iteration, step, action), for the watchdog's report."""
+        if self.watchdog is not None:
+            self.watchdog.where = where
 
     # -- bookkeeping --------------------------------------------------------------------------------
     def _count(self, channel: str, op: str, t: torch.Tensor, sends: bool = True):
@@ -165,30 +213,52 @@ class Comm:
         yield
 
     def stream(self, channel: str) -> CommStream:
-        if channel not in self._streams:
-            self._streams[channel] = CommStream(self.device, channel)
-        return self._streams[channel]
+        """The channel's CommStream; in the emulated queue form, the one queue of every channel."""
+        name = "queue" if self.emulate and self.emulate.queue else channel
+        if name not in self._streams:
+            self._streams[name] = CommStream(self.device, name, self.watchdog)
+        return self._streams[name]
 
-    def submit(self, channel: str, step) -> Handle:
-        return self.stream(channel).submit(step)
+    def submit(self, channel: str, step, what: str | None = None) -> Handle:
+        """Run a step of collectives on `channel` off the compute path; `what` names it in failure reports."""
+        self._first_use(("group", channel))
+        return self.stream(channel).submit(step, what or channel)
+
+    def _collective(self, channel: str, op: str, start):
+        """Run one collective to its end; `start` issues it asynchronously. In the emulated queue form, a call
+        from outside the queue goes through it, behind every step issued before."""
+        self._first_use(("group", channel))
+        queue = self._streams.get("queue")
+        if self.emulate and self.emulate.queue and (queue is None or threading.current_thread() is not queue.thread):
+            return self.submit(channel, lambda: self._collective(channel, op, start), f"{op} on {channel}").wait()
+        self.block(f"{op} on {channel}", start())
 
     def _pg(self, channel: str):
         return self.groups[channel].pg
 
     # -- point to point -----------------------------------------------------------------------------
+    def _pair(self, channel: str, peer: int) -> tuple:
+        me = self.index(channel)
+        return ("pair", channel, min(me, peer), max(me, peer))
+
     def isend(self, t: torch.Tensor, dst: int, channel: str):
         self._count(channel, "send", t)
-        return dist.isend(t.contiguous(), group=self._pg(channel), group_dst=dst)
+        self._first_use(self._pair(channel, dst))
+        work = dist.isend(t.contiguous(), group=self._pg(channel), group_dst=dst)
+        return Pending(self, work, f"send to rank {dst} on {channel}") if self.watchdog else work
 
     def irecv(self, t: torch.Tensor, src: int, channel: str):
         self._count(channel, "recv", t, sends=False)
-        return dist.irecv(t, group=self._pg(channel), group_src=src)
+        self._first_use(self._pair(channel, src))
+        work = dist.irecv(t, group=self._pg(channel), group_src=src)
+        return Pending(self, work, f"receive from rank {src} on {channel}") if self.watchdog else work
 
     # -- collectives (blocking for the caller: run them on a CommStream to overlap) ----------------
     def all_reduce(self, t: torch.Tensor, channel: str, op=dist.ReduceOp.SUM) -> torch.Tensor:
         self._count(channel, "all_reduce", t)
         if self.size(channel) > 1:
-            dist.all_reduce(t, op=op, group=self._pg(channel))
+            self._collective(channel, "all_reduce",
+                             lambda: dist.all_reduce(t, op=op, group=self._pg(channel), async_op=True))
         return t
 
     def all_gather(self, t: torch.Tensor, channel: str) -> torch.Tensor:
@@ -196,7 +266,9 @@ class Comm:
         self._count(channel, "all_gather", t)
         out = torch.empty((self.size(channel), *t.shape), dtype=t.dtype, device=t.device)
         if self.size(channel) > 1:
-            dist.all_gather(list(out.unbind(0)), t.contiguous(), group=self._pg(channel))
+            t = t.contiguous()
+            self._collective(channel, "all_gather",
+                             lambda: dist.all_gather(list(out.unbind(0)), t, group=self._pg(channel), async_op=True))
         else:
             out[0] = t
         return out
@@ -204,13 +276,15 @@ class Comm:
     def broadcast(self, t: torch.Tensor, src: int, channel: str) -> torch.Tensor:
         self._count(channel, "broadcast", t, sends=self.index(channel) == src)
         if self.size(channel) > 1:
-            dist.broadcast(t, group=self._pg(channel), group_src=src)
+            self._collective(channel, "broadcast",
+                             lambda: dist.broadcast(t, group=self._pg(channel), group_src=src, async_op=True))
         return t
 
     def reduce(self, t: torch.Tensor, dst: int, channel: str) -> torch.Tensor:
         self._count(channel, "reduce", t)
         if self.size(channel) > 1:
-            dist.reduce(t, group=self._pg(channel), group_dst=dst)
+            self._collective(channel, "reduce",
+                             lambda: dist.reduce(t, group=self._pg(channel), group_dst=dst, async_op=True))
         return t
 
     def reduce_scatter(self, t: torch.Tensor, channel: str) -> torch.Tensor:
@@ -220,23 +294,37 @@ class Comm:
             return t[0].clone()
         out = torch.empty(t.shape[1:], dtype=t.dtype, device=t.device)
         # [size * a, *rest] -> [a, *rest]: the collective splits its input along the first dimension
-        dist.reduce_scatter_single(out.view(-1, *t.shape[2:]) if t.dim() > 1 else out.view(1),
-                                   t.reshape(-1, *t.shape[2:]) if t.dim() > 1 else t, group=self._pg(channel))
+        self._collective(channel, "reduce_scatter", lambda: dist.reduce_scatter_single(
+            out.view(-1, *t.shape[2:]) if t.dim() > 1 else out.view(1), t.reshape(-1, *t.shape[2:]) if t.dim() > 1
+            else t, group=self._pg(channel), async_op=True))
         return out
 
     # -- asynchronous collectives: the caller waits on the returned work (overlap with its next GEMM) ----
     def ibroadcast(self, t: torch.Tensor, src: int, channel: str):
         """Counted as broadcast; t must be contiguous and stay untouched until wait()."""
         self._count(channel, "broadcast", t, sends=self.index(channel) == src)
-        return dist.broadcast(t, group=self._pg(channel), group_src=src, async_op=True)
+        return self._started(channel, "broadcast",
+                             lambda: dist.broadcast(t, group=self._pg(channel), group_src=src, async_op=True))
 
     def ireduce(self, t: torch.Tensor, dst: int, channel: str):
         """Counted as reduce; the sum lands in t on dst after wait()."""
         self._count(channel, "reduce", t)
-        return dist.reduce(t, group=self._pg(channel), group_dst=dst, async_op=True)
+        return self._started(channel, "reduce",
+                             lambda: dist.reduce(t, group=self._pg(channel), group_dst=dst, async_op=True))
+
+    def _started(self, channel: str, op: str, start):
+        """An asynchronous collective, started; wait() on the result. Emulating NCCL, it is created lazily like
+        any other, waits through the watchdog, and in the queue form runs in the rank's one queue."""
+        if self.watchdog is None:
+            return start()
+        self._first_use(("group", channel))
+        if self.emulate.queue:
+            return self.submit(channel, lambda: self.block(f"{op} on {channel}", start()), f"{op} on {channel}")
+        return Pending(self, start(), f"{op} on {channel}")
 
     def close(self, failed: bool = False):
-        """Release streams and groups; after a failure, without waiting on steps that may never end."""
+        """Release streams and groups; after a failure, without waiting on steps that may never end (the process
+        then aborts its communicators: abort_all)."""
         for s in self._streams.values():
             s.close(wait=not failed)
         if not failed:
@@ -244,3 +332,12 @@ class Comm:
                 if g.pg is not None:
                     dist.destroy_process_group(g.pg)
         self.groups = {}
+
+
+def abort_all():
+    """After a failure: abort every communicator of this process at once (NCCL's group abort: aborting them one
+    by one can deadlock), without waiting for pending work, so that peers blocked with this rank fail now."""
+    from torch.distributed.distributed_c10d import _abort_process_group
+
+    if dist.is_initialized():
+        _abort_process_group()

@@ -10,6 +10,7 @@ from vp.schedule.methods import Method, chunks_for, get_method
 from vp.tp.modes import check_sizes, get_mode
 
 DEVICES = ("cpu", "cuda")
+NCCL_FORMS = ("lazy", "queue", "both")  # vp.nccl.FORMS (this module stays free of torch)
 DTYPES = ("fp32", "bf16", "fp16")
 
 
@@ -40,6 +41,7 @@ class RunConfig:
     #                                       None = the official default, 0
     lr: float = 1e-3
     timeout_s: float = 300.0
+    emulate_nccl: str | None = None  # CPU runs: keep NCCL's rules on gloo, lazy | queue | both (vp.nccl)
 
     @property
     def ffn(self) -> int:
@@ -172,6 +174,13 @@ def check_config(cfg: RunConfig) -> RunConfig:
         raise ValueError(f"lr={cfg.lr} must be positive (the default is 1e-3)")
     if not cfg.timeout_s > 0:
         raise ValueError(f"timeout_s={cfg.timeout_s} must be a positive number of seconds")
+    if cfg.emulate_nccl is not None:
+        if cfg.emulate_nccl not in NCCL_FORMS:
+            raise ValueError(f"emulate_nccl={cfg.emulate_nccl!r} is unknown; use one of {', '.join(NCCL_FORMS)} "
+                             f"(or leave it unset)")
+        if cfg.device != "cpu":
+            raise ValueError(f"emulate_nccl={cfg.emulate_nccl} emulates NCCL on CPU (gloo); device={cfg.device} "
+                             f"runs NCCL itself: drop emulate_nccl")
     chunks = chunks_for(spec, cfg.chunks)
     padded_vocab_size(cfg.vocab_size, cfg.pad_multiple, cfg.vocab_shards)
     stage_layers(cfg)

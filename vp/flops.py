@@ -24,6 +24,12 @@ def model_flops(sequences: int, seq_len: int, hidden: int, ffn_hidden: int, laye
     return output_flops(tokens, hidden, vocab) + layers * layer_flops(tokens, seq_len, hidden, ffn_hidden)
 
 
-# dense bf16/fp16 peak FLOP/s of a device, by the name CUDA reports (first match wins, so the specific names
-# come first): the datasheets' dense tensor-core figures (the H100 PCIe card is the slower part)
+# dense bf16/fp16 peak FLOP/s of a GPU model: the datasheets' dense tensor-core figures (H100 means the SXM part;
+# the PCIe card is slower)
 DEVICE_PEAKS = {"A100": 312e12, "H100 PCIe": 756e12, "H100": 989e12, "H200": 989e12}
+
+# the model of each device name CUDA reports, matched exactly: a name not listed (an NVL or GH200 part, a new
+# card) gets a measured peak instead of a neighbour's datasheet figure
+DEVICE_NAMES = {"NVIDIA A100-SXM4-40GB": "A100", "NVIDIA A100-SXM4-80GB": "A100", "NVIDIA A100-PCIE-40GB": "A100",
+                "NVIDIA A100 80GB PCIe": "A100", "NVIDIA H100 80GB HBM3": "H100", "NVIDIA H100 PCIe": "H100 PCIe",
+                "NVIDIA H200": "H200"}

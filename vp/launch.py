@@ -1,5 +1,6 @@
 """Starting a run's dp x pp x tp processes on this machine and turning their failures into one clear error."""
 import ctypes
+import faulthandler
 import json
 import multiprocessing as mp
 import os
@@ -12,7 +13,10 @@ from pathlib import Path
 
 import torch
 
+from vp import failure
 from vp.config import RunConfig
+from vp.failure import RankEnd, classify  # noqa: F401 - classify: part of this module's interface (harness)
+from vp.hostenv import cpu_threads
 from vp.record import write_atomic
 
 KILL_GRACE_S = 10.0  # after one rank failed, how long the others get to fail on their own before a kill
@@ -24,29 +28,13 @@ class RunFailed(RuntimeError):
         self.status = status
 
 
-# what a rank reports when a *peer* failed: not the cause of a run's failure
-PEER_SYMPTOMS = ("connection closed by peer", "connection reset by peer", "broken pipe", "gave no result within",
-                 "timed out", "timeout", "nccl communicator was aborted")
-
-
-def classify(error: str) -> str:
-    """The record status of a failure, from its error text."""
-    if "OutOfMemoryError" in error or "CUDA out of memory" in error:
-        return "oom"
-    return "timeout" if "timed out" in error.lower() or "timeout" in error.lower() else "failed"
-
-
-def explain(errors: dict[int, str | None], order: list[int], notes: dict[int, str]) -> tuple[str, str]:
-    """(status, message) of a failed run. errors: each failed rank's traceback, or None when it ended without
-    a Python error (notes[rank] says how); order: ranks in the order they failed. The culprit is a rank that
-    died without a Python error, else the first whose error is not a peer's symptom, else the first to fail."""
-    died = [r for r in order if errors.get(r) is None and not notes.get(r, "").startswith("stopped")]
-    own = [r for r in order if errors.get(r) and not any(s in errors[r].lower() for s in PEER_SYMPTOMS)]
-    culprit = (died or own or order)[0]
-    text = errors.get(culprit) or f"rank {culprit}: {notes.get(culprit, 'ended without a Python error')}"
-    summary = "; ".join(_summary_line(r, errors.get(r) or notes.get(r, "ended without a Python error"))
-                        for r in order)
-    return classify(text), f"{summary}\n\n{text}"
+def explain(errors: dict[int, str | None], order: list[int], notes: dict[int, str],
+            times: dict[int, float] | None = None) -> tuple[str, str]:
+    """(status, message) of a failed run (vp.failure.explain). errors: each failed rank's traceback, or None when it
+    ended without a Python error (notes[rank] says how); order: ranks in the order they were seen failing;
+    times: when each failed (error stamps, else when seen ending); without times, the order stands for them."""
+    times = times or {r: float(i) for i, r in enumerate(order)}
+    return failure.explain([RankEnd(r, errors.get(r), notes.get(r, "raised an error"), times.get(r)) for r in order])
 
 
 def _local_worker(cfg_dict, rank, world, init_method, workdir, fault, trace_path):
@@ -56,15 +44,20 @@ def _local_worker(cfg_dict, rank, world, init_method, workdir, fault, trace_path
     # with its parent
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     _die_with_parent()
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
+    # this rank's stderr (Python's, and NCCL's from C++) goes to its log; a fatal signal (NCCL's watchdog aborts
+    # the process) leaves every thread's Python stack there
+    log = open(Path(workdir) / f"log-{rank}.txt", "w")
+    os.dup2(log.fileno(), 2)
+    faulthandler.enable()
+    torch.set_num_threads(cpu_threads(world, env={}))  # the ranks share this machine's (or task's) CPUs
     try:
         record = run_rank(RunConfig.from_dict(cfg_dict), rank, world, init_method, local_rank=rank, fault=fault,
                           trace_path=trace_path)
         if record is not None:
             write_atomic(Path(workdir) / "record.json", record)
-    except BaseException:  # noqa: BLE001 - reported through a file, then the process exits non-zero
+    except BaseException as err:  # noqa: BLE001 - reported through a file, then the process exits non-zero
         text = traceback.format_exc()
-        (Path(workdir) / f"error-{rank}.txt").write_text(text)
+        failure.write_error(Path(workdir) / f"error-{rank}.txt", text, getattr(err, "failed_at", None))
         print(text, file=sys.stderr, flush=True)
         os._exit(1)  # now: do not wait for communication threads that a dead peer keeps blocked
 
@@ -81,21 +74,20 @@ def _die_with_parent() -> None:
 def launch_local(cfg: RunConfig, fault=None, trace_path: str | None = None) -> dict:
     """Start dp x pp x tp processes here, wait for them, return rank 0's record; RunFailed if any rank fails."""
     ctx = mp.get_context("spawn")
+    grace = min(KILL_GRACE_S, cfg.timeout_s)
     with tempfile.TemporaryDirectory(prefix="vp-run-") as workdir:
         init = f"file://{workdir}/rendezvous"
         procs = [ctx.Process(target=_local_worker, args=(cfg.to_dict(), r, cfg.world, init, workdir, fault,
                                                          trace_path))
                  for r in range(cfg.world)]
-        failed_at, order, killed = None, [], set()  # order: ranks in the order they were seen failing
+        seen, killed = {}, set()  # rank -> when it was seen failing
         try:
             for p in procs:
                 p.start()
             while any(p.exitcode is None for p in procs):
                 time.sleep(0.05)
-                order += [r for r, p in enumerate(procs) if p.exitcode not in (None, 0) and r not in order]
-                if order and failed_at is None:
-                    failed_at = time.monotonic()
-                if failed_at is not None and time.monotonic() - failed_at > KILL_GRACE_S:
+                seen.update({r: time.time() for r, p in enumerate(procs) if p.exitcode not in (None, 0) and r not in seen})
+                if seen and time.time() - min(seen.values()) > grace:
                     for r, p in enumerate(procs):  # the others did not give up on their own: stop them
                         if p.exitcode is None:
                             p.kill()
@@ -110,23 +102,30 @@ def launch_local(cfg: RunConfig, fault=None, trace_path: str | None = None) -> d
             raise
         for p in procs:
             p.join()
+        _replay_logs(workdir, cfg.world)
         failures = [r for r, p in enumerate(procs) if p.exitcode != 0]
         if failures:
-            order += [r for r in failures if r not in order]
-            files = {r: Path(workdir) / f"error-{r}.txt" for r in failures}
-            errors = {r: files[r].read_text() if files[r].exists() else None for r in failures}
-            notes = {r: "stopped after the others failed" if r in killed else f"exited with code {procs[r].exitcode}"
-                     for r in failures}
-            raise RunFailed(*explain(errors, order, notes))
+            raise RunFailed(*failure.explain([_rank_end(workdir, r, procs[r].exitcode, r in killed, seen.get(r))
+                                              for r in failures]))
         return json.loads((Path(workdir) / "record.json").read_text())
 
 
-def _summary_line(rank: int, text: str) -> str:
-    """One line per failed rank: its RankFailure (rank, iteration, step, action) or its last line."""
-    lines = [line for line in text.strip().splitlines() if line.strip()]
-    for line in lines:  # the RankFailure line names rank, iteration, step and action
-        if "RankFailure: " in line:
-            return line.split("RankFailure: ", 1)[1]
-    return f"rank {rank}: {lines[-1] if lines else text}"
+def _rank_end(workdir: str, rank: int, exitcode: int, killed: bool, seen: float | None) -> RankEnd:
+    """A failed rank's evidence: its stamped traceback, else NCCL's or the fault handler's words in its log."""
+    how = ("stopped after the others failed" if killed else
+           f"killed by signal {-exitcode}" if exitcode < 0 else f"exited with code {exitcode}")
+    error_file, log = Path(workdir) / f"error-{rank}.txt", Path(workdir) / f"log-{rank}.txt"
+    if error_file.exists():
+        at, text = failure.read_error(error_file)
+        return RankEnd(rank, text, "raised an error", at or seen)
+    evidence = failure.log_evidence(log.read_text(errors="replace")) if log.exists() and not killed else None
+    return RankEnd(rank, evidence, how, seen)
 
 
+def _replay_logs(workdir: str, world: int):
+    """Each rank's stderr, after the run (its log), on this process's stderr."""
+    for r in range(world):
+        log = Path(workdir) / f"log-{r}.txt"
+        text = log.read_text(errors="replace").strip() if log.exists() else ""
+        if text:
+            print(f"--- rank {r} (stderr) ---\n{text}", file=sys.stderr, flush=True)

@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
-from vp.flops import DEVICE_PEAKS, model_flops
+from vp.flops import DEVICE_NAMES, DEVICE_PEAKS, model_flops
 from vp.schedule.actions import COMPUTE, Action
 
 
@@ -33,7 +33,7 @@ class RankMeasurement:
     collectives: dict  # calls per iteration, by operation
     barriers_per_microbatch: float
     peak_flops: float = 0.0
-    communicators: int = 0
+    communicators: int = 0  # NCCL communicators this rank holds (vp.comm.Comm.communicators)
 
     def pass_times(self) -> tuple[dict, dict]:
         """(mean seconds, passes per iteration) of each compute pass kind over the measured iterations."""
@@ -79,6 +79,7 @@ class Metrics:
     bytes_by_channel: list = field(default_factory=list)  # per rank, per iteration
     collectives: list = field(default_factory=list)  # per rank
     barriers_per_microbatch: list = field(default_factory=list)  # per rank
+    communicators: list = field(default_factory=list)  # per rank: NCCL communicators it holds (real runs)
     device_memory_bytes: float | None = None  # simulated: the device's capacity
 
     def to_dict(self) -> dict:
@@ -104,6 +105,7 @@ class Metrics:
                    bytes_by_channel=[r.bytes_by_channel for r in per_rank],
                    collectives=[r.collectives for r in per_rank],
                    barriers_per_microbatch=[r.barriers_per_microbatch for r in per_rank],
+                   communicators=[r.communicators for r in per_rank],
                    **throughput(cfg, t, len(per_rank), peak))
 
     @classmethod
@@ -159,19 +161,25 @@ def throughput(cfg, seconds: float, devices: int, peak_flops: float) -> dict:
 
 
 def device_peak(device: torch.device) -> tuple[float, str]:
-    """(peak FLOP/s, how it was found): the table for known GPUs, a matmul probe otherwise."""
+    """(peak FLOP/s, how it was found): the datasheet figure of a GPU named exactly in DEVICE_NAMES, else a
+    matmul probe (bf16 on GPUs, fp32 on CPU)."""
     if device.type == "cuda":
         name = torch.cuda.get_device_name(device)
-        for key, peak in DEVICE_PEAKS.items():
-            if key in name:
-                return peak, f"table:{key}"
+        return table_peak(name) or (probe_peak(device), f"probe:matmul ({name!r} is not in vp.flops.DEVICE_NAMES)")
     return probe_peak(device), "probe:matmul"
 
 
-def probe_peak(device: torch.device, n: int = 512, reps: int = 8) -> float:
-    """FLOP/s of the best of a few n x n fp32 matmuls on this process's threads."""
-    a = torch.randn(n, n, device=device)
-    b = torch.randn(n, n, device=device)
+def table_peak(name: str) -> tuple[float, str] | None:
+    """(datasheet peak, 'table:MODEL') of a device CUDA names exactly as in DEVICE_NAMES, else None."""
+    model = DEVICE_NAMES.get(name)
+    return (DEVICE_PEAKS[model], f"table:{model}") if model else None
+
+
+def probe_peak(device: torch.device, reps: int = 8) -> float:
+    """FLOP/s of the best of a few n x n matmuls: n = 512 in fp32 on CPU threads, n = 8192 in bf16 on a GPU."""
+    n, dtype = (8192, torch.bfloat16) if device.type == "cuda" else (512, torch.float32)
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn(n, n, device=device, dtype=dtype)
     best = float("inf")
     for _ in range(reps):
         if device.type == "cuda":

@@ -9,12 +9,14 @@ from pathlib import Path
 
 STATUSES = ("ok", "failed", "oom", "timeout")
 NOT_SEMANTIC = ("timeout_s",)  # changing these does not change what a run measures
+OMITTED_AT_DEFAULT = {"emulate_nccl": None}  # fields added later: hashed only when set, so older run ids hold
 
 
 def run_id(config: dict, backend: str, hardware: dict | None = None) -> str:
     """A hash of the semantic config: the same run anywhere gets the same id (paths, times, loggers excluded).
     A simulated run also hashes its hardware profile's contents, so a recalibrated profile reruns."""
-    semantic = {k: v for k, v in sorted(config.items()) if k not in NOT_SEMANTIC}
+    semantic = {k: v for k, v in sorted(config.items())
+                if k not in NOT_SEMANTIC and not (k in OMITTED_AT_DEFAULT and v == OMITTED_AT_DEFAULT[k])}
     semantic["backend"] = backend
     if backend == "sim":
         semantic["hardware"] = hardware

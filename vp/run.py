@@ -11,16 +11,20 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from vp.comm import PIPELINE_CHANNELS, Comm, make_groups
+from vp.comm import PIPELINE_CHANNELS, Comm, abort_all, make_groups, p2p_channel
 from vp.config import RunConfig
+from vp.hostenv import device_index, nccl_environment
 from vp.mesh import Mesh
 from vp.metrics import Metrics, RankMeasurement, device_peak
+from vp.nccl import Emulation
 from vp.model import build_stage, vocab_rows
 from vp.record import git_commit, make_record, now
 from vp.runtime.executor import RankModel
 from vp.runtime.loop import Runtime
-from vp.schedule import build
+from vp.schedule import Schedule, build
+from vp.schedule.actions import P2P
 from vp.schedule import validate as validate_schedule
+from vp.schedule.rules import enters, p2p_peer
 from vp.tp.context import TensorParallel, tp_slices
 from vp.trace import write_trace
 from vp.vocab.output import Shard
@@ -73,12 +77,40 @@ def train_rank(cfg: RunConfig, rank: int, comm: Comm, device: torch.device, faul
         parameters=n_params, bytes_sent=sum(comm.bytes_sent.values()) / its,
         bytes_by_channel={k: v / its for k, v in comm.by_channel(comm.bytes_sent).items()},
         collectives={k: v / its for k, v in comm.by_op(comm.calls).items()},
-        barriers_per_microbatch=sum(comm.barriers.values()) / mbs)
+        barriers_per_microbatch=sum(comm.barriers.values()) / mbs, communicators=comm.communicators())
 
 
-def channels(cfg: RunConfig) -> dict[str, list[list[int]]]:
-    """Every process group of a run, by channel (vp.comm.make_groups)."""
-    return mesh_channels(cfg.mesh)
+def schedule_channels(sched: Schedule, cfg: RunConfig) -> list[str]:
+    """The pipeline channels a run uses, in PIPELINE_CHANNELS order."""
+    used = {ch for ch, _, _ in schedule_links(sched) | PROBE_LINKS}
+    used |= {inst.group for acts in sched.ranks for a in acts if (inst := enters(sched, a))}
+    if cfg.dtype == "fp16":
+        used.add("step")  # the loss scaler's overflow agreement
+    return [ch for ch in PIPELINE_CHANNELS if ch in used]
+
+
+def schedule_links(sched: Schedule) -> set[tuple[str, int, int]]:
+    """(channel, sender, receiver) of every point-to-point transfer of the schedule, on every rank."""
+    links = set()
+    for r, acts in enumerate(sched.ranks):
+        for a in acts:
+            if a.kind in P2P and a.kind[0] == "S":
+                peer, _ = p2p_peer(sched, a)
+                links.add((p2p_channel("fwd" if a.kind == "SF" else "bwd", r, peer), r, peer))
+    return links
+
+
+PROBE_LINKS = {("fwd+", 0, 1), ("bwd-", 1, 0)}  # link_probe's ping-pong
+
+
+def channels(cfg: RunConfig, sched: Schedule | None = None) -> dict[str, list[list[int]]]:
+    """Every process group of a run, by channel (vp.comm.make_groups creates them in this order); given the
+    schedule, only the pipeline channels it uses: NCCL makes a communicator, and its buffers, for every group."""
+    out = mesh_channels(cfg.mesh)
+    if sched is None:
+        return out
+    used = set(schedule_channels(sched, cfg))
+    return {ch: groups for ch, groups in out.items() if ch not in PIPELINE_CHANNELS or ch in used}
 
 
 VOCAB_AXIS = {"C1": "vocab", "C2": "vocab", "naive": "vocab", "step": "replica"}  # the rest: "pp"
@@ -114,10 +146,10 @@ def link_probe(comm: Comm, sizes=(4096, 262144, 4194304), reps: int = 3) -> list
                 t0 = time.perf_counter()
                 if me == 0:
                     comm.isend(buf, 1, "fwd+").wait()
-                    comm.irecv(buf, 1, "fwd-").wait()
+                    comm.irecv(buf, 1, "bwd-").wait()
                 else:
                     comm.irecv(buf, 0, "fwd+").wait()
-                    comm.isend(buf, 0, "fwd-").wait()
+                    comm.isend(buf, 0, "bwd-").wait()
                 if comm.device.type == "cuda":
                     torch.cuda.synchronize()
                 best = min(best, (time.perf_counter() - t0) / 2)
@@ -133,24 +165,33 @@ def run_rank(cfg: RunConfig, rank: int, world: int, init_method: str, local_rank
     if world != cfg.world:
         raise ValueError(f"world size {world} differs from dp x pp x tp = {cfg.world}; launch exactly that many "
                          f"processes")
-    device = torch.device("cuda", local_rank) if cfg.device == "cuda" else torch.device("cpu")
-    if device.type == "cuda":
+    device = torch.device("cpu")
+    if cfg.device == "cuda":  # device_id: NCCL creates the world's communicator now, and each group's in new_group
+        device = torch.device("cuda", device_index(local_rank, torch.cuda.device_count()))
         torch.cuda.set_device(device)
+        nccl_environment()
+    emulate = Emulation.of(cfg.emulate_nccl)
+    pg_timeout = cfg.timeout_s * (2 if emulate else 1)  # emulating NCCL, the watchdog's timeout comes first
     started = now()
     dist.init_process_group("nccl" if device.type == "cuda" else "gloo", init_method=init_method, rank=rank,
-                            world_size=world, timeout=timedelta(seconds=cfg.timeout_s))
+                            world_size=world, timeout=timedelta(seconds=pg_timeout),
+                            device_id=device if device.type == "cuda" else None)
     comm = None
     try:
-        comm = Comm(make_groups(channels(cfg), rank, cfg.timeout_s), device)
+        sched = build(cfg.method, cfg.pp, cfg.microbatches, cfg.n_chunks)
+        comm = Comm(make_groups(channels(cfg, sched), rank, pg_timeout), device, emulate, cfg.timeout_s, rank)
+        comm.connect(schedule_links(sched) | PROBE_LINKS)
         peak, how = device_peak(device)
         probe = link_probe(comm)
         mine = train_rank(cfg, rank, comm, device, fault)
         mine.peak_flops = peak
         gathered = [None] * world
         dist.all_gather_object(gathered, mine)
-    except BaseException:
-        if comm is not None:  # peers may be blocked with us: leave their groups alone, exit promptly
+    except BaseException as err:
+        err.failed_at = time.time()  # before the abort below makes the peers fail (vp.failure: first in time)
+        if comm is not None:  # peers may be blocked with us: abort our communicators, so they fail now
             comm.close(failed=True)
+        abort_all()
         raise
     comm.close()
     dist.destroy_process_group()

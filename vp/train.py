@@ -6,7 +6,7 @@ otherwise this starts dp x pp x tp local processes itself (CPU + gloo, or one pe
 micro-batch-size sequences. --tp runs each stage on a tensor-parallel group (docs/tensor-parallel.md).
 Rank 0 prints one result record with --json, or a summary, and writes the measured timeline of the measured
 iterations as a Chrome/Perfetto trace with --trace. A failed run prints the failing rank's error to stderr,
-exits non-zero and prints no record.
+exits non-zero and prints no record. --emulate-nccl keeps NCCL's rules on a CPU run (docs/gpu-path.md).
 """
 import argparse
 import json
@@ -56,6 +56,10 @@ def parse_args(argv=None):
                          "(default 0); the rest go to the other stages, remainders on the later ones")
     ap.add_argument("--lr", type=float, default=d.lr)
     ap.add_argument("--timeout-s", type=float, default=d.timeout_s)
+    ap.add_argument("--emulate-nccl", nargs="?", const="both", default=None, metavar="lazy|queue|both",
+                    help="CPU runs: keep NCCL's rules on gloo (lazy: blocking communicator creation at first use; "
+                         "queue: one ordered queue for all of a rank's collectives; both, the default form); "
+                         "waits end only by the watchdog after --timeout-s (docs/gpu-path.md)")
     ap.add_argument("--json", action="store_true", help="print the result record as one JSON object")
     ap.add_argument("--max-tokens", type=int, default=MAX_TOKENS_PER_MICROBATCH,
                     help="refuse micro_batch_size x seq_len above this (a sanity limit against typos)")
@@ -63,8 +67,9 @@ def parse_args(argv=None):
                     help="memory the local ranks may use together (default: what this machine has available)")
     ap.add_argument("--trace", default=None, metavar="FILE",
                     help="write the measured timeline (Chrome/Perfetto trace JSON) of the measured iterations")
-    ap.add_argument("--inject-fault", default=None, metavar="RANK:ACTION[:exit|raise|hang]",
-                    help="testing aid: make a rank die, raise or hang at an action of the first iteration")
+    ap.add_argument("--inject-fault", default=None, metavar="RANK:ACTION[:exit|raise|hang|oom]",
+                    help="testing aid: make a rank die, raise, hang or fail as NCCL does when CUDA runs out of "
+                         "memory, at an action of the first iteration")
     args = ap.parse_args(argv)
     fields = {k: v for k, v in vars(args).items()
               if k not in ("json", "inject_fault", "trace", "max_tokens", "max_memory_gb")}

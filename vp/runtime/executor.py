@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from vp.comm import Comm
+from vp.comm import Comm, p2p_channel
 from vp.data import loss_weights, microbatch
 from vp.model import Stage
 from vp.runtime.memory import ActivationMeter
@@ -133,7 +133,7 @@ class Executor:
                 buf = torch.cat([x, self.local(self.loss_weights(mb)).reshape(-1, 1)], dim=1)
             else:
                 buf = torch.empty(self.tokens, self.cfg.hidden + 1, device=self.device)
-            st.pending[inst] = comm.submit(inst.group, lambda: comm.broadcast(buf, root, inst.group))
+            st.pending[inst] = comm.submit(inst.group, lambda: comm.broadcast(buf, root, inst.group), inst.text())
         elif a.kind in algo.collectives:
             out = st.out[mb]
             if a.kind in algo.after_t:  # the last use of the output state on this rank but B's
@@ -145,7 +145,7 @@ class Executor:
                 else:
                     vocab_out.c2_step(out, comm)
 
-            st.pending[inst] = comm.submit(inst.group, step)
+            st.pending[inst] = comm.submit(inst.group, step, inst.text())
         elif a.kind == "IF":  # sum the partial embeddings on the first stage's rank, then over its row
             local, first = st.embed_local.pop(mb), root_of(self.s, "IF")
 
@@ -153,14 +153,14 @@ class Executor:
                 total = comm.reduce(local, first, inst.group)
                 return self.sum_hidden(total, "IF.row") if self.rank == first else None
 
-            st.pending[inst] = comm.submit(inst.group, step)
+            st.pending[inst] = comm.submit(inst.group, step, inst.text())
         elif a.kind == "IB":  # the first stage's embedding gradient to every rank
             root = root_of(self.s, "IB")
             if self.rank == root:  # a grid gathers the gradient's hidden over its row first
                 buf = self.full_hidden(st.embed_grad.pop(mb), "IB.row")
             else:  # the whole hidden of this device's token block, in the root's dtype
                 buf = torch.empty(*self.act_shape[:-1], self.cfg.hidden, dtype=self.dtype, device=self.device)
-            st.pending[inst] = comm.submit(inst.group, lambda: comm.broadcast(buf, root, inst.group))
+            st.pending[inst] = comm.submit(inst.group, lambda: comm.broadcast(buf, root, inst.group), inst.text())
             if self.rank == root:
                 st.ready[inst] = buf
         # S and T of the synchronous (naive) algorithm communicate inside their compute: nothing to launch
@@ -257,9 +257,8 @@ class Executor:
 
     def _channel(self, a: Action) -> tuple[int, str]:
         peer, _ = p2p_peer(self.s, a)
-        kind = "fwd" if a.kind in ("SF", "RF") else "bwd"
         sender, receiver = (self.rank, peer) if a.kind[0] == "S" else (peer, self.rank)
-        return peer, kind + ("+" if receiver > sender else "-")
+        return peer, p2p_channel("fwd" if a.kind in ("SF", "RF") else "bwd", sender, receiver)
 
     def _SF(self, a: Action):
         peer, channel = self._channel(a)

@@ -102,6 +102,7 @@ class Runtime:
         begin = time.perf_counter()
         self.timer.begin()
         for i, a in enumerate(self.actions):
+            self.ex.comm.doing(f"iteration {it}, step {i} ({a.text()})")
             try:
                 if self.fault and self.fault[0] == self.me and self.fault[1] == a.text() and it == 0:
                     self._inject(self.fault[2])
@@ -109,6 +110,7 @@ class Runtime:
             except Exception as err:
                 raise RankFailure(f"rank {self.me} failed at iteration {it}, step {i} ({a.text()}): "
                                   f"{type(err).__name__}: {err}\n" + self.s.grid((self.rank, i), 5)) from err
+        self.ex.comm.doing(f"iteration {it}, the end (waiting for its last communication)")
         try:
             self.ex.drain(self.cfg.timeout_s)
         except Exception as err:
@@ -155,9 +157,17 @@ class Runtime:
         self.timer.add(a.text(self.show_chunk), arrived, began, self.timer.now())
 
     def _inject(self, mode: str):
-        """Test aid (--inject-fault): die, raise, or hang, at a chosen action."""
+        """Test aid (--inject-fault): die, raise, hang, or fail as a NCCL call does when CUDA is out of memory."""
         if mode == "exit":
             os._exit(17)
         if mode == "raise":
             raise RuntimeError("injected fault")
+        if mode == "oom":
+            raise torch.distributed.DistBackendError(NCCL_OOM)
         time.sleep(10 * self.cfg.timeout_s + 3600)
+
+
+# what ProcessGroupNCCL raises when a NCCL call fails for want of device memory (injected fault "oom")
+NCCL_OOM = ("NCCL error in: torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:1970, unhandled cuda error (run with "
+            "NCCL_DEBUG=INFO for details), NCCL version 2.21.5\nncclUnhandledCudaError: Call to CUDA function "
+            "failed.\nLast error:\nCuda failure 'out of memory'")

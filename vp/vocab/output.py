@@ -13,9 +13,14 @@ naive   (Megatron, interlaced): S = logits, all-reduce max, all-reduce (sum exp,
 alg1    S = logits and local statistics m_i, s_i = sum exp(Y_i - m_i), target logit, local softmax P_i;
         C1 all-gathers the statistics (m = max m_i, s = sum s_i exp(m_i - m), exactly);
         T = grad W_i and G_i; C2 all-reduces G into grad X: two barriers.
-alg2    S also computes A_i = P_i W_i and E_i = W_i[y] (0 where y is not in shard i);
-        C1 all-gathers the statistics and then all-reduces sum_i w (alpha_i A_i - E_i) = grad X,
+alg2    S also computes A'_i = (P_i - onehot_i(y)) W_i and E_i = W_i[y] (0 where y is not in shard i);
+        C1 all-gathers the statistics and then all-reduces sum_i w (alpha_i A'_i + (alpha_i - 1) E_i) = grad X,
         alpha_i = s_i exp(m_i - m) / s rescaling the local softmax; T only computes grad W_i: one barrier.
+        This is the paper's w (alpha_i A_i - E_i) with A_i = P_i W_i = A'_i + E_i, rearranged for precision: with
+        A_i from a bf16 GEMM, alpha_i A_i - E_i subtracts two nearly equal terms as p_target -> 1 and keeps only
+        bf16's error of |A_i|; P_i - onehot is formed in fp32 before the GEMM (as Algorithm 1 forms
+        P - onehot), so A'_i carries bf16's error of its own, small, size, and (alpha_i - 1) comes from fp32
+        statistics. Both algorithms' grad X then have the same error (docs/gpu-path.md, precision).
 Padded rows get logit -inf, so they never receive probability mass or gradient.
 """
 from dataclasses import dataclass
@@ -63,7 +68,7 @@ class OutputState:
     weights: torch.Tensor  # [n] loss weights (gradient of the loss w.r.t. each token's loss)
     probs: torch.Tensor  # [n, V/p] local softmax P_i (naive: global softmax)
     stats: torch.Tensor  # [3, n] local max m_i, local sum s_i, target logit (0 outside the shard)
-    a: torch.Tensor | None = None  # [n, h] alg2: P_i W_i
+    a: torch.Tensor | None = None  # [n, h] alg2: A'_i = (P_i - onehot_i(y)) W_i, in the GEMM's dtype
     e: torch.Tensor | None = None  # [n, h] alg2: W_i[y]
     alpha: torch.Tensor | None = None  # [n] after C1: s_i exp(m_i - m) / s
     loss: torch.Tensor | None = None  # [] after C1: sum_t w_t loss_t
@@ -118,10 +123,13 @@ def s_pass(shard: Shard, weight: torch.Tensor, x: torch.Tensor, targets: torch.T
         probs = e.div_(stats[1].clamp_min(torch.finfo(e.dtype).tiny)[:, None])  # P_i = exp(Y_i - m_i) / s_i
         state = OutputState(x, targets, weights, probs, stats)
         if algo.grad_x_in_s:
-            w = weight.to(probs.dtype)
             local, inside = shard.local_targets(targets)
-            state.a = probs @ w  # [n, h]
-            state.e = w[local] * inside[:, None]  # [n, h]
+            rows = inside.nonzero()[:, 0]
+            p_target = probs[rows, local[rows]]
+            probs[rows, local[rows]] -= 1.0  # P_i - onehot_i(y), in fp32
+            state.a = probs @ weight  # [n, h]; under autocast a bf16 GEMM of an fp32-exact difference
+            probs[rows, local[rows]] = p_target  # P_i again, exactly, for T
+            state.e = weight[local].float() * inside[:, None]  # [n, h], exact
         return state
 
 
@@ -141,9 +149,9 @@ def c1_step(state: OutputState, comm: Comm, algo: VocabAlgorithm) -> OutputState
     with torch.no_grad(), comm.barrier("C1"):
         _combine(state, comm.all_gather(state.stats, "C1"), comm.index("C1"))
         if algo.grad_x_in_s:
-            w = state.weights[:, None]
-            grad_x = w * (state.alpha[:, None] * state.a - state.e)  # w (alpha_i A_i - E_i)
-            state.grad_x = comm.all_reduce(grad_x.float(), "C1")
+            w, alpha = state.weights[:, None], state.alpha[:, None]
+            grad_x = w * (alpha * state.a.float() + (alpha - 1.0) * state.e)  # w (alpha_i A'_i + (alpha_i - 1) E_i)
+            state.grad_x = comm.all_reduce(grad_x, "C1")
             # A_i and E_i were made on the compute stream: T drops them after waiting for this step
     return state
 

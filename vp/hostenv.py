@@ -1,0 +1,71 @@
+"""What the launch environment gives one process: its device, its CPUs, its rendezvous port, NCCL's settings.
+
+Read only at entry points (vp.launch, vp.run, harness.task), from the environment they are handed, so that
+tests can pass fake SLURM or torchrun variables.
+"""
+import os
+
+EPHEMERAL = (32768, 60999)  # Linux's default ip_local_port_range: ports the kernel hands to outgoing connections
+PORT_BASE = 10000  # job-derived rendezvous ports lie in [PORT_BASE, the ephemeral range's start)
+
+# NCCL's failure settings for CUDA runs (a variable already set wins):
+#  TORCH_NCCL_ASYNC_ERROR_HANDLING=3  a timed-out or failed collective takes the process down at once, without
+#      aborting communicators one by one (1 does that first; serial aborts of several communicators can hang);
+#      the rank that failed in Python aborts all its communicators together (vp.comm.abort_all)
+#  TORCH_NCCL_DUMP_ON_TIMEOUT=1, TORCH_NCCL_TRACE_BUFFER_SIZE  the flight recorder: on a timeout each rank dumps
+#      its last collectives (which one it is stuck in), the evidence a deadlock leaves on GPUs
+NCCL_ENV = {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "3", "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+            "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000"}
+
+
+def device_index(local_rank: int, visible: int) -> int:
+    """The CUDA device of a process among the `visible` ones: the only one under per-task GPU binding (SLURM
+    --gpus-per-task, or CUDA_VISIBLE_DEVICES set per process), else the local rank's."""
+    if visible < 1:
+        raise ValueError("device=cuda but no CUDA device is visible to this process; check CUDA_VISIBLE_DEVICES "
+                         "and the job's GPU request (e.g. --gpus-per-node), or run with device=cpu")
+    if visible == 1:
+        return 0
+    if local_rank >= visible:
+        raise ValueError(f"local rank {local_rank} sees {visible} CUDA devices; start at most {visible} processes "
+                         f"per node, or bind one GPU to each task (SLURM --gpus-per-task=1)")
+    return local_rank
+
+
+def cpu_threads(procs_here: int, env=os.environ, affinity: set[int] | None = None) -> int:
+    """Threads for one of `procs_here` processes sharing this allocation: SLURM_CPUS_PER_TASK when SLURM set it
+    (each task has its own CPUs), else this process's CPU affinity (its cgroup or cpuset) shared evenly."""
+    if env.get("SLURM_CPUS_PER_TASK", "").isdigit():
+        return max(1, int(env["SLURM_CPUS_PER_TASK"]))
+    cpus = len(affinity if affinity is not None else os.sched_getaffinity(0))
+    return max(1, cpus // max(1, procs_here))
+
+
+def ephemeral_range() -> tuple[int, int]:
+    try:
+        low, high = open("/proc/sys/net/ipv4/ip_local_port_range").read().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return EPHEMERAL
+
+
+def rendezvous_port(job_id: str, env=os.environ, ephemeral: tuple[int, int] | None = None) -> int:
+    """The TCP port rank 0 listens on: SLURM's reserved ports when the step has them (SLURM_STEP_RESV_PORTS,
+    e.g. '12000-12003'), else one derived from the job id below the ephemeral range, where no outgoing
+    connection of another program can be holding it."""
+    reserved = env.get("SLURM_STEP_RESV_PORTS", "")
+    if reserved:
+        return int(reserved.split(",")[0].split("-")[0])
+    low = (ephemeral or ephemeral_range())[0]
+    if low <= PORT_BASE:
+        raise ValueError(f"the ephemeral port range starts at {low}, below {PORT_BASE}: no port is safe from it; "
+                         f"use cluster.rendezvous=file or reserve ports in SLURM (MpiParams=ports=...)")
+    job = int(str(job_id).split("_")[0])
+    return PORT_BASE + job % (low - PORT_BASE)
+
+
+def nccl_environment(env=os.environ) -> dict:
+    """Apply NCCL_ENV to `env` where unset; returns what was set."""
+    added = {k: v for k, v in NCCL_ENV.items() if k not in env}
+    env.update(added)
+    return added

@@ -1,0 +1,162 @@
+"""NCCL's rules, emulated on gloo so that a CPU run fails where a GPU run would (--emulate-nccl).
+
+gloo forgives what NCCL does not. The emulation takes those liberties away from a CPU run:
+  lazy   a communicator not created eagerly is created at its first use, and creation blocks the calling
+         thread until every member has reached its own first use (NCCL without `device_id`: ncclCommInitRank
+         in the thread that issues the first collective, or the first send/receive of a pair);
+  queue  every collective of a rank, on every channel, runs on one ordered queue: one completes before the
+         next starts (NCCL kernels serialised: CUDA_DEVICE_MAX_CONNECTIONS=1, too few free SMs, or a device
+         synchronisation such as the allocator's retry after an out-of-memory);
+  both   the two at once.
+In every form a wait has no timeout of its own: only the watchdog ends it, after the communicator timeout,
+naming the rank, the action it was at and each communication it waited for (NCCL's watchdog, which then takes
+the process down).
+"""
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+
+FORMS = ("lazy", "queue", "both")
+
+
+@dataclass(frozen=True)
+class Emulation:
+    lazy: bool = False
+    queue: bool = False
+
+    @classmethod
+    def of(cls, form: str | None) -> "Emulation | None":
+        """The emulation of a run config's `emulate_nccl` (None: off)."""
+        if form is None:
+            return None
+        if form not in FORMS:
+            raise ValueError(f"emulate_nccl={form!r} is unknown; use one of {', '.join(FORMS)} (or leave it unset)")
+        return cls(lazy=form in ("lazy", "both"), queue=form in ("queue", "both"))
+
+
+class WatchdogTimeout(RuntimeError):
+    pass
+
+
+class Watchdog:
+    """The one timeout of an emulated rank. Every wait registers what it waits for; a wait that outlives
+    timeout_s fires the watchdog, which makes every wait of the rank raise WatchdogTimeout with one report."""
+
+    def __init__(self, rank: int, timeout_s: float, poll_s: float = 0.2):
+        self.rank, self.timeout_s, self.poll_s = rank, timeout_s, poll_s
+        self.where = "setting up"  # what the rank is doing (the runtime names iteration, step and action)
+        self._waits: dict[int, tuple[str, float]] = {}
+        self._lock = threading.Lock()
+        self._next = 0
+        self.report: str | None = None
+
+    def wait(self, what: str, work):
+        """Wait for a torch Work or a concurrent Future and return its result; raise WatchdogTimeout when this or
+        any other wait of the rank timed out."""
+        done, result = completion(work)
+        with self._lock:
+            key, self._next = self._next, self._next + 1
+            self._waits[key] = (what, time.monotonic())
+        try:
+            while not done.wait(self.poll_s):
+                if self.report is None and time.monotonic() - self._waits[key][1] > self.timeout_s:
+                    self._fire(what)
+                if self.report is not None:
+                    raise WatchdogTimeout(self.report)
+        finally:
+            with self._lock:
+                del self._waits[key]
+        return result()
+
+    def _fire(self, what: str):
+        now = time.monotonic()
+        with self._lock:
+            if self.report is not None:
+                return
+            waits = "; ".join(f"{w} ({now - t0:.1f} s)" for w, t0 in sorted(self._waits.values(), key=lambda x: x[1]))
+            self.report = (f"[Rank {self.rank}] Watchdog caught collective operation timeout: {what} ran for "
+                           f"{self.timeout_s * 1e3:.0f} milliseconds before timing out; rank {self.rank} is at "
+                           f"{self.where}, waiting for: {waits}")
+
+
+class Pending:
+    """A point-to-point Work of an emulating Comm: wait() goes through the watchdog."""
+
+    def __init__(self, comm, work, what: str):
+        self.comm, self.work, self.what = comm, work, what
+
+    def wait(self):
+        self.comm.block(self.what, self.work)
+
+
+def completion(work) -> tuple[threading.Event, Callable[[], object]]:
+    """(an Event set when a torch Work or a concurrent Future ends, a call that returns its result or raises its
+    error). gloo's send and receive Works have no future and must be waited for exactly once (a second wait waits
+    for another message): a daemon thread does that one wait."""
+    done = threading.Event()
+    if not hasattr(work, "get_future"):  # a concurrent.futures.Future
+        work.add_done_callback(lambda _: done.set())
+        return done, work.result
+    try:
+        work.get_future().add_done_callback(lambda _: done.set())
+        return done, work.wait
+    except RuntimeError:  # Work::getFuture not implemented
+        errors = []
+
+        def wait():
+            try:
+                work.wait()
+            except BaseException as err:  # noqa: BLE001 - raised in the thread that waits through the watchdog
+                errors.append(err)
+            finally:
+                done.set()
+
+        def result():
+            if errors:
+                raise errors[0]
+
+        threading.Thread(target=wait, name="wait-p2p", daemon=True).start()
+        return done, result
+
+
+def connect(comm, links=()):
+    """Create every communicator of `comm` (a vp.comm.Comm) eagerly, in one order shared by all ranks: each
+    channel's group in make_groups' order, then each point-to-point pair (channel, a, b) of `links` (group indices;
+    the same list on every rank) sorted by channel, then pair. A creation blocks until every member has arrived;
+    as each rank takes its creations in that one global order, the first unfinished creation always has all its
+    members waiting in it, so every creation finishes (docs/gpu-path.md)."""
+    order = {ch: i for i, ch in enumerate(comm.groups)}
+    for channel in comm.groups:
+        create(comm, ("group", channel))
+    for channel, a, b in sorted({(ch, min(a, b), max(a, b)) for ch, a, b in links},
+                                key=lambda link: (order[link[0]], link[1], link[2])):
+        if comm.index(channel) in (a, b):
+            create(comm, ("pair", channel, a, b))
+    if comm.device.type == "cuda":
+        torch.cuda.synchronize(comm.device)
+
+
+def create(comm, key: tuple):
+    """Make one communicator, key ("group", channel) or ("pair", channel, a, b): a token through the whole group,
+    or both ways between a pair (the lower index sends first), blocking until its members are all there. NCCL
+    creates the communicator right here; gloo made it with the group, and the token only meets the members."""
+    if key in comm.created:
+        return
+    channel = key[1]
+    if comm.size(channel) > 1:
+        token = torch.zeros(1, device=comm.device)
+        pg = comm.groups[channel].pg
+        if key[0] == "group":
+            comm.block(f"creation of the {channel} communicator", dist.all_reduce(token, group=pg, async_op=True))
+        else:
+            me = comm.index(channel)
+            peer = key[3] if me == key[2] else key[2]
+            steps = [lambda: dist.isend(token, group=pg, group_dst=peer),
+                     lambda: dist.irecv(token, group=pg, group_src=peer)]
+            for step in steps if me == key[2] else steps[::-1]:
+                comm.block(f"creation of the {channel} communicator with rank {peer}", step())
+    comm.created.add(key)
