@@ -47,12 +47,13 @@ def explain(errors: dict[int, str | None], order: list[int], notes: dict[int, st
     return classify(text), f"{summary}\n\n{text}"
 
 
-def _local_worker(cfg_dict, rank, world, init_method, workdir, fault):
-    from vp.train import run_rank
+def _local_worker(cfg_dict, rank, world, init_method, workdir, fault, rank_fn):
+    if rank_fn is None:
+        from vp.train import run_rank as rank_fn
 
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
     try:
-        record = run_rank(RunConfig.from_dict(cfg_dict), rank, world, init_method, local_rank=rank, fault=fault)
+        record = rank_fn(RunConfig.from_dict(cfg_dict), rank, world, init_method, local_rank=rank, fault=fault)
         if record is not None:
             write_atomic(Path(workdir) / "record.json", record)
     except BaseException:  # noqa: BLE001 - reported through a file, then the process exits non-zero
@@ -62,12 +63,14 @@ def _local_worker(cfg_dict, rank, world, init_method, workdir, fault):
         os._exit(1)  # now: do not wait for communication threads that a dead peer keeps blocked
 
 
-def run_local(cfg: RunConfig, fault=None) -> dict:
-    """Start pp processes here, wait for them, return rank 0's record; RunFailed if any rank fails."""
+def run_local(cfg: RunConfig, fault=None, rank_fn=None) -> dict:
+    """Start pp processes here, wait for them, return rank 0's record; RunFailed if any rank fails.
+    rank_fn(cfg, rank, world, init_method, local_rank=, fault=) -> dict on rank 0 is what each process runs:
+    vp.train.run_rank unless given (a picklable module-level function, e.g. vp.bench.peer's torch runner)."""
     ctx = mp.get_context("spawn")
     with tempfile.TemporaryDirectory(prefix="vp-run-") as workdir:
         init = f"file://{workdir}/rendezvous"
-        procs = [ctx.Process(target=_local_worker, args=(cfg.to_dict(), r, cfg.pp, init, workdir, fault))
+        procs = [ctx.Process(target=_local_worker, args=(cfg.to_dict(), r, cfg.pp, init, workdir, fault, rank_fn))
                  for r in range(cfg.pp)]
         for p in procs:
             p.start()

@@ -2,8 +2,10 @@
 
 python -m vp.bench vocab     S+T of one vocabulary shard against the single-device output layer
 python -m vp.bench pipeline  real 2-rank CPU runs of a vocabulary-heavy GPT, against baseline and the simulator
+python -m vp.bench peer      the same GPT under torch.distributed.pipelining and under this project (vp/bench/peer.py)
 """
 import argparse
+import json
 import statistics
 import sys
 import time
@@ -89,6 +91,28 @@ def bench_pipeline(methods: list[str], args):
               f"{' '.join(f'{b / 2**20:.0f}' for b in mem):>18}")
 
 
+def peer_main(args) -> int:
+    from vp.bench.peer import bench_peer, print_table
+    from vp.config import RunConfig
+
+    if args.rounds < 1:
+        print(f"error: rounds={args.rounds} must be a positive integer", file=sys.stderr)
+        return 2
+    cfg = RunConfig(pp=2, layers=args.layers, hidden=args.hidden, heads=args.heads, seq_len=args.seq_len,
+                    vocab_size=args.vocab_size, microbatches=args.microbatches, iterations=args.iterations,
+                    warmup=args.warmup, timeout_s=900)
+    try:
+        rows, fair = bench_peer(cfg, args.rounds)
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(rows))
+    else:
+        print_table(cfg, rows, args.rounds, fair)
+    return 0 if fair else 1
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m vp.bench", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -107,9 +131,22 @@ def main(argv=None) -> int:
     p.add_argument("--vocab-size", type=int, default=64000)
     p.add_argument("--microbatches", type=int, default=8)
     p.add_argument("--iterations", type=int, default=3)
+    q = sub.add_parser("peer", help="torch.distributed.pipelining against this project, same model and data")
+    q.add_argument("--hidden", type=int, default=256)
+    q.add_argument("--heads", type=int, default=4)
+    q.add_argument("--layers", type=int, default=4)
+    q.add_argument("--seq-len", type=int, default=256)
+    q.add_argument("--vocab-size", type=int, default=64000)
+    q.add_argument("--microbatches", type=int, default=8)
+    q.add_argument("--iterations", type=int, default=3)
+    q.add_argument("--warmup", type=int, default=1)
+    q.add_argument("--rounds", type=int, default=1, help="runs of every runner, round-robin; medians reported")
+    q.add_argument("--json", action="store_true", help="print a list of one object per runner")
     args = ap.parse_args(argv)
     if args.what == "vocab":
         bench_vocab(args.hidden, args.vocab, args.tokens, args.reps)
+    elif args.what == "peer":
+        return peer_main(args)
     else:
         if "baseline" not in args.methods:
             args.methods.insert(0, "baseline")

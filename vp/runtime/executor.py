@@ -143,7 +143,7 @@ class Executor:
             out = stage(x_in, store)
             if stage_idx == self.last_stage and not self.s.vocab_parallel:
                 _, targets, _ = self.batch(mb)
-                out = stage.loss(out, targets, self.loss_weights(mb), store)
+                out = stage.fused_loss(out, targets, self.loss_weights(mb), store)
                 st.losses[mb] = out.detach() / self.loss_scale
             elif stage_idx < self.last_stage:
                 out = out.to(self.dtype)

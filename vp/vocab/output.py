@@ -98,11 +98,12 @@ def _logits(shard: Shard, weight: torch.Tensor, x: torch.Tensor) -> torch.Tensor
 
 
 def _local_stats(shard: Shard, y: torch.Tensor, targets: torch.Tensor):
+    """-> exp(Y - m) [n, V/p] made in place of the logits Y (one [n, V/p] buffer, not two), [m, s, t] [3, n]."""
     m = y.max(dim=-1).values.clamp_min(torch.finfo(y.dtype).min)  # [n]; finite even for an all-padding shard
-    e = (y - m[:, None]).exp_()  # [n, V/p]
-    s = e.sum(dim=-1)  # [n]
     local, inside = shard.local_targets(targets)
     t = torch.where(inside, y.gather(1, local[:, None])[:, 0], torch.zeros_like(m))  # target logit or 0
+    e = y.sub_(m[:, None]).exp_()  # [n, V/p]
+    s = e.sum(dim=-1)  # [n]
     return e, torch.stack([m, s, t])
 
 
@@ -149,12 +150,9 @@ def c1_step(state: OutputState, comm: Comm, algorithm: str) -> OutputState:
 def t_pass(shard: Shard, weight: torch.Tensor, state: OutputState, algorithm: str) -> OutputState:
     """T: grad W_i += grad Y_i^T X (and, in alg1, the local input gradient G_i = grad Y_i W_i)."""
     with torch.no_grad():
-        grad_y = state.probs.mul_(state.alpha[:, None])  # global softmax restricted to shard i
-        local, inside = shard.local_targets(state.targets)
-        grad_y[inside, local[inside]] -= 1.0
-        grad_y.mul_(state.weights[:, None])  # [n, V/p]
+        grad_y = _grad_y_(shard, state.probs.mul_(state.alpha[:, None]), state.targets, state.weights)
         state.a = state.e = None
-        _accumulate(weight, grad_y.t().to(state.x.dtype) @ state.x)
+        accumulate_product(weight, grad_y.t(), state.x)
         if algorithm == "alg1":  # fp32 like Algorithm 2's grad X, so both reduce the same bytes
             state.partial_grad_x = (grad_y.to(weight.dtype) @ weight).float()
         state.probs = None
@@ -198,6 +196,58 @@ def naive_backward(shard: Shard, weight: torch.Tensor, state: OutputState, comm:
     return state
 
 
-def _accumulate(param: torch.Tensor, grad: torch.Tensor):
-    grad = grad.to(param.dtype)
+def _grad_y_(shard: Shard, probs: torch.Tensor, targets: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """grad Y = w (P - onehot(y)) on the shard's columns, made in place of the softmax P [n, V/p]."""
+    local, inside = shard.local_targets(targets)
+    probs[inside, local[inside]] -= 1.0
+    return probs.mul_(weights[:, None])
+
+
+def accumulate_product(param: torch.Tensor, a: torch.Tensor, b: torch.Tensor):
+    """param.grad += a @ b. In one GEMM into the existing gradient when the dtypes allow it (fp32): on CPU a
+    fresh [V/p, h] product costs page faults and another pass over memory."""
+    if param.grad is not None and a.dtype == b.dtype == param.grad.dtype:
+        param.grad.addmm_(a, b)
+        return
+    grad = (a.to(b.dtype) @ b).to(param.dtype)
     param.grad = grad if param.grad is None else param.grad.add_(grad)
+
+
+class LocalOutputLoss(torch.autograd.Function):
+    """The whole output layer and its loss on one rank (baseline placement), fused as Megatron's
+    cross-entropy: the softmax overwrites the logits, grad Y overwrites the softmax, and grad W accumulates
+    in place (or goes to a split-backward store) -- the same statistics as the vocabulary-parallel passes
+    with a single shard. forward(x [n, h], weight [V, h], targets [n], weights [n]) -> sum_t w_t loss_t."""
+
+    @staticmethod
+    @torch.amp.custom_fwd(device_type="cuda")
+    def forward(ctx, x, weight, targets, weights, shard: Shard, store):
+        check_inputs(shard, weight, x, targets)
+        y = _logits(shard, weight, x)  # [n, V] fp32
+        probs, stats = _local_stats(shard, y, targets)  # exp(Y - m) in place of Y; [m, s, target logit]
+        m, s, t = stats
+        probs.div_(s[:, None])  # softmax, in place
+        ctx.save_for_backward(x, probs, targets, weights)
+        ctx.weight, ctx.shard, ctx.store = weight, shard, store
+        # loss_t = log s + m - Y_t,y_t
+        return (weights * (torch.log(s) + m - t)).sum()
+
+    @staticmethod
+    @torch.amp.custom_bwd(device_type="cuda")
+    def backward(ctx, grad_loss):
+        x, probs, targets, weights = ctx.saved_tensors
+        weight = ctx.weight
+        grad_y = _grad_y_(ctx.shard, probs, targets, weights * grad_loss)  # [n, V], in place of the softmax
+        grad_x = grad_y.to(weight.dtype) @ weight  # [n, h]
+        if ctx.store is not None:  # W of a split backward computes grad W = grad Y^T x later
+            ctx.store.put(x, grad_y, weight)
+        else:
+            accumulate_product(weight, grad_y.t().to(x.dtype), x)
+        return grad_x.to(x.dtype), None, None, None, None, None
+
+
+def local_loss(shard: Shard, weight: torch.Tensor, x: torch.Tensor, targets: torch.Tensor, weights: torch.Tensor,
+               store=None) -> torch.Tensor:
+    """sum_t w_t cross_entropy(x_t W^T, y_t) over the whole (padded) vocabulary held by this rank; grad W is
+    accumulated into weight.grad by the backward itself, never handed to autograd."""
+    return LocalOutputLoss.apply(x, weight, targets, weights, shard, store)
