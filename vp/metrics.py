@@ -57,6 +57,7 @@ def summarize(cfg, per_rank: list[dict], peak_flops: float) -> dict:
         "memory_detail": [r["memory_detail"] for r in per_rank],
         "pass_time_s": {k: [r["pass_s"].get(k) for r in per_rank] for k in kinds},
         "pass_count": {k: [r["pass_n"].get(k, 0) for r in per_rank] for k in kinds},
+        "optimizer_step_s": [r["optimizer_s"] for r in per_rank],  # mean per iteration, after the schedule
         "bubble_fraction": [r["idle"] for r in per_rank],
         "bytes_sent": [r["bytes_sent"] for r in per_rank],
         "collectives": [r["collectives"] for r in per_rank],

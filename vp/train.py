@@ -78,6 +78,7 @@ def train_rank(cfg: RunConfig, rank: int, comm: Comm, device: torch.device, faul
         "losses": [r["loss"] for r in results],
         "seconds": [r["seconds"] for r in results],
         "pass_s": pass_s,
+        "optimizer_s": sum(r["optimizer_s"] for r in measured) / len(measured),
         "pass_n": pass_n,
         "idle": idle,
         "peak_memory_bytes": peak,

@@ -111,13 +111,16 @@ class Runtime:
                               f"{type(err).__name__}: {err}") from err
         left = st.leftovers()
         assert not left, f"rank {self.rank}: state left over after iteration {it}: {sorted(left)}"
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+        schedule_done = time.perf_counter()  # the optimizer step is part of the iteration, not of the schedule
         stepped = self.scaler.step(self.optimizer, self.params)
         if self.device.type == "cuda":
             torch.cuda.synchronize()
-        seconds = time.perf_counter() - begin
+        end = time.perf_counter()
         loss = sum(v.item() for v in st.losses.values()) if len(st.losses) == self.s.microbatches else None
-        return {"loss": loss, "seconds": seconds, "pass_s": self.timer.collect(), "executed": st.executed,
-                "stepped": stepped}
+        return {"loss": loss, "seconds": end - begin, "optimizer_s": end - schedule_done,
+                "pass_s": self.timer.collect(), "executed": st.executed, "stepped": stepped}
 
     def _dispatch(self, a):
         entry = enters(self.s, a)

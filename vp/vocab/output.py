@@ -59,8 +59,8 @@ class OutputState:
     x: torch.Tensor  # [n, h]
     targets: torch.Tensor  # [n]
     weights: torch.Tensor  # [n] loss weights (gradient of the loss w.r.t. each token's loss)
-    probs: torch.Tensor  # [n, V/p] local softmax P_i (naive: global softmax)
-    stats: torch.Tensor  # [3, n] local max m_i, local sum s_i, target logit (0 outside the shard)
+    exp: torch.Tensor  # [n, V/p] exp(Y_i - m_i), the local softmax P_i = exp / s_i left unnormalised
+    stats: torch.Tensor  # [3, n] local max m_i, local sum s_i, target logit (naive: global m, s)
     a: torch.Tensor | None = None  # [n, h] alg2: P_i W_i
     e: torch.Tensor | None = None  # [n, h] alg2: W_i[y]
     alpha: torch.Tensor | None = None  # [n] after C1: s_i exp(m_i - m) / s
@@ -69,7 +69,7 @@ class OutputState:
     grad_x: torch.Tensor | None = None  # [n, h] after the last barrier
 
     def nbytes(self) -> int:
-        tensors = [self.x, self.probs, self.stats, self.a, self.e, self.partial_grad_x, self.grad_x]
+        tensors = [self.x, self.exp, self.stats, self.a, self.e, self.partial_grad_x, self.grad_x]
         return sum(t.numel() * t.element_size() for t in tensors if t is not None)
 
 
@@ -99,7 +99,7 @@ def _logits(shard: Shard, weight: torch.Tensor, x: torch.Tensor) -> torch.Tensor
 
 def _local_stats(shard: Shard, y: torch.Tensor, targets: torch.Tensor):
     """-> exp(Y - m) [n, V/p] made in place of the logits Y (one [n, V/p] buffer, not two), [m, s, t] [3, n]."""
-    m = y.max(dim=-1).values.clamp_min(torch.finfo(y.dtype).min)  # [n]; finite even for an all-padding shard
+    m = y.amax(dim=-1).clamp_min(torch.finfo(y.dtype).min)  # [n]; finite even for an all-padding shard
     local, inside = shard.local_targets(targets)
     t = torch.where(inside, y.gather(1, local[:, None])[:, 0], torch.zeros_like(m))  # target logit or 0
     e = y.sub_(m[:, None]).exp_()  # [n, V/p]
@@ -109,17 +109,16 @@ def _local_stats(shard: Shard, y: torch.Tensor, targets: torch.Tensor):
 
 def s_pass(shard: Shard, weight: torch.Tensor, x: torch.Tensor, targets: torch.Tensor,
            weights: torch.Tensor, algorithm: str) -> OutputState:
-    """S of alg1 / alg2: local logits, statistics and softmax; alg2 also A_i and E_i."""
+    """S of alg1 / alg2: local logits, statistics and (unnormalised) softmax; alg2 also A_i and E_i."""
     check_inputs(shard, weight, x, targets)
     with torch.no_grad():
         y = _logits(shard, weight, x)
-        e, stats = _local_stats(shard, y, targets)
-        probs = e.div_(stats[1].clamp_min(torch.finfo(e.dtype).tiny)[:, None])  # P_i = exp(Y_i - m_i) / s_i
-        state = OutputState(x, targets, weights, probs, stats)
+        exp, stats = _local_stats(shard, y, targets)
+        state = OutputState(x, targets, weights, exp, stats)
         if algorithm == "alg2":
-            w = weight.to(probs.dtype)
+            w = weight.to(exp.dtype)
             local, inside = shard.local_targets(targets)
-            state.a = probs @ w  # [n, h]
+            state.a = (exp @ w).div_(_nonzero(stats[1])[:, None])  # P_i W_i = (exp W_i) / s_i: [n, h]
             state.e = w[local] * inside[:, None]  # [n, h]
         return state
 
@@ -150,12 +149,13 @@ def c1_step(state: OutputState, comm: Comm, algorithm: str) -> OutputState:
 def t_pass(shard: Shard, weight: torch.Tensor, state: OutputState, algorithm: str) -> OutputState:
     """T: grad W_i += grad Y_i^T X (and, in alg1, the local input gradient G_i = grad Y_i W_i)."""
     with torch.no_grad():
-        grad_y = _grad_y_(shard, state.probs.mul_(state.alpha[:, None]), state.targets, state.weights)
+        # the global softmax restricted to shard i is alpha_i P_i = exp(Y_i - m_i) alpha_i / s_i
+        grad_y = _grad_y_(shard, state.exp, state.alpha / _nonzero(state.stats[1]), state.targets, state.weights)
         state.a = state.e = None
         accumulate_product(weight, grad_y.t(), state.x)
         if algorithm == "alg1":  # fp32 like Algorithm 2's grad X, so both reduce the same bytes
             state.partial_grad_x = (grad_y.to(weight.dtype) @ weight).float()
-        state.probs = None
+        state.exp = None
     return state
 
 
@@ -173,15 +173,15 @@ def naive_forward(shard: Shard, weight: torch.Tensor, x: torch.Tensor, targets: 
     check_inputs(shard, weight, x, targets)
     with torch.no_grad():
         y = _logits(shard, weight, x)
-        local_max = y.max(dim=-1).values.clamp_min(torch.finfo(y.dtype).min)
+        local_max = y.amax(dim=-1).clamp_min(torch.finfo(y.dtype).min)
         with comm.barrier("max"):
             m = comm.all_reduce(local_max, "naive", op=dist.ReduceOp.MAX)
-        e = torch.exp(y - m[:, None])
         local, inside = shard.local_targets(targets)
         t = torch.where(inside, y.gather(1, local[:, None])[:, 0], torch.zeros_like(m))
+        e = y.sub_(m[:, None]).exp_()  # in place of the logits
         with comm.barrier("sum"):
             s, t = comm.all_reduce(torch.stack([e.sum(dim=-1), t]), "naive").unbind(0)
-        state = OutputState(x, targets, weights, e / s[:, None], torch.stack([m, s, t]))
+        state = OutputState(x, targets, weights, e, torch.stack([m, s, t]))  # exp / s: the global softmax
         state.loss = (weights * (torch.log(s) + m - t)).sum()
         state.alpha = torch.ones_like(s)
         return state
@@ -196,11 +196,19 @@ def naive_backward(shard: Shard, weight: torch.Tensor, state: OutputState, comm:
     return state
 
 
-def _grad_y_(shard: Shard, probs: torch.Tensor, targets: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-    """grad Y = w (P - onehot(y)) on the shard's columns, made in place of the softmax P [n, V/p]."""
+def _nonzero(s: torch.Tensor) -> torch.Tensor:
+    """A sum of exponentials safe to divide by: 0 only on a shard of nothing but padding, whose exp is 0."""
+    return s.clamp_min(torch.finfo(s.dtype).tiny)
+
+
+def _grad_y_(shard: Shard, exp: torch.Tensor, scale: torch.Tensor, targets: torch.Tensor,
+             weights: torch.Tensor) -> torch.Tensor:
+    """grad Y = w (P - onehot(y)) on the shard's columns, with P = exp * scale [n, V/p], made in place of exp
+    in one pass (the normalisation and the loss weights are folded into one factor per token)."""
+    grad_y = exp.mul_((weights * scale)[:, None])
     local, inside = shard.local_targets(targets)
-    probs[inside, local[inside]] -= 1.0
-    return probs.mul_(weights[:, None])
+    grad_y[inside, local[inside]] -= weights[inside]
+    return grad_y
 
 
 def accumulate_product(param: torch.Tensor, a: torch.Tensor, b: torch.Tensor):
@@ -224,10 +232,9 @@ class LocalOutputLoss(torch.autograd.Function):
     def forward(ctx, x, weight, targets, weights, shard: Shard, store):
         check_inputs(shard, weight, x, targets)
         y = _logits(shard, weight, x)  # [n, V] fp32
-        probs, stats = _local_stats(shard, y, targets)  # exp(Y - m) in place of Y; [m, s, target logit]
+        exp, stats = _local_stats(shard, y, targets)  # exp(Y - m) in place of Y; [m, s, target logit]
         m, s, t = stats
-        probs.div_(s[:, None])  # softmax, in place
-        ctx.save_for_backward(x, probs, targets, weights)
+        ctx.save_for_backward(x, exp, s, targets, weights)
         ctx.weight, ctx.shard, ctx.store = weight, shard, store
         # loss_t = log s + m - Y_t,y_t
         return (weights * (torch.log(s) + m - t)).sum()
@@ -235,9 +242,9 @@ class LocalOutputLoss(torch.autograd.Function):
     @staticmethod
     @torch.amp.custom_bwd(device_type="cuda")
     def backward(ctx, grad_loss):
-        x, probs, targets, weights = ctx.saved_tensors
+        x, exp, s, targets, weights = ctx.saved_tensors
         weight = ctx.weight
-        grad_y = _grad_y_(ctx.shard, probs, targets, weights * grad_loss)  # [n, V], in place of the softmax
+        grad_y = _grad_y_(ctx.shard, exp, 1.0 / s, targets, weights * grad_loss)  # [n, V], in place of exp
         grad_x = grad_y.to(weight.dtype) @ weight  # [n, h]
         if ctx.store is not None:  # W of a split backward computes grad W = grad Y^T x later
             ctx.store.put(x, grad_y, weight)
