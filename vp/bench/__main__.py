@@ -144,9 +144,9 @@ def main(argv=None) -> int:
     q.add_argument("--seq-len", type=int, default=256)
     q.add_argument("--vocab-size", type=int, default=64000)
     q.add_argument("--microbatches", type=int, default=8)
-    q.add_argument("--iterations", type=int, default=3)
+    q.add_argument("--iterations", type=int, default=4)
     q.add_argument("--warmup", type=int, default=1)
-    q.add_argument("--rounds", type=int, default=1, help="runs of every runner, round-robin; medians reported")
+    q.add_argument("--rounds", type=int, default=1, help="runs of every runner, round-robin; the best is reported")
     q.add_argument("--json", action="store_true", help="print a list of one object per runner")
     args = ap.parse_args(argv)
     if args.what == "vocab":
