@@ -1,4 +1,5 @@
-"""Dispatch jobs with submitit: one multi-task job per run (pp tasks), on local processes or on SLURM.
+"""Dispatch jobs with submitit: one multi-task job per run (one task per rank of the world), on local
+processes or on SLURM.
 
 cluster=local runs one job at a time (timings are not disturbed) and prints progress with an ETA;
 cluster=slurm submits every job with sbatch and, with cluster.wait=true, follows them to the end. A job
@@ -36,12 +37,12 @@ def executor_for(job, cfg, folder: Path):
     cl = cfg.cluster
     if cl.name == "local":
         ex = submitit.LocalExecutor(folder=str(folder))
-        ex.update_parameters(timeout_min=int(cl.timeout_min), nodes=1, tasks_per_node=job.run.pp,
-                             gpus_per_node=job.run.pp if job.run.device == "cuda" else 0)
+        ex.update_parameters(timeout_min=int(cl.timeout_min), nodes=1, tasks_per_node=job.run.world,
+                             gpus_per_node=job.run.world if job.run.device == "cuda" else 0)
         return ex
     ex = submitit.SlurmExecutor(folder=str(folder))
-    per_node = cl.tasks_per_node or cl.gpus_per_node or job.run.pp
-    params = dict(partition=cl.partition, nodes=job.run.pp // per_node, ntasks_per_node=per_node,
+    per_node = cl.tasks_per_node or cl.gpus_per_node or job.run.world
+    params = dict(partition=cl.partition, nodes=job.run.world // per_node, ntasks_per_node=per_node,
                   cpus_per_task=cl.cpus_per_task, time=int(cl.time_min), setup=list(cl.setup),
                   job_name=f"vp-{cfg.experiment}-{job.run_id}")
     if cl.gpus_per_node:
@@ -63,10 +64,10 @@ def _record_failure_if_missing(job, cfg, handle, error: str, started: str, timed
     if status_of(job.path) is not None and _written_since(job.path, started):
         return status_of(job.path)
     folder = Path(_spec(job, cfg)["folder"])
-    errors = {r: p.read_text() for r in range(job.run.pp)
+    errors = {r: p.read_text() for r in range(job.run.world)
               if (p := folder / f"error-{handle.job_id}-{r}.txt").exists()}
     if errors:
-        notes = {r: "ended without a Python error (killed or crashed)" for r in range(job.run.pp) if r not in errors}
+        notes = {r: "ended without a Python error (killed or crashed)" for r in range(job.run.world) if r not in errors}
         order = sorted(notes) + sorted(errors)
         status, message = explain({**errors, **{r: None for r in notes}}, order, notes)
     else:

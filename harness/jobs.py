@@ -11,9 +11,9 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue
 
-from vp.config import RunConfig, validate
+from vp.config import RunConfig, check_config
 from vp.cost import PROFILES, Hardware
-from vp.methods import get_method
+from vp.schedule.methods import get_method
 from vp.record import run_id
 
 GROUPS = ("model", "vocab", "method", "cluster", "logger", "hardware")
@@ -81,7 +81,7 @@ def run_config(cfg: DictConfig) -> RunConfig:
     # chunks are chosen per run only by methods that take them (interleaved); the others have a fixed count,
     # so a setup's run.chunks (e.g. 3 for 48 layers on 16 ranks) applies to interleaved alone
     run_chunks = run.pop("chunks", None)
-    chunks = (run_chunks or cfg.method.chunks) if spec.chunks == 0 else None
+    chunks = (run_chunks or cfg.method.chunks) if spec.family.chunks == 0 else None
     return RunConfig(method=cfg.method.name, chunks=chunks, layers=cfg.model.layers, hidden=cfg.model.hidden,
                      heads=cfg.model.heads, ffn_hidden=cfg.model.ffn_hidden, vocab_size=cfg.vocab.size,
                      pad_multiple=cfg.vocab.pad_multiple, **run)
@@ -111,17 +111,17 @@ def check(job: Job, gpus_here: int) -> None:
             raise ValueError(f"{name}.{err.key} is not set; give it on the command line") from None
     if not isinstance(cfg.vocab.size, int) or cfg.vocab.size < 1:
         raise ValueError(f"vocab.size={cfg.vocab.size!r} must be a positive integer")
-    job.run = validate(run_config(cfg))
+    job.run = check_config(run_config(cfg))
     if cfg.backend == "sim":
         hardware_of(cfg)
         return
     if cfg.cluster.name == "local":
-        if job.run.pp > cfg.cluster.max_local_ranks:
-            raise ValueError(f"run.pp={job.run.pp} needs {job.run.pp} local processes but cluster.max_local_ranks="
+        if job.run.world > cfg.cluster.max_local_ranks:
+            raise ValueError(f"run.dp x run.pp = {job.run.world} local processes but cluster.max_local_ranks="
                              f"{cfg.cluster.max_local_ranks}; use cluster=slurm, backend=sim, or raise "
                              f"cluster.max_local_ranks")
-        if job.run.device == "cuda" and gpus_here < job.run.pp:
-            raise ValueError(f"run.device=cuda needs {job.run.pp} GPUs here but {gpus_here} are visible; use "
+        if job.run.device == "cuda" and gpus_here < job.run.world:
+            raise ValueError(f"run.device=cuda needs {job.run.world} GPUs here but {gpus_here} are visible; use "
                              f"run.device=cpu (with run.dtype=fp32), cluster=slurm, or backend=sim")
     elif cfg.cluster.name == "slurm":
         try:
@@ -131,10 +131,11 @@ def check(job: Job, gpus_here: int) -> None:
         if not partition:
             raise ValueError("cluster.partition is not set; run with cluster=slurm cluster.partition=NAME "
                              "(sinfo lists the partitions)")
-        per_node = cfg.cluster.tasks_per_node or cfg.cluster.gpus_per_node or job.run.pp
-        if job.run.pp % per_node:
-            raise ValueError(f"run.pp={job.run.pp} is not a multiple of cluster.tasks_per_node={per_node}; "
-                             f"set cluster.tasks_per_node to a divisor of pp")
+        per_node = cfg.cluster.tasks_per_node or cfg.cluster.gpus_per_node or job.run.world
+        if job.run.world % per_node:
+            raise ValueError(f"the world of {job.run.world} tasks (run.dp x run.pp) does not split over nodes of "
+                             f"cluster.tasks_per_node={per_node}; set cluster.tasks_per_node to a divisor of "
+                             f"{job.run.world}")
         if job.run.device == "cuda" and not cfg.cluster.gpus_per_node:
             raise ValueError("run.device=cuda but cluster.gpus_per_node=0; set cluster.gpus_per_node or "
                              "run.device=cpu")

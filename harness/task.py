@@ -6,6 +6,9 @@ Rank 0 writes the record (and logs it to W&B). A rank that fails leaves its trac
 which the sweep driver writes the failure record (harness.dispatch).
 """
 import os
+import re
+import socket
+import subprocess
 import traceback
 from pathlib import Path
 
@@ -13,11 +16,27 @@ from harness.records import finish_run
 
 
 def rendezvous(spec: dict, env) -> str:
-    """tcp://first-node:port (port from the job id) or a fresh file in the job folder."""
+    """tcp://first-node-address:port (port from the job id) or a fresh file in the job folder."""
     if spec.get("rendezvous") == "tcp":
         job = int(str(env.job_id).split("_")[0])
-        return f"tcp://{env.hostnames[0]}:{20000 + job % 20000}"
+        return f"tcp://{node_address(env.hostnames[0])}:{20000 + job % 20000}"
     return f"file://{Path(spec['folder']).resolve()}/rendezvous-{env.job_id}"
+
+
+def node_address(node: str) -> str:
+    """The address of a SLURM node: its name when that resolves, else the NodeAddr of SLURM's node record
+    (emulated nodes, or clusters whose node names are not in DNS)."""
+    try:
+        socket.getaddrinfo(node, None)
+        return node
+    except socket.gaierror:
+        pass
+    out = subprocess.run(["scontrol", "show", "node", node, "-o"], capture_output=True, text=True, timeout=30)
+    match = re.search(r"\bNodeAddr=(\S+)", out.stdout)
+    if out.returncode != 0 or not match:
+        raise RuntimeError(f"node {node} does not resolve and `scontrol show node {node}` gives no NodeAddr "
+                           f"({out.stderr.strip() or out.stdout.strip()}); use cluster.rendezvous=file")
+    return match.group(1)
 
 
 def run_task(spec: dict) -> dict | None:
@@ -25,7 +44,7 @@ def run_task(spec: dict) -> dict | None:
     import torch
 
     from vp.config import RunConfig
-    from vp.train import run_rank
+    from vp.run import run_rank
 
     env = submitit.JobEnvironment()
     rank, world, local_rank = env.global_rank, env.num_tasks, env.local_rank
@@ -42,6 +61,7 @@ def run_task(spec: dict) -> dict | None:
     if rank != 0:
         return None
     record["labels"] = spec["labels"]
+    record["env"]["nodes"] = list(env.hostnames)
     finish_run(record, path, spec["logger"], Path(spec["wandb_root"]))
     return {"run_id": record["run_id"], "status": record["status"],
             "iteration_time_s": record["metrics"]["iteration_time_s"]}

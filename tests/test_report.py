@@ -17,7 +17,7 @@ from harness.report.__main__ import main
 from harness.report.figures import memory_per_rank, mfu_vs_vocab
 from harness.report.frame import records_frame
 from harness.report.tables import all_tables
-from vp.config import RunConfig, validate
+from vp.config import RunConfig, check_config
 
 FIXTURES = Path(__file__).parent / "fixtures" / "records"
 LABEL = {"failed": "failed", "oom": "OOM", "timeout": "timeout"}
@@ -56,7 +56,7 @@ def built(tmp_path_factory):
 
 def test_fixture_configs_are_valid_runs():
     for rec in fixture_records():
-        validate(RunConfig.from_dict(rec["config"]))
+        check_config(RunConfig.from_dict(rec["config"]))
     statuses = {r["status"] for r in fixture_records()}
     assert statuses == {"ok", "failed", "oom", "timeout"}
 

@@ -4,15 +4,16 @@ import torch
 
 from vp.comm import Comm
 from vp.config import RunConfig
-from vp.methods import METHODS
+from vp.schedule.methods import METHODS
+from vp.cost import traffic
 from vp.reference import train_reference
 from vp.schedule import build
-from vp.train import build_rank_model, train_rank
+from vp.run import build_rank_model, train_rank
 
 
 def tiny(method: str, pp: int, **kw) -> RunConfig:
     spec = METHODS[method]
-    chunks = 2 if spec.schedule in ("interleaved", "vhalf") else 1
+    chunks = spec.family.chunks or 2
     base = dict(method=method, pp=pp, layers=pp * chunks * (2 if pp == 2 else 1), hidden=32, heads=2,
                 seq_len=8, vocab_size=203, microbatches=2 * pp, iterations=3, warmup=1)
     base.update(kw)
@@ -42,7 +43,8 @@ def trained_parameters(rank, world, cfg):
             s = model.shard
             params[("head", s.start)] = model.out_weight.detach()
             params[("embed", s.start)] = model.in_weight.detach()
-        return losses, params
+        sent = {k: v / cfg.iterations for k, v in comm.by_channel(comm.bytes_sent).items()}
+        return losses, params, sent
     finally:
         comm.close()
 
@@ -50,7 +52,7 @@ def trained_parameters(rank, world, cfg):
 def assemble(results, cfg):
     """Per-rank parameters -> one dict by global name (vocabulary shards concatenated, padding dropped)."""
     full, shards = {}, {}
-    for _, params in results:
+    for _, params, _ in results:
         for key, value in params.items():
             if isinstance(key, tuple):
                 shards.setdefault(key[0], []).append((key[1], value))
@@ -67,13 +69,16 @@ def test_loss_and_parameters_match_reference(pools, method, pp):
     cfg = tiny(method, pp)
     results = pools(pp).run(trained_parameters, cfg)
     ref_losses, ref_params = train_reference(cfg)
-    losses = next(l for l, _ in results if all(x is not None for x in l))
+    losses = next(l for l, _, _ in results if all(x is not None for x in l))
     torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref_losses), rtol=1e-5, atol=0)
     params = assemble(results, cfg)
     for name in ("embed", "head"):
         ref_params[name] = ref_params[name][:cfg.vocab_size]
     assert set(params) == set(ref_params)
     assert_parameters_close(params, ref_params)
+    # the cost model's message sizes are the runtime's: bytes per channel and rank, as Comm counted them
+    sched = build(cfg.method, cfg.pp, cfg.microbatches, cfg.n_chunks)
+    assert [sent for _, _, sent in results] == traffic(cfg, sched)
 
 
 def assert_parameters_close(params, ref_params, tol=1e-5):
@@ -89,13 +94,13 @@ def assert_parameters_close(params, ref_params, tol=1e-5):
     assert far <= total / 1000, f"{far} of {total} parameters differ by more than {tol}"
 
 
-@pytest.mark.parametrize("method", ["vocab-1", "vhalf-vocab-2", "interleaved"])
+@pytest.mark.parametrize("method", ["vocab-1", "vhalf-vocab-2", "interleaved", "interleaved-vocab-1"])
 def test_executed_order_is_the_generated_schedule(pools, method):
     cfg = tiny(method, 4, iterations=1, warmup=0)
     results = pools(4).run(run_method, cfg)
     sched = build(cfg.method, cfg.pp, cfg.microbatches, cfg.n_chunks)
     for r, mine in enumerate(results):
-        assert mine["executed"] == [a.text(sched.chunks > 1) for a in sched.ranks[r]]
+        assert [e[0] for e in mine.events[-1]] == [a.text(sched.chunks > 1) for a in sched.ranks[r]]
 
 
 def test_memory_accounting_shows_the_imbalance_vp_removes(pools):
@@ -106,8 +111,35 @@ def test_memory_accounting_shows_the_imbalance_vp_removes(pools):
     peaks = {}
     for method in ("baseline", "vocab-2"):
         results = pools(2).run(run_method, RunConfig(method=method, pp=2, **sizes))
-        peaks[method] = [r["peak_memory_bytes"] for r in results]
+        peaks[method] = [r.peak_memory_bytes for r in results]
     base, vocab2 = peaks["baseline"], peaks["vocab-2"]
     assert max(vocab2) / min(vocab2) < 1.15, vocab2
     assert base[1] > 1.3 * base[0], base
     assert max(vocab2) < base[1]
+
+
+def dp_run(rank, world, cfg):
+    """One rank of a dp x pp run on a pool of dp * pp processes (groups cut from the mesh)."""
+    from vp.comm import make_groups
+    from vp.run import channels
+
+    comm = Comm(make_groups(channels(cfg), rank), torch.device("cpu"))
+    try:
+        return train_rank(cfg, rank, comm, torch.device("cpu"))
+    finally:
+        comm.close()
+
+
+@pytest.mark.parametrize("method", ["vocab-2", "interleaved", "vhalf-vocab-1"])
+def test_data_parallel_replicas_split_one_global_batch(pools, method):
+    """dp 2 x microbatches 4 = dp 1 x microbatches 8: same global batch, same losses as the single process;
+    the gradient all-reduce is the only traffic between replicas and the cost model knows its bytes."""
+    from vp.metrics import replica_sum
+
+    cfg = tiny(method, 2, dp=2, microbatches=4)
+    results = pools(4).run(dp_run, cfg)
+    losses = replica_sum(results)
+    ref, _ = train_reference(cfg.with_(dp=1, microbatches=8))
+    torch.testing.assert_close(torch.tensor(losses), torch.tensor(ref), rtol=1e-5, atol=0)
+    sched = build(cfg.method, cfg.pp, cfg.microbatches, cfg.n_chunks)
+    assert [r.bytes_by_channel for r in results] == traffic(cfg, sched) * 2

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from vp.methods import METHODS
+from vp.schedule.methods import METHODS, VOCAB
 from vp.schedule import Action, Schedule, ScheduleError, build, simulate, unit_costs, validate
 from vp.schedule.rules import waits_on
 
@@ -20,7 +20,7 @@ def grid():
     for method, spec in METHODS.items():
         for pp in range(2, 9):
             for m in sorted({pp, pp + 1, 2 * pp + 1, 4 * pp}):
-                if spec.schedule == "interleaved" and m % pp:
+                if spec.family.microbatches_multiple_of_pp and m % pp:
                     continue
                 yield method, pp, m
 
@@ -30,7 +30,7 @@ def test_every_generator_validates_over_the_grid(method):
     cases = [c for c in grid() if c[0] == method]
     assert cases
     for _, pp, m in cases:
-        chunks = 3 if METHODS[method].schedule == "interleaved" and pp % 2 else None
+        chunks = 3 if METHODS[method].family.chunks == 0 and pp % 2 else None
         validate(build(method, pp, m, chunks))
 
 
@@ -45,6 +45,41 @@ def test_1f1b_bubble_and_memory_closed_forms(pp, m):
 def test_interleaved_bubble_closed_form(pp, m, v):
     r = simulate(build("interleaved", pp, m, v))
     assert r.bubble_rate == pytest.approx((pp - 1) / (v * m + pp - 1))
+
+
+@pytest.mark.parametrize("pp,m,v", [(2, 4, 2), (4, 8, 2), (4, 16, 3), (8, 16, 2), (3, 6, 2), (4, 8, 4)])
+def test_interleaved_vocab_closed_forms(pp, m, v):
+    """Interleaved 1F1B with vocabulary passes: rank r holds interleaved's (2(p-r-1) + (v-1)p + 1)/v microbatches
+    of activations plus the algorithm's extra warm-up forwards (1 for Algorithm 2, 2 for Algorithm 1) of one
+    chunk each; Algorithm 2's passes add exactly their own work to interleaved's makespan 3(vm+p-1)/v, so its
+    bubble falls below interleaved's; Algorithm 1's end waits for one more T and C2 (a tail of at most two
+    chunk backwards)."""
+    passes = {"S": 0.4, "T": 0.2, "IF": 0.05, "IB": 0.05}
+    base = 3 * (v * m + pp - 1) / v
+    inter = simulate(build("interleaved", pp, m, v))
+    for method, extra in (("interleaved-vocab-2", 1), ("interleaved-vocab-1", 2)):
+        s = build(method, pp, m, v)
+        r = simulate(s, unit_costs(s, passes))
+        interleaved_peak = [(2 * (pp - rank - 1) + (v - 1) * pp + 1) / v for rank in range(pp)]
+        assert inter.peak_activations == pytest.approx(interleaved_peak)
+        assert r.peak_activations == pytest.approx([x + extra / v for x in interleaved_peak])
+        with_passes = base + m * sum(passes.values())
+        if extra == 1:
+            assert r.makespan == pytest.approx(with_passes)
+            assert r.bubble_rate < inter.bubble_rate
+        else:
+            assert with_passes <= r.makespan <= with_passes + 2 * 2 / v
+
+
+def test_interleaved_vocab_2_has_a_smaller_bubble_than_vocab_2():
+    """At the paper's output-layer costs (4b model, 256k vocabulary, 8 ranks: S+T of a shard ~0.6 of a rank's
+    forward), interleaving shrinks the bubble that 1F1B leaves, with the vocabulary passes balanced as in vocab-2."""
+    costs = "F=1,B=2,S=0.4,T=0.2,IF=0.05,IB=0.05"
+    got = {m: json.loads(run_cli("simulate", "--method", m, "--pp", "4", "--microbatches", "8", "--costs", costs,
+                                 "--json", *(["--chunks", "2"] if m.startswith("interleaved") else [])).stdout)
+           for m in ("interleaved", "interleaved-vocab-2", "vocab-2")}
+    assert got["interleaved-vocab-2"]["bubble_rate"] <= got["interleaved"]["bubble_rate"]
+    assert got["interleaved-vocab-2"]["bubble_rate"] < 0.7 * got["vocab-2"]["bubble_rate"]
 
 
 @pytest.mark.parametrize("pp", [2, 3, 4, 6, 8])
@@ -85,9 +120,9 @@ def test_barriers_have_a_pass_to_overlap_with(method):
         for i, a in enumerate(acts):
             if a.kind in ("C1", "C2"):
                 entered[(a.kind, a.mb)] = i
-            for group, _, mb in waits_on(s, a):
-                if group in ("C1", "C2") and first_b < i < last_f:
-                    between = acts[entered[(group, mb)] + 1:i]
+            for inst in waits_on(s, a):
+                if inst.group in ("C1", "C2") and first_b < i < last_f:
+                    between = acts[entered[(inst.group, inst.mb)] + 1:i]
                     assert any(b.kind in ("F", "B", "W", "S", "T") for b in between), (r, a)
 
 
@@ -103,7 +138,7 @@ def test_text_form_round_trips():
 
 
 @pytest.mark.parametrize("method", ["baseline", "interleaved", "interlaced", "vocab-1", "vocab-2", "vhalf",
-                                    "vhalf-vocab-2"])
+                                    "vhalf-vocab-2", "interleaved-vocab-2"])
 def test_golden_snapshots(method):
     """Small schedules in text, so that a review reads what changed. VP_UPDATE_GOLDEN=1 rewrites them."""
     text = build(method, 4 if method != "interlaced" else 3, 8 if method != "interlaced" else 6).to_text()
@@ -167,7 +202,7 @@ def test_validator_catches_deadlock():
                                              ("RB", 1), ("B", 1)]],
              [Action(1, k, mb) for k, mb in [("RF", 0), ("F", 0), ("RF", 1), ("F", 1), ("B", 0), ("SB", 0),
                                              ("B", 1), ("SB", 1)]]]
-    s = Schedule("baseline", 2, 2, 1, "loop", "local", False, ranks)
+    s = Schedule("baseline", 2, 2, 1, "loop", VOCAB["local"], False, ranks)
     with pytest.raises(ScheduleError, match="deadlock: rank 0 blocked at step 2 \\(RB0\\); rank 1 blocked"):
         validate(s)
 

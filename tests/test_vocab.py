@@ -4,6 +4,7 @@ import torch
 import torch.nn.functional as F
 
 from vp.comm import Comm
+from vp.schedule.methods import VOCAB
 from vp.config import padded_vocab_size
 from vp.vocab.input import accumulate_grad, local_lookup
 from vp.vocab.output import (Shard, c1_step, c2_step, check_inputs, naive_backward, naive_forward, s_pass,
@@ -41,8 +42,9 @@ def run_output(rank, world, algorithm, seed, n, h, vocab, pad_multiple, microbat
         if algorithm == "naive":
             state = naive_backward(shard, weight, naive_forward(shard, weight, x, targets, weights, comm), comm)
         else:
-            state = c1_step(s_pass(shard, weight, x, targets, weights, algorithm), comm, algorithm)
-            state = t_pass(shard, weight, state, algorithm)
+            algo = VOCAB[algorithm]
+            state = c1_step(s_pass(shard, weight, x, targets, weights, algo), comm, algo)
+            state = t_pass(shard, weight, state, algo)
             if algorithm == "alg1":
                 state = c2_step(state, comm)
     out = (state.loss, state.grad_x, weight.grad, dict(comm.barriers), sum(comm.calls.values()))

@@ -6,7 +6,7 @@ import math
 from dataclasses import asdict, dataclass, fields, replace
 
 from vp.flops import input_flops, layer_flops, output_flops
-from vp.methods import Method, chunks_for, get_method
+from vp.schedule.methods import Method, chunks_for, get_method
 
 DEVICES = ("cpu", "cuda")
 DTYPES = ("fp32", "bf16", "fp16")
@@ -16,6 +16,7 @@ DTYPES = ("fp32", "bf16", "fp16")
 class RunConfig:
     method: str = "vocab-2"
     pp: int = 2
+    dp: int = 1  # data-parallel replicas; each runs `microbatches` of one global batch of dp x microbatches
     chunks: int | None = None  # model chunks per rank; only interleaved takes a value (default 2)
     layers: int = 4
     hidden: int = 64
@@ -38,6 +39,11 @@ class RunConfig:
     @property
     def ffn(self) -> int:
         return self.ffn_hidden or 4 * self.hidden
+
+    @property
+    def world(self) -> int:
+        """Processes (devices) of the run: dp x pp."""
+        return self.dp * self.pp
 
     @property
     def spec(self) -> Method:
@@ -99,7 +105,7 @@ def stage_layers(cfg: RunConfig) -> list[int]:
     """Transformer layers of each global stage (pp * chunks of them), checked against the method."""
     spec, pp, layers = cfg.spec, cfg.pp, cfg.layers
     stages = pp * cfg.n_chunks
-    if spec.name == "redis":
+    if spec.redistributes_layers:
         last = cfg.redis_last_layers
         if last is None:
             last = balanced_last_layers(cfg)
@@ -134,10 +140,10 @@ def balanced_last_layers(cfg: RunConfig) -> int:
     return best[1]
 
 
-def validate(cfg: RunConfig) -> RunConfig:
+def check_config(cfg: RunConfig) -> RunConfig:
     """Refuse a run that cannot work, naming the field and the fix; returns cfg unchanged."""
     spec = get_method(cfg.method)
-    for name in ("pp", "layers", "hidden", "heads", "seq_len", "vocab_size", "microbatches",
+    for name in ("pp", "dp", "layers", "hidden", "heads", "seq_len", "vocab_size", "microbatches",
                  "micro_batch_size", "iterations"):
         value = getattr(cfg, name)
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -168,8 +174,8 @@ def validate(cfg: RunConfig) -> RunConfig:
     if cfg.microbatches < cfg.pp:
         raise ValueError(f"microbatches={cfg.microbatches} is fewer than pp={cfg.pp}: the pipeline never "
                          f"fills; use microbatches >= {cfg.pp}")
-    if spec.schedule == "interleaved" and cfg.microbatches % cfg.pp:
+    if spec.family.microbatches_multiple_of_pp and cfg.microbatches % cfg.pp:
         up = -(-cfg.microbatches // cfg.pp) * cfg.pp
-        raise ValueError(f"microbatches={cfg.microbatches}: interleaved 1F1B (chunks={chunks}) needs a "
-                         f"multiple of pp={cfg.pp}; use {up}")
+        raise ValueError(f"microbatches={cfg.microbatches}: {spec.family.name} 1F1B (method={spec.name}, "
+                         f"chunks={chunks}) needs a multiple of pp={cfg.pp}; use {up}")
     return cfg

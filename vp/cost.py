@@ -4,16 +4,16 @@ FLOPs come from vp.flops (the paper's counts); a pass takes FLOPs / (peak * effi
 a message takes latency + bytes / bandwidth (one link model). Memory counts parameters, gradients and
 optimizer state per rank (bytes_per_param) and activations held between a pass and the one that frees it.
 """
-import math
 import statistics
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
 from vp.config import RunConfig
-from vp.flops import layer_flops
+from vp.flops import DEVICE_PEAKS, layer_flops
 from vp.schedule import Costs, Schedule, build
 from vp.schedule.actions import COMPUTE
+from vp.schedule.rules import enters, p2p_peer, root_of
 
 GiB = 1024**3
 
@@ -52,9 +52,9 @@ class Hardware:
 # last stage's F and B; input-layer lookups and their gradient (IF, IB), which are memory bound
 _GPU_EFF = {"F": 0.5, "B": 0.5, "W": 0.5, "S": 0.7, "T": 0.7, "IF": 0.02, "IB": 0.02}
 PROFILES = {
-    "a100_80g": Hardware("a100_80g", 312e12, dict(_GPU_EFF), 25e9, 10e-6, 80 * GiB),
-    "h100": Hardware("h100", 989e12, dict(_GPU_EFF), 50e9, 8e-6, 80 * GiB),
-    "h200": Hardware("h200", 989e12, dict(_GPU_EFF), 50e9, 8e-6, 141 * GiB),
+    "a100_80g": Hardware("a100_80g", DEVICE_PEAKS["A100"], dict(_GPU_EFF), 25e9, 10e-6, 80 * GiB),
+    "h100": Hardware("h100", DEVICE_PEAKS["H100"], dict(_GPU_EFF), 50e9, 8e-6, 80 * GiB),
+    "h200": Hardware("h200", DEVICE_PEAKS["H200"], dict(_GPU_EFF), 50e9, 8e-6, 141 * GiB),
 }
 
 
@@ -68,6 +68,17 @@ def fit_link(points: list[list[float]]) -> tuple[float, float]:
 
 def message_time(hw: Hardware, nbytes: float) -> float:
     return hw.link_latency + nbytes / hw.link_bandwidth
+
+
+def op_time(hw: Hardware, op: str, nbytes: float, group: int) -> float:
+    """Seconds of one operation on a tensor of nbytes over a group of `group` ranks, on one flat link: a send,
+    a broadcast or a reduce moves the tensor once (pipelined); a ring all-gather moves (group-1) tensors, a ring
+    all-reduce 2 (group-1) / group of it."""
+    if group < 2:
+        return 0.0
+    moved = {"send": 1.0, "broadcast": 1.0, "reduce": 1.0, "all_gather": group - 1.0,
+             "all_reduce": 2.0 * (group - 1) / group}[op]
+    return message_time(hw, moved * nbytes)
 
 
 def layer_params(cfg: RunConfig) -> int:
@@ -120,12 +131,60 @@ def pass_flops(cfg: RunConfig, sched: Schedule) -> dict:
                 parts[{"F": "IF", "B": "IB"}[kind]] = (1 if kind == "F" else 2) * n * h
             out[(kind, st)] = parts
     if sched.vocab_parallel:
-        shard = head / cfg.pp
-        s_flops, t_flops = {"alg1": (shard, 2 * shard), "alg2": (2 * shard, shard),
-                            "naive": (shard, 2 * shard)}[sched.vocab]
-        out.update({("S", None): {"S": s_flops}, ("T", None): {"T": t_flops}, ("IF", None): {"IF": n * h},
-                    ("IB", None): {"IB": 2 * n * h}})
+        gemm = head / cfg.pp  # one GEMM of a shard; the algorithm's row says how many S and T compute
+        out.update({("S", None): {"S": sched.vocab.s_gemms * gemm}, ("T", None): {"T": sched.vocab.t_gemms * gemm},
+                    ("IF", None): {"IF": n * h}, ("IB", None): {"IB": 2 * n * h}})
     return out
+
+
+def payloads(cfg: RunConfig, sched: Schedule) -> dict[str, list[tuple[str, float]]]:
+    """What each communicating action sends, as (operation, bytes of the tensor handed to Comm), in the order
+    the runtime issues them: the one source of message sizes for the cost model's times and traffic().
+
+    P2P carries a stage's activation or input gradient in the compute dtype; C0 X and the loss weights in fp32
+    ([n, h+1]); C1 the shard statistics [3, n] fp32 (all-gather) and, where S precomputed it (Algorithm 2), grad X
+    [n, h] fp32 (all-reduce); C2 grad X; IF the partial embeddings of the fp32 shards; IB the first stage's
+    embedding gradient in the compute dtype; the naive algorithm's S the max [n] and (sum, target) [2, n], its
+    T grad X."""
+    n, h = cfg.micro_batch_size * cfg.seq_len, cfg.hidden
+    act = n * h * (4 if cfg.dtype == "fp32" else 2)
+    grad32 = 4 * n * h
+    return {"SF": [("send", act)], "SB": [("send", act)], "C0": [("broadcast", 4 * n * (h + 1))],
+            "C1": [("all_gather", 12 * n)] + ([("all_reduce", grad32)] if sched.vocab.grad_x_in_s else []),
+            "C2": [("all_reduce", grad32)], "IF": [("reduce", grad32)], "IB": [("broadcast", act)],
+            "S": [("all_reduce", 4 * n), ("all_reduce", 8 * n)] if sched.vocab.synchronous else [],
+            "T": [("all_reduce", grad32)] if sched.vocab.synchronous else []}
+
+
+def traffic(cfg: RunConfig, sched: Schedule) -> list[dict[str, float]]:
+    """Bytes each rank sends per iteration on each channel, counted as the runtime's Comm counts them: a send
+    or a collective's tensor on every member, a broadcast on its root only."""
+    sizes = payloads(cfg, sched)
+    out = []
+    for r, acts in enumerate(sched.ranks):
+        sent: dict[str, float] = {}
+        for a in acts:
+            if a.kind in ("SF", "SB"):
+                peer, _ = p2p_peer(sched, a)
+                channel = ("fwd" if a.kind == "SF" else "bwd") + ("+" if peer > r else "-")
+            elif (inst := enters(sched, a)) is not None:
+                channel = inst.group
+            else:
+                continue
+            for op, nbytes in sizes[a.kind]:
+                if op != "broadcast" or root_of(sched, channel) == r:
+                    sent[channel] = sent.get(channel, 0.0) + nbytes
+        if cfg.dp > 1:  # the gradient all-reduce over the replicas, one flat fp32 buffer
+            sent["dp"] = 4.0 * rank_params(cfg, sched)[r]
+        out.append(dict(sorted(sent.items())))
+    return out
+
+
+def dp_allreduce_s(cfg: RunConfig, hw: Hardware, sched: Schedule) -> float:
+    """Seconds of the data-parallel gradient all-reduce after the pipeline's flush (the slowest rank's)."""
+    if cfg.dp < 2:
+        return 0.0
+    return max(op_time(hw, "all_reduce", 4.0 * n, cfg.dp) for n in rank_params(cfg, sched))
 
 
 def pass_costs(cfg: RunConfig, hw: Hardware, sched: Schedule) -> Costs:
@@ -142,20 +201,10 @@ def pass_costs(cfg: RunConfig, hw: Hardware, sched: Schedule) -> Costs:
         memory[("F", st)] = held
     if sched.vocab_parallel:
         memory[("S", None)] = n * (v // p) * 4 + n * h * hw.act_bytes
-    act = n * h * hw.act_bytes
-    grad32 = n * h * 4
-    ring = 2 * (p - 1) / p
-    comm = {
-        "P2P": message_time(hw, act),
-        "C0": message_time(hw, 4 * n * (h + 1)),  # X and the loss weights, fp32 (as the runtime sends them)
-        "C1": 2 * hw.link_latency + (p - 1) * 12 * n / hw.link_bandwidth
-        + (message_time(hw, ring * grad32) if sched.vocab == "alg2" else 0.0),
-        "C2": message_time(hw, ring * grad32),
-        "IF": message_time(hw, 4 * n * h),  # partial embeddings from the fp32 shards
-        "IB": message_time(hw, act),
-        "S": 2 * math.ceil(math.log2(max(p, 2))) * hw.link_latency,
-        "T": message_time(hw, ring * grad32),
-    }
+    sizes = payloads(cfg, sched)
+    comm = {kind: sum(op_time(hw, op, nbytes, p) for op, nbytes in sizes[kind])
+            for kind in ("C0", "C1", "C2", "IF", "IB", "S", "T")}
+    comm["P2P"] = sum(op_time(hw, op, nbytes, 2) for op, nbytes in sizes["SF"])
     return Costs(compute, comm, memory)
 
 

@@ -22,3 +22,8 @@ def model_flops(sequences: int, seq_len: int, hidden: int, ffn_hidden: int, laye
     """Model FLOPs of one iteration over `sequences` sequences (DESIGN.md, MFU); vocab is the unpadded size."""
     tokens = sequences * seq_len
     return output_flops(tokens, hidden, vocab) + layers * layer_flops(tokens, seq_len, hidden, ffn_hidden)
+
+
+# dense bf16/fp16 peak FLOP/s of a device, by the name CUDA reports (first match wins, so the specific names
+# come first): the datasheets' dense tensor-core figures (the H100 PCIe card is the slower part)
+DEVICE_PEAKS = {"A100": 312e12, "H100 PCIe": 756e12, "H100": 989e12, "H200": 989e12}

@@ -1,4 +1,4 @@
-"""Starting a run's pp processes on this machine and turning their failures into one clear error."""
+"""Starting a run's dp x pp processes on this machine and turning their failures into one clear error."""
 import json
 import multiprocessing as mp
 import os
@@ -47,13 +47,14 @@ def explain(errors: dict[int, str | None], order: list[int], notes: dict[int, st
     return classify(text), f"{summary}\n\n{text}"
 
 
-def _local_worker(cfg_dict, rank, world, init_method, workdir, fault, rank_fn):
+def _local_worker(cfg_dict, rank, world, init_method, workdir, fault, trace_path, rank_fn):
     if rank_fn is None:
-        from vp.train import run_rank as rank_fn
+        from vp.run import run_rank as rank_fn
 
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
     try:
-        record = rank_fn(RunConfig.from_dict(cfg_dict), rank, world, init_method, local_rank=rank, fault=fault)
+        record = rank_fn(RunConfig.from_dict(cfg_dict), rank, world, init_method, local_rank=rank, fault=fault,
+                         trace_path=trace_path)
         if record is not None:
             write_atomic(Path(workdir) / "record.json", record)
     except BaseException:  # noqa: BLE001 - reported through a file, then the process exits non-zero
@@ -63,15 +64,16 @@ def _local_worker(cfg_dict, rank, world, init_method, workdir, fault, rank_fn):
         os._exit(1)  # now: do not wait for communication threads that a dead peer keeps blocked
 
 
-def run_local(cfg: RunConfig, fault=None, rank_fn=None) -> dict:
-    """Start pp processes here, wait for them, return rank 0's record; RunFailed if any rank fails.
-    rank_fn(cfg, rank, world, init_method, local_rank=, fault=) -> dict on rank 0 is what each process runs:
-    vp.train.run_rank unless given (a picklable module-level function, e.g. vp.bench.peer's torch runner)."""
+def launch_local(cfg: RunConfig, fault=None, trace_path: str | None = None, rank_fn=None) -> dict:
+    """Start dp x pp processes here, wait for them, return rank 0's record; RunFailed if any rank fails.
+    rank_fn(cfg, rank, world, init_method, local_rank=, fault=, trace_path=) -> dict on rank 0 is what each
+    process runs: vp.run.run_rank unless given (a picklable module-level function: vp.bench.peer's torch runner)."""
     ctx = mp.get_context("spawn")
     with tempfile.TemporaryDirectory(prefix="vp-run-") as workdir:
         init = f"file://{workdir}/rendezvous"
-        procs = [ctx.Process(target=_local_worker, args=(cfg.to_dict(), r, cfg.pp, init, workdir, fault, rank_fn))
-                 for r in range(cfg.pp)]
+        procs = [ctx.Process(target=_local_worker, args=(cfg.to_dict(), r, cfg.world, init, workdir, fault,
+                                                         trace_path, rank_fn))
+                 for r in range(cfg.world)]
         for p in procs:
             p.start()
         failed_at, order, killed = None, [], set()  # order: ranks in the order they were seen failing

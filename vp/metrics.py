@@ -1,20 +1,176 @@
-"""Metrics of DESIGN.md: MFU from the paper's model FLOPs, device peaks, and the per-rank figures."""
+"""The metrics of a run, produced in one place for measured and simulated runs alike (the record's `metrics`).
+
+MFU uses the paper's model FLOPs per iteration (vp.flops.model_flops, the unpadded vocabulary) divided by the
+iteration time, the number of devices and the device's dense peak. Per rank: peak memory, the mean time of each
+pass kind (`pass_time_s`), the fraction of the iteration spent outside compute passes (`bubble_fraction`); over
+the run, `bubble_rate` = the mean bubble fraction (1 - busy / (devices x time)).
+"""
 import statistics
 import time
+from dataclasses import asdict, dataclass, field
 
 import torch
 
-from vp.flops import model_flops
+from vp.flops import DEVICE_PEAKS, model_flops
+from vp.schedule.actions import COMPUTE, Action
 
-# dense bf16/fp16 peak FLOP/s by device name (DESIGN.md); fp32 runs on these use the same figure
-GPU_PEAKS = {"A100": 312e12, "H100": 989e12, "H200": 989e12}
+
+@dataclass
+class RankMeasurement:
+    """What one rank measured over a run (gathered to rank 0, then turned into the run's Metrics)."""
+    rank: int
+    replica: int
+    host: str
+    device: str
+    losses: list  # per iteration; None where this rank does not know the loss
+    seconds: list  # per iteration
+    events: list  # per measured iteration: (action, arrived, start, end) seconds since the iteration began
+    peak_memory_bytes: float
+    memory_detail: dict
+    parameters: int
+    bytes_sent: float  # per iteration, all channels
+    bytes_by_channel: dict  # per iteration
+    collectives: dict  # calls per iteration, by operation
+    barriers_per_microbatch: float
+    peak_flops: float = 0.0
+    communicators: int = 0
+
+    def pass_times(self) -> tuple[dict, dict]:
+        """(mean seconds, passes per iteration) of each compute pass kind over the measured iterations."""
+        spans: dict[str, list[float]] = {}
+        for events in self.events:
+            for text, _, start, end in events:
+                kind = _kind(text)
+                if kind in COMPUTE:
+                    spans.setdefault(kind, []).append(end - start)
+        n = max(1, len(self.events))
+        return ({k: statistics.fmean(v) for k, v in spans.items()}, {k: len(v) // n for k, v in spans.items()})
+
+    def tail(self, measured: list[int]) -> float:
+        """Mean over the measured iterations of the time after the rank's last action: the end of its sends,
+        the data-parallel gradient all-reduce and the optimizer step."""
+        return statistics.fmean(self.seconds[it] - max((end for *_, end in events), default=0.0)
+                                for events, it in zip(self.events, measured))
+
+    def bubble_fraction(self, measured: list[int]) -> float:
+        """Mean over the measured iterations of 1 - (time in compute passes) / (iteration time)."""
+        fractions = []
+        for events, it in zip(self.events, measured):
+            busy = sum(end - start for text, _, start, end in events if _kind(text) in COMPUTE)
+            fractions.append(1.0 - busy / self.seconds[it])
+        return statistics.fmean(fractions)
+
+
+def _kind(text: str) -> str:
+    return Action.parse(0, text).kind
+
+
+@dataclass
+class Metrics:
+    loss: list | None
+    iteration_time_s: float  # median over measured iterations (simulated: the makespan)
+    iteration_times_s: list
+    tokens_per_s: float
+    mfu: float
+    model_flops: float
+    peak_flops: float
+    devices: int
+    peak_memory_bytes: list  # per rank
+    memory_detail: list  # per rank
+    pass_time_s: dict  # pass kind -> per rank (None where the rank runs no such pass)
+    pass_count: dict  # pass kind -> per rank, passes per iteration
+    bubble_fraction: list  # per rank
+    bubble_rate: float
+    bytes_sent: list  # per rank, per iteration
+    bytes_by_channel: list = field(default_factory=list)  # per rank, per iteration
+    collectives: list = field(default_factory=list)  # per rank
+    barriers_per_microbatch: list = field(default_factory=list)  # per rank
+    device_memory_bytes: float | None = None  # simulated: the device's capacity
+    tail_s: list = field(default_factory=list)  # per rank: after its last action (all-reduce, optimizer step)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_measurements(cls, cfg, per_rank: list[RankMeasurement]) -> "Metrics":
+        """The run's metrics from every rank's measurements of iterations warmup..iterations-1."""
+        measured = list(range(cfg.warmup, cfg.iterations))
+        iter_s = [max(r.seconds[i] for r in per_rank) for i in measured]
+        t = statistics.median(iter_s)
+        peak = statistics.fmean(r.peak_flops for r in per_rank)
+        losses = replica_sum(per_rank)
+        passes = [r.pass_times() for r in per_rank]
+        kinds = sorted({k for times, _ in passes for k in times})
+        bubble = [r.bubble_fraction(measured) for r in per_rank]
+        return cls(loss=losses, iteration_time_s=t, iteration_times_s=iter_s,
+                   pass_time_s={k: [times.get(k) for times, _ in passes] for k in kinds},
+                   pass_count={k: [counts.get(k, 0) for _, counts in passes] for k in kinds},
+                   peak_memory_bytes=[r.peak_memory_bytes for r in per_rank],
+                   memory_detail=[r.memory_detail for r in per_rank], bubble_fraction=bubble,
+                   bubble_rate=statistics.fmean(bubble), bytes_sent=[r.bytes_sent for r in per_rank],
+                   bytes_by_channel=[r.bytes_by_channel for r in per_rank],
+                   collectives=[r.collectives for r in per_rank],
+                   barriers_per_microbatch=[r.barriers_per_microbatch for r in per_rank],
+                   tail_s=[r.tail(measured) for r in per_rank], **throughput(cfg, t, len(per_rank), peak))
+
+    @classmethod
+    def from_simulation(cls, cfg, result, peak_flops: float, static_bytes: list, bytes_sent: list,
+                        device_memory_bytes: float, tail_s: float = 0.0) -> "Metrics":
+        """The run's metrics from a simulated iteration (vp.schedule.SimResult) with the cost model's figures;
+        tail_s: what follows the pipeline's flush on every rank (the data-parallel gradient all-reduce)."""
+        t = result.makespan + tail_s
+        sums: dict[tuple[str, int], list] = {}  # (kind, rank) -> [seconds, passes], in one walk over the timeline
+        for r, timeline in enumerate(result.timeline):
+            for a, t0, t1 in timeline:
+                if a.kind in COMPUTE:
+                    acc = sums.setdefault((a.kind, r), [0.0, 0])
+                    acc[0] += t1 - t0
+                    acc[1] += 1
+        ranks = range(len(result.timeline))
+        kinds = [k for k in COMPUTE if any((k, r) in sums for r in ranks)]
+        bubble = [1.0 - b / t for b in result.busy]
+
+        def per_rank(values: list) -> list:  # every replica's pipeline behaves alike: rank = replica * pp + p
+            return list(values) * cfg.dp
+
+        return cls(loss=None, iteration_time_s=t, iteration_times_s=[t],
+                   pass_time_s={k: per_rank([sums[(k, r)][0] / sums[(k, r)][1] if (k, r) in sums else None
+                                             for r in ranks]) for k in kinds},
+                   pass_count={k: per_rank([sums[(k, r)][1] if (k, r) in sums else 0 for r in ranks]) for k in kinds},
+                   peak_memory_bytes=per_rank(s + a for s, a in zip(static_bytes, result.peak_activations)),
+                   memory_detail=per_rank({"static": s, "activations": a}
+                                          for s, a in zip(static_bytes, result.peak_activations)),
+                   bubble_fraction=per_rank(bubble), bubble_rate=statistics.fmean(bubble),
+                   bytes_sent=per_rank(bytes_sent), device_memory_bytes=device_memory_bytes,
+                   tail_s=per_rank([tail_s] * len(result.timeline)),
+                   **throughput(cfg, t, cfg.dp * len(result.timeline), peak_flops))
+
+
+def replica_sum(per_rank: list[RankMeasurement]) -> list | None:
+    """The global batch's loss per iteration: the sum over replicas of the loss a rank of each replica knows."""
+    known = {}
+    for r in per_rank:
+        if all(x is not None for x in r.losses):
+            known.setdefault(r.replica, r.losses)
+    if len(known) != len({r.replica for r in per_rank}):
+        return None
+    return [sum(values) for values in zip(*known.values())]
+
+
+def throughput(cfg, seconds: float, devices: int, peak_flops: float) -> dict:
+    """tokens/s and MFU of one iteration (one global batch of dp x microbatches) of `seconds` on `devices`
+    devices of `peak_flops` each."""
+    sequences = cfg.dp * cfg.microbatches * cfg.micro_batch_size
+    flops = model_flops(sequences, cfg.seq_len, cfg.hidden, cfg.ffn, cfg.layers, cfg.vocab_size)
+    return {"tokens_per_s": sequences * cfg.seq_len / seconds, "mfu": flops / (seconds * devices * peak_flops),
+            "model_flops": flops, "peak_flops": peak_flops, "devices": devices}
 
 
 def device_peak(device: torch.device) -> tuple[float, str]:
     """(peak FLOP/s, how it was found): the table for known GPUs, a matmul probe otherwise."""
     if device.type == "cuda":
         name = torch.cuda.get_device_name(device)
-        for key, peak in GPU_PEAKS.items():
+        for key, peak in DEVICE_PEAKS.items():
             if key in name:
                 return peak, f"table:{key}"
     return probe_peak(device), "probe:matmul"
@@ -34,32 +190,3 @@ def probe_peak(device: torch.device, n: int = 512, reps: int = 8) -> float:
             torch.cuda.synchronize()
         best = min(best, time.perf_counter() - t0)
     return 2 * n**3 / best
-
-
-def summarize(cfg, per_rank: list[dict], peak_flops: float) -> dict:
-    """Combine the per-rank measurements of the measured iterations (after warm-up) into run metrics."""
-    measured = range(cfg.warmup, cfg.iterations)
-    iter_s = [max(r["seconds"][i] for r in per_rank) for i in measured]
-    t = statistics.median(iter_s)
-    losses = next((r["losses"] for r in per_rank if all(x is not None for x in r["losses"])), None)
-    sequences = cfg.microbatches * cfg.micro_batch_size
-    flops = model_flops(sequences, cfg.seq_len, cfg.hidden, cfg.ffn, cfg.layers, cfg.vocab_size)
-    kinds = sorted({k for r in per_rank for k in r["pass_s"]})
-    return {
-        "loss": losses,
-        "iteration_time_s": t,
-        "iteration_times_s": iter_s,
-        "tokens_per_s": sequences * cfg.seq_len / t,
-        "mfu": flops / (t * cfg.pp * peak_flops),
-        "model_flops": flops,
-        "peak_flops": peak_flops,
-        "peak_memory_bytes": [r["peak_memory_bytes"] for r in per_rank],
-        "memory_detail": [r["memory_detail"] for r in per_rank],
-        "pass_time_s": {k: [r["pass_s"].get(k) for r in per_rank] for k in kinds},
-        "pass_count": {k: [r["pass_n"].get(k, 0) for r in per_rank] for k in kinds},
-        "optimizer_step_s": [r["optimizer_s"] for r in per_rank],  # mean per iteration, after the schedule
-        "bubble_fraction": [r["idle"] for r in per_rank],
-        "bytes_sent": [r["bytes_sent"] for r in per_rank],
-        "collectives": [r["collectives"] for r in per_rank],
-        "barriers_per_microbatch": [r["barriers"] for r in per_rank],
-    }

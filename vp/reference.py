@@ -1,5 +1,6 @@
 """The single-process reference: the uncut model trained on the same data with the same optimizer, in
-one process. Every method and layout must reproduce its loss curve and final parameters."""
+one process. Every method and layout must reproduce its loss curve and final parameters. An iteration is one
+global batch: the dp x microbatches microbatches that the data-parallel replicas share."""
 import torch
 
 from vp.data import loss_weights, microbatch
@@ -13,10 +14,10 @@ def train_reference(cfg) -> tuple[list[float], dict[str, torch.Tensor]]:
     losses = []
     for it in range(cfg.iterations):
         opt.zero_grad(set_to_none=True)
-        total = 0.0
-        for mb in range(cfg.microbatches):
+        total, count = 0.0, cfg.dp * cfg.microbatches
+        for mb in range(count):
             ids, targets, mask = microbatch(cfg.seed, it, mb, cfg.micro_batch_size, cfg.seq_len, cfg.vocab_size)
-            loss = model.loss(model(ids), targets, loss_weights(mask, cfg.microbatches))
+            loss = model.loss(model(ids), targets, loss_weights(mask, count))
             loss.backward()
             total += loss.item()
         opt.step()

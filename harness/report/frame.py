@@ -5,7 +5,7 @@ import re
 
 import pandas as pd
 
-from vp.methods import METHODS
+from vp.schedule.methods import METHODS
 from vp.record import NOT_SEMANTIC
 
 METHOD_ORDER = list(METHODS)  # the paper's order: baseline, redis, interleaved, interlaced, vocab-1, ...

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from vp.comm import Comm
+from vp.schedule.methods import VOCAB
 from vp.vocab.output import Shard, c1_step, c2_step, naive_backward, naive_forward, s_pass, t_pass
 
 
@@ -45,51 +46,52 @@ def bench_vocab(hidden: int, vocabs: list[int], tokens: int, reps: int):
 
         ref = _best(single, reps)
         print(f"{vocab:>7} {'single':>9} {1:>2} {ref * 1e3:>9.1f} {1.0:>6.2f}")
-        for algorithm in ("naive", "alg1", "alg2"):
+        for algo in (v for v in VOCAB.values() if v.parallel):
             for p in (1, 2, 4):
                 shard = Shard(0, p, vocab // p, vocab)
                 w = torch.nn.Parameter(w_full[: shard.rows].clone())
 
                 def passes():
-                    if algorithm == "naive":
+                    if algo.synchronous:
                         naive_backward(shard, w, naive_forward(shard, w, x, targets, weights, comm), comm)
                         return
-                    state = c1_step(s_pass(shard, w, x, targets, weights, algorithm), comm, algorithm)
-                    state = t_pass(shard, w, state, algorithm)
-                    if algorithm == "alg1":
+                    state = c1_step(s_pass(shard, w, x, targets, weights, algo), comm, algo)
+                    state = t_pass(shard, w, state, algo)
+                    if algo.after_t:
                         c2_step(state, comm)
 
                 t = _best(passes, reps)
-                print(f"{vocab:>7} {algorithm:>9} {p:>2} {t * 1e3:>9.1f} {t / ref:>6.2f}")
+                print(f"{vocab:>7} {algo.name:>9} {p:>2} {t * 1e3:>9.1f} {t / ref:>6.2f}")
 
 
-def predict_iteration(result, optimizer_s: list[float]) -> float:
-    """An iteration as the runtime times it: each rank's schedule (simulated), then its optimizer step."""
+def predict_iteration(result, tail_s: list[float]) -> float:
+    """An iteration as the runtime times it: each rank's schedule (simulated), then what it measured after its
+    last action (the optimizer step; the simulator schedules passes, not the optimizer)."""
     ends = [max((end for _, _, end in actions), default=0.0) for actions in result.timeline]
-    return max(end + step for end, step in zip(ends, optimizer_s, strict=True))
+    return max(end + tail for end, tail in zip(ends, tail_s, strict=True))
 
 
 def bench_pipeline(methods: list[str], args):
-    from vp.config import RunConfig, validate
+    from vp.config import RunConfig, check_config
     from vp.cost import record_costs
-    from vp.launch import run_local
+    from vp.launch import launch_local
     from vp.schedule import simulate
 
     rows = []
     for method in methods:
-        cfg = validate(RunConfig(method=method, pp=2, layers=args.layers, hidden=args.hidden, heads=args.heads,
+        cfg = check_config(RunConfig(method=method, pp=2, layers=args.layers, hidden=args.hidden, heads=args.heads,
                                  seq_len=args.seq_len, vocab_size=args.vocab_size, microbatches=args.microbatches,
                                  iterations=args.iterations, warmup=1, timeout_s=900))
-        rec = run_local(cfg)
+        rec = launch_local(cfg)
         m = rec["metrics"]
         sched, costs = record_costs(rec)  # measured pass times, communication from the run's link probe
-        predicted = predict_iteration(simulate(sched, costs), m["optimizer_step_s"])
+        predicted = predict_iteration(simulate(sched, costs), m["tail_s"])
         rows.append((method, m["iteration_time_s"], m["tokens_per_s"], predicted, m["peak_memory_bytes"]))
         print(f"  ran {method}: {m['iteration_time_s']:.3f} s/iteration", file=sys.stderr, flush=True)
     base = next(r for r in rows if r[0] == "baseline")
     print(f"2 CPU ranks, h={args.hidden}, {args.layers} layers, seq {args.seq_len}, V={args.vocab_size}, "
           f"{args.microbatches} microbatches; prediction = simulator on the pass times measured in the same run "
-          f"plus communication from the link probe of the same run, then each rank's measured optimizer step")
+          f"plus communication from the link probe of the same run, then each rank's measured optimizer step (tail_s)")
     print(f"{'method':>12} {'s/iter':>8} {'tokens/s':>9} {'vs baseline':>11} {'predicted s':>11} "
           f"{'measured/pred':>13} {'peak MiB per rank':>18}")
     for method, t, tps, pred, mem in rows:

@@ -2,7 +2,7 @@
 
 Every runner trains the same GPT stages (vp.model.build_stage, values seeded by parameter name), on the same
 microbatches (vp.data), with the same per-token loss weights and the same AdamW, on pp CPU processes over
-gloo with the same threads per process (vp.launch.run_local starts both kinds):
+gloo with the same threads per process (vp.launch.launch_local starts both kinds):
   torch  Schedule1F1B / ScheduleInterleaved1F1B of torch.distributed.pipelining, over PipelineStage; the last
          stage returns logits and the schedule's loss_fn applies the project's weighted cross-entropy
   vp     this project's methods baseline, interleaved (same stages, same schedules) and vocab-2
@@ -19,9 +19,9 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from vp.config import RunConfig, validate
+from vp.config import RunConfig, check_config
 from vp.data import loss_weights, microbatch
-from vp.launch import run_local
+from vp.launch import launch_local
 from vp.model import build_stage, weighted_cross_entropy
 
 LOSS_RTOL = 1e-5  # fp32, the same ops in the same order up to the accumulation order of gradients
@@ -92,9 +92,9 @@ def torch_schedule(cfg: RunConfig, schedule: str, rank: int):
 
 
 def torch_rank(cfg: RunConfig, rank: int, world: int, init_method: str, local_rank: int = 0, fault=None,
-               schedule: str = "Schedule1F1B") -> dict | None:
+               trace_path=None, schedule: str = "Schedule1F1B") -> dict | None:
     """One process of a torch pipelining run; rank 0 returns {"metrics": loss and times per iteration}."""
-    assert fault is None, "the torch runner takes no injected faults"
+    assert fault is None and trace_path is None, "the torch runner takes no injected faults and writes no trace"
     dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=world,
                             timeout=timedelta(seconds=cfg.timeout_s))
     try:
@@ -123,10 +123,10 @@ def torch_rank(cfg: RunConfig, rank: int, world: int, init_method: str, local_ra
 
 def run(runner: Runner, cfg: RunConfig) -> dict:
     """One run of a runner -> its metrics (loss per iteration, median and measured iteration times)."""
-    cfg = validate(cfg.with_(method=runner.method))
+    cfg = check_config(cfg.with_(method=runner.method))
     if runner.runner == "torch":
-        return run_local(cfg, rank_fn=partial(torch_rank, schedule=runner.schedule))["metrics"]
-    return run_local(cfg)["metrics"]
+        return launch_local(cfg, rank_fn=partial(torch_rank, schedule=runner.schedule))["metrics"]
+    return launch_local(cfg)["metrics"]
 
 
 # -- the benchmark ----------------------------------------------------------------------------------
@@ -145,7 +145,7 @@ def bench_peer(cfg: RunConfig, rounds: int = 1) -> tuple[list[dict], bool]:
         raise ValueError(f"device={cfg.device}, dtype={cfg.dtype}: the peer bench runs torch's schedules on "
                          f"gloo/CPU in fp32; use device=cpu, dtype=fp32")
     for r in RUNNERS:
-        validate(cfg.with_(method=r.method))
+        check_config(cfg.with_(method=r.method))
     results: dict[Runner, list[dict]] = {r: [] for r in RUNNERS}
     for i in range(rounds):
         for r in RUNNERS:

@@ -13,7 +13,7 @@ from vp.model import Stage
 from vp.runtime.memory import ActivationMeter
 from vp.runtime.state import IterState
 from vp.schedule import Action, Schedule
-from vp.schedule.rules import p2p_peer, root_of
+from vp.schedule.rules import collective, p2p_peer, root_of
 from vp.vocab import input as vocab_in
 from vp.vocab import output as vocab_out
 from vp.wgrad import WeightGradStore
@@ -37,8 +37,12 @@ class RankModel:
 
 class Executor:
     def __init__(self, cfg, sched: Schedule, rank: int, model: RankModel, comm: Comm, device: torch.device,
-                 meter: ActivationMeter):
+                 meter: ActivationMeter, replica: int = 0):
+        """rank: this process's pipeline rank; replica: its data-parallel replica, which takes microbatches
+        replica * microbatches ... of the global batch."""
         self.cfg, self.s, self.rank, self.model, self.comm, self.device = cfg, sched, rank, model, comm, device
+        self.first_mb = replica * sched.microbatches
+        self.global_mbs = cfg.dp * sched.microbatches
         self.meter = meter
         self.dtype = DTYPES[cfg.dtype]
         self.act_shape = (cfg.micro_batch_size, cfg.seq_len, cfg.hidden)
@@ -55,18 +59,18 @@ class Executor:
     # -- data ---------------------------------------------------------------------------------------
     def batch(self, mb: int):
         if mb not in self.st.batches:
-            ids, targets, mask = microbatch(self.cfg.seed, self.st.iteration, mb, self.cfg.micro_batch_size,
-                                            self.cfg.seq_len, self.cfg.vocab_size)
+            ids, targets, mask = microbatch(self.cfg.seed, self.st.iteration, self.first_mb + mb,
+                                            self.cfg.micro_batch_size, self.cfg.seq_len, self.cfg.vocab_size)
             self.st.batches[mb] = tuple(t.to(self.device, non_blocking=True) for t in (ids, targets, mask))
         return self.st.batches[mb]
 
     def loss_weights(self, mb: int) -> torch.Tensor:
-        return loss_weights(self.batch(mb)[2], self.s.microbatches) * self.loss_scale
+        return loss_weights(self.batch(mb)[2], self.global_mbs) * self.loss_scale
 
     # -- collectives --------------------------------------------------------------------------------
-    def launch(self, a: Action):
-        """Start the collective an action enters, on its channel's CommStream."""
-        st, comm, mb, inst = self.st, self.comm, a.mb, (a.kind, a.kind, a.mb)
+    def launch(self, a: Action, inst):
+        """Start the collective instance an action enters, on its channel's CommStream."""
+        st, comm, mb, algo = self.st, self.comm, a.mb, self.s.vocab
         if a.kind == "C0":  # the last stage's X and the loss weights, [n, h + 1] in fp32, to every rank
             root = root_of(self.s, "C0")
             if self.rank == root:
@@ -74,30 +78,34 @@ class Executor:
                 buf = torch.cat([x, self.loss_weights(mb).reshape(-1, 1)], dim=1)
             else:
                 buf = torch.empty(self.tokens, self.cfg.hidden + 1, device=self.device)
-            st.pending[inst] = comm.submit("C0", lambda: comm.broadcast(buf, root, "C0"))
-        elif a.kind in ("C1", "C2"):
+            st.pending[inst] = comm.submit(inst.group, lambda: comm.broadcast(buf, root, inst.group))
+        elif a.kind in algo.collectives:
             out = st.out[mb]
-            if a.kind == "C2":
+            if a.kind in algo.after_t:  # the last use of the output state on this rank but B's
                 self._used_out(mb)
 
             def step():  # fills `out` in place (statistics, loss, grad X); consumers read st.out[mb]
-                if a.kind == "C1":
-                    vocab_out.c1_step(out, comm, self.s.vocab)
+                if a.kind in algo.after_s:
+                    vocab_out.c1_step(out, comm, algo)
                 else:
                     vocab_out.c2_step(out, comm)
 
-            st.pending[inst] = comm.submit(a.kind, step)
+            st.pending[inst] = comm.submit(inst.group, step)
         elif a.kind == "IF":  # sum the partial embeddings on the first stage's rank
             local, first = st.embed_local.pop(mb), root_of(self.s, "IF")
-            st.pending[inst] = comm.submit("IF", lambda: comm.reduce(local, first, "IF"))
+            st.pending[inst] = comm.submit(inst.group, lambda: comm.reduce(local, first, inst.group))
         elif a.kind == "IB":  # the first stage's embedding gradient to every rank
             root = root_of(self.s, "IB")
             buf = (st.embed_grad.pop(mb) if self.rank == root
                    else torch.empty(self.act_shape, dtype=self.dtype, device=self.device))  # the root's dtype
-            st.pending[inst] = comm.submit("IB", lambda: comm.broadcast(buf, root, "IB"))
+            st.pending[inst] = comm.submit(inst.group, lambda: comm.broadcast(buf, root, inst.group))
             if self.rank == root:
                 st.ready[inst] = buf
-        # S and T of the naive algorithm synchronise inside their compute: nothing to launch
+        # S and T of the synchronous (naive) algorithm communicate inside their compute: nothing to launch
+
+    def result(self, kind: str, mb: int):
+        """The result of a collective this rank waited for (or, at the root of IB, its own input)."""
+        return self.st.ready.pop(collective(self.s, kind, mb))
 
     def wait(self, inst, timeout: float):
         """Wait for a collective this rank consumes; its result (if any) goes to `ready` for the consumer."""
@@ -131,7 +139,7 @@ class Executor:
         stage = self.model.stages[c]
         if stage_idx == 0:
             if self.s.vocab_parallel:
-                x_in = st.ready.pop(("IF", "IF", mb)).to(self.dtype).reshape(self.act_shape).requires_grad_()
+                x_in = self.result("IF", mb).to(self.dtype).reshape(self.act_shape).requires_grad_()
             else:
                 x_in = self.batch(mb)[0]
         else:
@@ -220,23 +228,24 @@ class Executor:
             x, w = st.x_last.pop(mb).reshape(self.tokens, -1), self.loss_weights(mb)
             w = w.reshape(-1)
         else:
-            pack = st.ready.pop(("C0", "C0", mb))
+            pack = self.result("C0", mb)
             x, w = pack[:, :-1], pack[:, -1]
+        algo = self.s.vocab
         with self.autocast():
-            if self.s.vocab == "naive":
+            if algo.synchronous:
                 out = vocab_out.naive_forward(m.shard, m.out_weight, x, targets.reshape(-1), w, self.comm)
             else:
-                out = vocab_out.s_pass(m.shard, m.out_weight, x, targets.reshape(-1), w, self.s.vocab)
+                out = vocab_out.s_pass(m.shard, m.out_weight, x, targets.reshape(-1), w, algo)
         st.out[mb] = out
-        # consumers of `out` on this rank: T, C2 (Algorithm 1), B of the last stage (on its rank)
-        st.out_uses[mb] = 1 + (self.s.vocab == "alg1") + (self.rank == self.s.last_rank)
+        # consumers of `out` on this rank: T, the collectives after T (C2), B of the last stage (on its rank)
+        st.out_uses[mb] = 1 + len(algo.after_t) + (self.rank == self.s.last_rank)
         self.meter.add(("S", mb), out.nbytes())
 
     def _T(self, a: Action):
         st, mb, m = self.st, a.mb, self.model
         out = st.out[mb]
         with self.autocast():
-            if self.s.vocab == "naive":
+            if self.s.vocab.synchronous:
                 vocab_out.naive_backward(m.shard, m.out_weight, out, self.comm)
             else:
                 vocab_out.t_pass(m.shard, m.out_weight, out, self.s.vocab)
@@ -256,5 +265,5 @@ class Executor:
         self.st.embed_local[a.mb] = vocab_in.local_lookup(self.model.shard, self.model.in_weight, ids)
 
     def _IB(self, a: Action):
-        grad = self.st.ready.pop(("IB", "IB", a.mb))
+        grad = self.result("IB", a.mb)
         vocab_in.accumulate_grad(self.model.shard, self.model.in_weight, self.batch(a.mb)[0], grad)

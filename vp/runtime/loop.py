@@ -12,7 +12,6 @@ from vp.runtime.executor import Executor, RankModel
 from vp.runtime.memory import ActivationMeter
 from vp.runtime.state import IterState
 from vp.schedule import Schedule
-from vp.schedule.actions import COMPUTE
 from vp.schedule.rules import enters, waits_on
 
 
@@ -20,36 +19,36 @@ class RankFailure(RuntimeError):
     pass
 
 
-class PassTimer:
-    """Seconds of each compute pass: perf_counter on CPU, CUDA events (resolved once per iteration) on GPU."""
+class ActionTimer:
+    """Start and end of every action of one iteration on this rank, in seconds since the iteration began:
+    perf_counter on CPU; CUDA events on GPU (resolved once per iteration, so no action waits for the host)."""
 
     def __init__(self, device: torch.device):
         self.cuda = device.type == "cuda"
         self.marks = []
+        self.origin = None
 
-    def start(self):
+    def now(self):
         if self.cuda:
             ev = torch.cuda.Event(enable_timing=True)
             ev.record()
             return ev
         return time.perf_counter()
 
-    def stop(self, kind: str, began):
-        if self.cuda:
-            ev = torch.cuda.Event(enable_timing=True)
-            ev.record()
-            self.marks.append((kind, began, ev))
-        else:
-            self.marks.append((kind, time.perf_counter() - began, None))
+    def begin(self):
+        self.marks.clear()
+        self.origin = self.now()
 
-    def collect(self) -> dict[str, list[float]]:
+    def add(self, text: str, arrived, began, ended):
+        self.marks.append((text, arrived, began, ended))
+
+    def collect(self) -> list[tuple[str, float, float, float]]:
+        """(action text, arrived, start, end) of every action in the order executed, in seconds: the action was
+        reached at `arrived`, waited for the collectives it consumes until `start`, and ran until `end`."""
         if self.cuda:
             torch.cuda.synchronize()
-        out: dict[str, list[float]] = {}
-        for kind, began, ev in self.marks:
-            out.setdefault(kind, []).append(began.elapsed_time(ev) / 1e3 if ev is not None else began)
-        self.marks.clear()
-        return out
+            return [(text, *(self.origin.elapsed_time(m) / 1e3 for m in marks)) for text, *marks in self.marks]
+        return [(text, *(m - self.origin for m in marks)) for text, *marks in self.marks]
 
 
 class LossScaler:
@@ -78,15 +77,20 @@ class LossScaler:
 
 class Runtime:
     def __init__(self, cfg, sched: Schedule, rank: int, model: RankModel, comm, device: torch.device,
-                 fault: tuple[int, str, str] | None = None):
+                 fault: tuple[int, str, str] | None = None, replica: int = 0, global_rank: int | None = None):
+        """rank: the pipeline rank whose actions this process runs; replica: its data-parallel replica;
+        global_rank: its rank in the world (names it in errors and fault specs; default: rank)."""
         self.cfg, self.s, self.rank, self.model, self.device, self.fault = cfg, sched, rank, model, device, fault
+        self.me = rank if global_rank is None else global_rank
+        self.comm = comm
         self.actions = sched.ranks[rank]
         self.params = model.parameters()
         self.meter = ActivationMeter(self.params)
-        self.ex = Executor(cfg, sched, rank, model, comm, device, self.meter)
+        self.ex = Executor(cfg, sched, rank, model, comm, device, self.meter, replica)
         self.optimizer = torch.optim.AdamW(self.params, lr=cfg.lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.01)
         self.scaler = LossScaler(cfg.dtype == "fp16", comm)
-        self.timer = PassTimer(device)
+        self.timer = ActionTimer(device)
+        self.show_chunk = sched.chunks > 1
 
     def iteration(self, it: int) -> dict:
         st = IterState(it)
@@ -96,47 +100,57 @@ class Runtime:
         if self.device.type == "cuda":
             torch.cuda.synchronize()
         begin = time.perf_counter()
+        self.timer.begin()
         for i, a in enumerate(self.actions):
             try:
-                if self.fault and self.fault[0] == self.rank and self.fault[1] == a.text() and it == 0:
+                if self.fault and self.fault[0] == self.me and self.fault[1] == a.text() and it == 0:
                     self._inject(self.fault[2])
                 self._dispatch(a)
             except Exception as err:
-                raise RankFailure(f"rank {self.rank} failed at iteration {it}, step {i} ({a.text()}): "
+                raise RankFailure(f"rank {self.me} failed at iteration {it}, step {i} ({a.text()}): "
                                   f"{type(err).__name__}: {err}\n" + self.s.grid((self.rank, i), 5)) from err
         try:
             self.ex.drain(self.cfg.timeout_s)
         except Exception as err:
-            raise RankFailure(f"rank {self.rank} failed at iteration {it} waiting for its last communication: "
+            raise RankFailure(f"rank {self.me} failed at iteration {it} waiting for its last communication: "
                               f"{type(err).__name__}: {err}") from err
         left = st.leftovers()
-        assert not left, f"rank {self.rank}: state left over after iteration {it}: {sorted(left)}"
-        if self.device.type == "cuda":
-            torch.cuda.synchronize()
-        schedule_done = time.perf_counter()  # the optimizer step is part of the iteration, not of the schedule
+        assert not left, f"rank {self.me}: state left over after iteration {it}: {sorted(left)}"
+        if self.cfg.dp > 1:
+            self.reduce_gradients()
         stepped = self.scaler.step(self.optimizer, self.params)
         if self.device.type == "cuda":
             torch.cuda.synchronize()
-        end = time.perf_counter()
+        seconds = time.perf_counter() - begin
         loss = sum(v.item() for v in st.losses.values()) if len(st.losses) == self.s.microbatches else None
-        return {"loss": loss, "seconds": end - begin, "optimizer_s": end - schedule_done,
-                "pass_s": self.timer.collect(), "executed": st.executed, "stepped": stepped}
+        return {"loss": loss, "seconds": seconds, "events": self.timer.collect(), "stepped": stepped}
+
+    def reduce_gradients(self):
+        """Sum every gradient over the data-parallel replicas, in one all-reduce of one flat fp32 buffer (the
+        loss weights already divide by the global batch, so the sum is the global batch's gradient)."""
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
+        flat = torch.cat([g.reshape(-1).float() for g in grads])
+        self.comm.all_reduce(flat, "dp")
+        offset = 0
+        for p, g in zip(self.params, grads):
+            p.grad = flat[offset:offset + g.numel()].view_as(g).to(g.dtype)
+            offset += g.numel()
 
     def _dispatch(self, a):
+        """launch (a collective entered at the start) -> wait for consumed collectives -> compute -> launch (at
+        the end): the order the simulator assumes. The action's time span covers all of it."""
+        arrived = self.timer.now()
         entry = enters(self.s, a)
-        if entry and entry[3] == "start":
-            self.ex.launch(a)
-        for inst in waits_on(self.s, a):
+        if entry and entry.phase == "start":
+            self.ex.launch(a, entry)
+        waits = waits_on(self.s, a)
+        for inst in waits:
             self.ex.wait(inst, self.cfg.timeout_s)
-        if a.kind in COMPUTE:
-            began = self.timer.start()
-            self.ex.compute(a)
-            self.timer.stop(a.kind, began)
-        else:
-            self.ex.compute(a)
-        if entry and entry[3] == "end":
-            self.ex.launch(a)
-        self.ex.st.executed.append(a)
+        began = self.timer.now() if waits else arrived
+        self.ex.compute(a)
+        if entry and entry.phase == "end":
+            self.ex.launch(a, entry)
+        self.timer.add(a.text(self.show_chunk), arrived, began, self.timer.now())
 
     def _inject(self, mode: str):
         """Test aid (--inject-fault): die, raise, or hang, at a chosen action."""

@@ -23,11 +23,9 @@ class IterState:
     ready: dict = field(default_factory=dict)  # collective instance -> its result, until consumed
     sends: list = field(default_factory=list)  # (work, tensor) of sends not yet known complete
     losses: dict = field(default_factory=dict)  # mb -> loss of the microbatch (where known)
-    compute_s: dict = field(default_factory=dict)  # pass kind -> [seconds]
-    executed: list = field(default_factory=list)  # action texts in the order they ran
 
     def leftovers(self) -> dict:
         """Per-microbatch state that should have been consumed by the end of the iteration."""
-        keep = {"iteration", "batches", "losses", "compute_s", "executed"}
+        keep = {"iteration", "batches", "losses"}
         return {f.name: getattr(self, f.name) for f in fields(self)
                 if f.name not in keep and getattr(self, f.name)}

@@ -7,7 +7,7 @@ import argparse
 import json
 import sys
 
-from vp.config import RunConfig, validate as validate_config
+from vp.config import RunConfig, check_config
 from vp.schedule import build, simulate, unit_costs, validate
 from vp.schedule.actions import COMPUTE
 
@@ -50,7 +50,7 @@ def main(argv=None) -> int:
         cfg = RunConfig(method=args.method, pp=args.pp, microbatches=args.microbatches, chunks=args.chunks,
                         layers=args.layers or 1, vocab_size=max(1000, args.pp))
         cfg = cfg.with_(layers=args.layers or args.pp * cfg.n_chunks)
-        validate_config(cfg)
+        check_config(cfg)
         passes, comm = parse_costs(args.costs)
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
@@ -70,7 +70,7 @@ def main(argv=None) -> int:
             print(f"{cfg.method}: pp={cfg.pp} microbatches={cfg.microbatches} chunks={cfg.n_chunks}")
             print(f"  makespan {result.makespan:g}   bubble rate {result.bubble_rate:.4f}")
             for r in range(cfg.pp):
-                print(f"  rank {r}: busy {result.busy[r]:g}  idle {result.idle_fraction[r]:.3f}  "
+                print(f"  rank {r}: busy {result.busy[r]:g}  bubble {result.bubble_fraction[r]:.3f}  "
                       f"peak activations {result.peak_activations[r]:g}")
     if args.png:
         from vp.schedule.picture import draw

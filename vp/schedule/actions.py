@@ -12,14 +12,32 @@ Kinds:
 """
 import re
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import NamedTuple
 
-from vp.methods import rank_chunk_of, stage_of
+from vp.schedule.methods import VocabAlgorithm, get_vocab
+
 
 COMPUTE = ("F", "B", "W", "S", "T", "IF", "IB")
 COLLECTIVES = ("C0", "C1", "C2")
 P2P = ("SF", "RF", "SB", "RB")
 KINDS = COMPUTE + COLLECTIVES + P2P
+
+def stage_of(placement: str, pp: int, rank: int, chunk: int) -> int:
+    """Global stage index of (rank, chunk): loop placement (stage = chunk * pp + rank) or V placement (rank r
+    holds stages r and 2pp-1-r)."""
+    if placement == "v":
+        return rank if chunk == 0 else 2 * pp - 1 - rank
+    return chunk * pp + rank
+
+
+def rank_chunk_of(placement: str, pp: int, stage: int) -> tuple[int, int]:
+    """(rank, chunk) holding a global stage index."""
+    chunk, pos = divmod(stage, pp)
+    if placement == "v" and chunk == 1:
+        return pp - 1 - pos, 1
+    return pos, chunk
+
 
 _TOKEN = re.compile(r"^(IF|IB|SF|RF|SB|RB|C[012]:|F|B|W|S|T)(\d+)(?:\.(\d+))?$")
 
@@ -44,6 +62,22 @@ class Action(NamedTuple):
         return Action(rank, kind.rstrip(":"), int(mb), int(chunk or 0))
 
 
+@dataclass(frozen=True)
+class Collective:
+    """One instance of a collective: every rank of its group enters it once, in the same order per group.
+
+    group: the ordered channel it runs on (one process group in the runtime); kind: C0 C1 C2 IF IB, or S/T for
+    the naive algorithm's synchronous barriers; phase: whether the entering action enters it at its 'start'
+    (launched before the action's compute) or at its 'end' (launched with the action's result, IF)."""
+    group: str
+    kind: str
+    mb: int
+    phase: str = field(default="start", compare=False)
+
+    def text(self) -> str:
+        return f"{self.kind}:{self.mb}" if self.group == self.kind else f"{self.group}.{self.kind}:{self.mb}"
+
+
 @dataclass
 class Schedule:
     method: str
@@ -51,7 +85,7 @@ class Schedule:
     microbatches: int
     chunks: int
     placement: str  # 'loop' | 'v'
-    vocab: str  # 'local' | 'naive' | 'alg1' | 'alg2'
+    vocab: VocabAlgorithm
     split_w: bool
     ranks: list[list[Action]] = field(default_factory=list)
 
@@ -61,7 +95,7 @@ class Schedule:
 
     @property
     def vocab_parallel(self) -> bool:
-        return self.vocab != "local"
+        return self.vocab.parallel
 
     def stage(self, rank: int, chunk: int) -> int:
         return stage_of(self.placement, self.pp, rank, chunk)
@@ -69,17 +103,25 @@ class Schedule:
     def where(self, stage: int) -> tuple[int, int]:
         return rank_chunk_of(self.placement, self.pp, stage)
 
-    @property
+    @cached_property
     def first_rank(self) -> int:
         return self.where(0)[0]
 
-    @property
+    @cached_property
     def last_rank(self) -> int:
         return self.where(self.n_stages - 1)[0]
 
+    @cached_property
+    def first_chunk(self) -> int:
+        return self.where(0)[1]
+
+    @cached_property
+    def last_chunk(self) -> int:
+        return self.where(self.n_stages - 1)[1]
+
     def header(self) -> str:
         return (f"# schedule method={self.method} pp={self.pp} microbatches={self.microbatches} "
-                f"chunks={self.chunks} placement={self.placement} vocab={self.vocab} split_w={int(self.split_w)}")
+                f"chunks={self.chunks} placement={self.placement} vocab={self.vocab.name} split_w={int(self.split_w)}")
 
     def to_text(self) -> str:
         show = self.chunks > 1
@@ -94,7 +136,7 @@ class Schedule:
             raise ValueError("schedule text must start with a '# schedule key=value ...' header line")
         meta = dict(kv.split("=", 1) for kv in lines[0][len("# schedule "):].split())
         sched = cls(meta["method"], int(meta["pp"]), int(meta["microbatches"]), int(meta["chunks"]),
-                    meta["placement"], meta["vocab"], meta["split_w"] == "1")
+                    meta["placement"], get_vocab(meta["vocab"]), meta["split_w"] == "1")
         for r, line in enumerate(lines[1:]):
             head, _, body = line.partition(":")
             if int(head) != r:

@@ -8,7 +8,8 @@ before the first stage pass that starts at or after its target time:
                        receive, at the end of F(k-1) (entering early lets the broadcast finish early)
   S(k), C1(k)          at the end of the last stage's F(k)  (S of k right after X(k) exists)
   T(k), C2(k)          at the end of the last stage's F(k+1) (so a step holds T of k-1, then S of k);
-                       in Algorithm 1, whose B(k) waits for C2(k), no later than that B's start
+                       where the last stage's B(k) waits for a collective after T (Algorithm 1's C2), no
+                       later than that B's start
   IF(k)                at the start of the first stage's F(k-1) (one forward ahead of its consumer)
   IB(k)                at the end of the first stage's B(k)
 Because every pass lands after the passes it needs and before those that need it, in one consistent
@@ -16,9 +17,8 @@ timeline, the result cannot deadlock; validate() checks it anyway.
 """
 from dataclasses import replace
 
-from vp.methods import chunks_for, get_method
 from vp.schedule.actions import Action, Schedule
-from vp.schedule.generators import interlaced, interleaved, one_f_one_b, vhalf, vhalf_pattern
+from vp.schedule.methods import VOCAB, chunks_for, get_method
 from vp.schedule.simulate import simulate
 
 ORDER = {"C0": 0, "S": 1, "T": 2, "IF": 3, "IB": 4}  # among passes of one microbatch at one spot
@@ -47,7 +47,7 @@ def lower(s: Schedule) -> Schedule:
 
 def insert_vocab_passes(s: Schedule) -> Schedule:
     """Place S/T/IF/IB and C0/C1/C2 into a schedule of stage passes (see the module docstring)."""
-    base = simulate(lower(replace(s, vocab="local")))
+    base = simulate(lower(replace(s, vocab=VOCAB["local"])))
     times = {(a.rank, a.kind, a.mb, a.chunk): (t0, t1) for tl in base.timeline for a, t0, t1 in tl}
     last_rank, last_chunk = s.where(s.n_stages - 1)
     first_rank, first_chunk = s.where(0)
@@ -58,9 +58,11 @@ def insert_vocab_passes(s: Schedule) -> Schedule:
     b_last = [times[(last_rank, "B", k, last_chunk)][0] for k in range(m)]
     step = (x_ready[-1] - x_ready[-2]) if m > 1 else 1.0
 
-    def t_target(k):  # T of k goes where S of k+1 goes; in Algorithm 1 never after the B(k) that needs it
+    t_feeds_b = s.vocab.grad_x_from in s.vocab.after_t  # Algorithm 1: B(k) of the last stage waits for C2(k)
+
+    def t_target(k):  # T of k goes where S of k+1 goes; never after a B(k) that waits for it
         t = x_ready[k + 1] if k + 1 < m else x_ready[k] + step
-        return min(t, b_last[k]) if s.vocab == "alg1" else t
+        return min(t, b_last[k]) if t_feeds_b else t
 
     out = []
     for r, acts in enumerate(s.ranks):
@@ -69,8 +71,8 @@ def insert_vocab_passes(s: Schedule) -> Schedule:
             # the root broadcasts X(k) once it exists; receivers enter early (their S waits for the data)
             c0_at = x_ready[k] if r == last_rank else (x_ready[k - 1] if k else -1.0)
             inserts.append((c0_at, k, ORDER["C0"], [("C0", k)]))
-            inserts.append((x_ready[k], k, ORDER["S"], [("S", k), ("C1", k)]))
-            inserts.append((t_target(k), k, ORDER["T"], [("T", k)] + ([("C2", k)] if s.vocab == "alg1" else [])))
+            inserts.append((x_ready[k], k, ORDER["S"], [("S", k)] + [(c, k) for c in s.vocab.after_s]))
+            inserts.append((t_target(k), k, ORDER["T"], [("T", k)] + [(c, k) for c in s.vocab.after_t]))
             inserts.append((f0_start[k - 1] if k else -1.0, k, ORDER["IF"], [("IF", k)]))
             inserts.append((b0_end[k], k, ORDER["IB"], [("IB", k)]))
         inserts.sort(key=lambda x: x[:3])
@@ -87,37 +89,13 @@ def insert_vocab_passes(s: Schedule) -> Schedule:
     return replace(s, ranks=out)
 
 
-def vhalf_shift(pp: int, vocab: str) -> int:
-    """Smallest delay of V-Half's backward slots that leaves the vocabulary barriers a pass to overlap.
-
-    The last stage (rank 0, chunk 1) runs F at slot 3p-2 and, after the shift, B at 3p+g-1+shift.
-    Algorithm 2 needs one slot between them (C1); Algorithm 1 needs T of k, placed with S of k+1 six
-    slots later, and one more slot for C2 before B.
-    """
-    if vocab == "local":
-        return 0
-    need = {"alg1": 8, "alg2": 2}[vocab]
-    gap = 3 if pp % 2 == 0 else 0
-    shift = 0
-    while vhalf_pattern(pp, shift) is None or gap + 1 + shift < need:
-        shift += 1
-    return shift
-
-
 def build(method: str, pp: int, microbatches: int, chunks: int | None = None) -> Schedule:
     """The lowered schedule of a method (the object the validator, simulator and runtime all take)."""
     spec = get_method(method)
     n_chunks = chunks_for(spec, chunks)
-    if spec.schedule == "interleaved":
-        order = interleaved(pp, microbatches, n_chunks)
-    elif spec.schedule == "vhalf":
-        order = vhalf(pp, microbatches, vhalf_shift(pp, spec.vocab))
-    elif spec.schedule == "interlaced":
-        order = interlaced(pp, microbatches)  # places its synchronous vocabulary passes itself
-    else:
-        order = one_f_one_b(pp, microbatches, {"local": 0, "alg2": 1, "alg1": 2}[spec.vocab])
+    order = spec.family.generate(pp, microbatches, n_chunks, spec.vocab)
     ranks = [[Action(r, *a) for a in acts] for r, acts in enumerate(order)]
     s = Schedule(method, pp, microbatches, n_chunks, spec.placement, spec.vocab, spec.split_w, ranks)
-    if spec.vocab in ("alg1", "alg2"):
+    if spec.vocab.parallel and not spec.family.places_vocab:
         s = insert_vocab_passes(s)
     return lower(s)

@@ -1,16 +1,20 @@
-"""One small pure generator per schedule family. Each returns, per rank, the ordered stage passes
-(kind, microbatch, chunk); vocabulary passes and p2p are added by vocab_passes.py and lower.py.
+"""One small pure generator per schedule family (a row of methods.FAMILIES). Each takes (pp, microbatches,
+chunks, vocab) -- vocab is the method's vocabulary-algorithm row, of which generators read extra_warmup and
+vhalf_gap -- and returns, per rank, the ordered stage passes (kind, microbatch, chunk). build.py then places
+the vocabulary passes and adds the sends and receives (lower).
 """
 from collections import deque
 
 Order = list[list[tuple[str, int, int]]]
 
 
-def one_f_one_b(pp: int, microbatches: int, extra_warmup: int = 0) -> Order:
-    """Megatron's non-interleaved 1F1B: rank r runs p - r (+ extra) forwards before its first backward."""
+def one_f_one_b(pp: int, microbatches: int, chunks: int = 1, vocab=None) -> Order:
+    """Megatron's non-interleaved 1F1B: rank r runs p - r (+ the vocabulary algorithm's extra) forwards before
+    its first backward."""
+    extra = vocab.extra_warmup if vocab else 0
     order = []
     for r in range(pp):
-        warm = min(pp - r + extra_warmup, microbatches)
+        warm = min(pp - r + extra, microbatches)
         acts = [("F", i, 0) for i in range(warm)]
         for i in range(microbatches - warm):
             acts += [("B", i, 0), ("F", i + warm, 0)]
@@ -19,12 +23,15 @@ def one_f_one_b(pp: int, microbatches: int, extra_warmup: int = 0) -> Order:
     return order
 
 
-def interleaved(pp: int, microbatches: int, chunks: int) -> Order:
+def interleaved(pp: int, microbatches: int, chunks: int, vocab=None) -> Order:
     """Megatron's interleaved 1F1B (virtual pipeline, loop placement); microbatches must be a multiple of pp.
 
     Virtual step i runs chunk (i // pp) % chunks of microbatch (i // (pp * chunks)) * pp + i % pp;
-    backward steps visit the chunks in reverse. Rank r warms up with 2 (pp - r - 1) + (chunks - 1) pp steps.
+    backward steps visit the chunks in reverse. Rank r warms up with 2 (pp - r - 1) + (chunks - 1) pp steps,
+    plus the vocabulary algorithm's extra forwards (interleaved-vocab-*): on the last rank they put that many
+    forwards of the last chunk between F(k) and B(k) of the last stage, where S, C1 and T of k fit.
     """
+    extra = vocab.extra_warmup if vocab else 0
     assert microbatches % pp == 0, "interleaved 1F1B needs microbatches to be a multiple of pp"
     total = microbatches * chunks
 
@@ -35,7 +42,7 @@ def interleaved(pp: int, microbatches: int, chunks: int) -> Order:
 
     order = []
     for r in range(pp):
-        warm = min(2 * (pp - r - 1) + (chunks - 1) * pp, total)
+        warm = min(2 * (pp - r - 1) + (chunks - 1) * pp + extra, total)
         acts = [("F", *virtual(i, True)) for i in range(warm)]
         for i in range(total - warm):
             acts += [("F", *virtual(i + warm, True)), ("B", *virtual(i, False))]
@@ -63,8 +70,26 @@ def vhalf_pattern(pp: int, shift: int = 0) -> list[list[tuple[int, str, int]]] |
     return blocks
 
 
-def vhalf(pp: int, microbatches: int, shift: int = 0) -> Order:
-    """V-Half: the building block repeated per microbatch; each weight pass W fills the next free slot."""
+def vhalf_shift(pp: int, gap: int) -> int:
+    """Smallest delay of V-Half's backward slots that leaves `gap` slots between the last stage's F and B.
+
+    The last stage (rank 0, chunk 1) runs F at slot 3p-2 and, after the shift, B at 3p+g-1+shift. Algorithm 2
+    needs one slot between them (C1, gap 2); Algorithm 1 needs T of k, placed with S of k+1 six slots later,
+    and one more slot for C2 before B (gap 8).
+    """
+    if not gap:
+        return 0
+    g = 3 if pp % 2 == 0 else 0
+    shift = 0
+    while vhalf_pattern(pp, shift) is None or g + 1 + shift < gap:
+        shift += 1
+    return shift
+
+
+def vhalf(pp: int, microbatches: int, chunks: int = 2, vocab=None) -> Order:
+    """V-Half: the building block repeated per microbatch; each weight pass W fills the next free slot. The
+    backward slots are delayed to leave the vocabulary algorithm its gap (vhalf_shift)."""
+    shift = vhalf_shift(pp, vocab.vhalf_gap if vocab else 0)
     blocks = vhalf_pattern(pp, shift)
     assert blocks is not None, f"V-Half building block collides with shift={shift}"
     order = []
@@ -82,7 +107,7 @@ def vhalf(pp: int, microbatches: int, shift: int = 0) -> Order:
     return order
 
 
-def interlaced(pp: int, microbatches: int) -> list[list[tuple[str, int, int]]]:
+def interlaced(pp: int, microbatches: int, chunks: int = 1, vocab=None) -> Order:
     """The interlaced baseline (nnScaler): the output layer runs on all ranks together, synchronously.
 
     Time is cut into steps; in each step a rank runs one F and one B, in the order F,B or B,F by parity

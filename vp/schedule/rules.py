@@ -1,19 +1,28 @@
 """What each action needs and what it starts: the one place the validator, the simulator and the runtime read.
 
-Collective instances are named (group, kind, microbatch). A group is one ordered channel (one process
-group in the runtime); every rank must enter a group's instances in the same order. C0 and IB are sent
-from a root to each rank (a receiver waits for the root alone); IF is reduced to the first stage's rank;
-C1, C2 and the naive algorithm's barriers are all-reduces (everyone waits for everyone).
+Collective instances are named (Collective: group, kind, microbatch, phase). A group is one ordered channel
+(one process group in the runtime); every rank must enter a group's instances in the same order. C0 and IB
+are sent from a root to each rank (a receiver waits for the root alone); IF is reduced to the first stage's
+rank; C1, C2 and the naive algorithm's barriers are all-reduces (everyone waits for everyone). What an
+algorithm enters and waits for comes from its row (methods.VOCAB), never from its name.
 """
-from vp.schedule.actions import Action, Schedule
+from vp.schedule.actions import Action, Collective, Schedule
 
 LOCAL = tuple[str, int, int]  # (kind, mb, chunk) that must come earlier on the same rank
 
 
+def collective(s: Schedule, kind: str, mb: int) -> Collective:
+    """The collective instance of `kind` for microbatch mb: C0 C1 C2 IF IB on their own channel, entered at the
+    start of the action (IF: at its end, with the looked-up rows); the naive algorithm's S and T barriers on
+    its 'naive' channel."""
+    if kind in ("S", "T"):
+        assert s.vocab.synchronous, f"{kind} enters no collective in algorithm {s.vocab.name}"
+        return Collective("naive", kind, mb)
+    return Collective(kind, kind, mb, "end" if kind == "IF" else "start")
+
+
 def local_needs(s: Schedule, a: Action) -> list[LOCAL]:
     r, k, mb, c = a
-    last_chunk = s.where(s.n_stages - 1)[1]
-    first_chunk = s.where(0)[1]
     if k == "F":
         st = s.stage(r, c)
         if st == 0:
@@ -24,7 +33,7 @@ def local_needs(s: Schedule, a: Action) -> list[LOCAL]:
         st = s.stage(r, c)
         needs = [("F", mb, c)]
         if st == s.n_stages - 1:
-            if s.vocab == "naive":
+            if s.vocab.grad_x_from == "T":  # the synchronous output layer hands grad X over in T itself
                 needs.append(("T", mb, 0))
             return needs
         nr, nc = s.where(st + 1)
@@ -32,16 +41,16 @@ def local_needs(s: Schedule, a: Action) -> list[LOCAL]:
     if k == "W":
         return [("B", mb, c)]
     if k == "S":
-        return [("F", mb, last_chunk)] if r == s.last_rank else [("C0", mb, 0)]
+        return [("F", mb, s.last_chunk)] if r == s.last_rank else [("C0", mb, 0)]
     if k == "T":
-        return [("S", mb, 0)] + ([] if s.vocab == "naive" else [("C1", mb, 0)])
+        return [("S", mb, 0)] + [(c1, mb, 0) for c1 in s.vocab.after_s]
     if k == "IB":
-        return [("B", mb, first_chunk)] if r == s.first_rank else []
+        return [("B", mb, s.first_chunk)] if r == s.first_rank else []
     if k == "C0":
-        return [("F", mb, last_chunk)] if r == s.last_rank else []
-    if k == "C1":
+        return [("F", mb, s.last_chunk)] if r == s.last_rank else []
+    if k in s.vocab.after_s:
         return [("S", mb, 0)]
-    if k == "C2":
+    if k in s.vocab.after_t:
         return [("T", mb, 0)]
     if k == "SF":
         return [("F", mb, c)]
@@ -50,34 +59,29 @@ def local_needs(s: Schedule, a: Action) -> list[LOCAL]:
     return []  # IF, RF, RB
 
 
-def waits_on(s: Schedule, a: Action) -> list[tuple[str, str, int]]:
+def waits_on(s: Schedule, a: Action) -> list[Collective]:
     """The collective instances whose completion this action waits for before it starts."""
     r, k, mb, c = a
+    v = s.vocab
     if k == "S":
-        waits = [] if r == s.last_rank else [("C0", "C0", mb)]
-        return waits + ([("naive", "S", mb)] if s.vocab == "naive" else [])
+        waits = [] if r == s.last_rank else [collective(s, "C0", mb)]
+        return waits + ([collective(s, "S", mb)] if v.synchronous else [])
     if k == "T":
-        return [("naive", "T", mb)] if s.vocab == "naive" else [("C1", "C1", mb)]
-    if k == "B" and s.stage(r, c) == s.n_stages - 1 and s.vocab in ("alg1", "alg2"):
-        return [("C2", "C2", mb)] if s.vocab == "alg1" else [("C1", "C1", mb)]
-    if k == "F" and s.stage(r, c) == 0 and s.vocab_parallel:
-        return [("IF", "IF", mb)]
+        return [collective(s, "T", mb)] if v.synchronous else [collective(s, c1, mb) for c1 in v.after_s]
+    if k == "B" and v.parallel and not v.synchronous and s.stage(r, c) == s.n_stages - 1:
+        return [collective(s, v.grad_x_from, mb)]
+    if k == "F" and v.parallel and s.stage(r, c) == 0:
+        return [collective(s, "IF", mb)]
     if k == "IB" and r != s.first_rank:
-        return [("IB", "IB", mb)]
+        return [collective(s, "IB", mb)]
     return []
 
 
-def enters(s: Schedule, a: Action) -> tuple[str, str, int, str] | None:
-    """The collective instance this action enters, and whether at its 'start' or 'end'."""
-    k, mb = a.kind, a.mb
-    if k in ("C0", "C1", "C2"):
-        return (k, k, mb, "start")
-    if k == "IF":
-        return ("IF", "IF", mb, "end")
-    if k == "IB":
-        return ("IB", "IB", mb, "start")
-    if k in ("S", "T") and s.vocab == "naive":
-        return ("naive", k, mb, "start")
+def enters(s: Schedule, a: Action) -> Collective | None:
+    """The collective instance this action enters (its phase says whether at its start or end)."""
+    k = a.kind
+    if k in ("C0", "C1", "C2", "IF", "IB") or (k in ("S", "T") and s.vocab.synchronous):
+        return collective(s, k, a.mb)
     return None
 
 

@@ -71,12 +71,13 @@ class SimResult:
         return 1.0 - sum(self.busy) / total if total else 0.0
 
     @property
-    def idle_fraction(self) -> list[float]:
+    def bubble_fraction(self) -> list[float]:
+        """Per rank: the fraction of the makespan the rank is not computing."""
         return [1.0 - b / self.makespan if self.makespan else 0.0 for b in self.busy]
 
     def summary(self) -> dict:
         return {"makespan": self.makespan, "bubble_rate": self.bubble_rate, "busy": self.busy,
-                "idle_fraction": self.idle_fraction, "peak_activations": self.peak_activations}
+                "bubble_fraction": self.bubble_fraction, "peak_activations": self.peak_activations}
 
 
 def simulate(s: Schedule, costs: Costs | None = None) -> SimResult:
@@ -93,14 +94,14 @@ def simulate(s: Schedule, costs: Costs | None = None) -> SimResult:
     def completion(inst, r):
         """When rank r has the result of a collective instance, or None while it cannot be known."""
         got = entered[inst]
-        if inst[0] in ("C0", "IB"):  # the root sends a copy to each rank
-            root = root_of(s, inst[0])
+        if inst.group in ("C0", "IB"):  # the root sends a copy to each rank
+            root = root_of(s, inst.group)
             if root not in got or r not in got:
                 return None
-            return max(got[root], got[r]) + (0.0 if r == root else costs.comm.get(inst[1], 0.0))
+            return max(got[root], got[r]) + (0.0 if r == root else costs.comm.get(inst.kind, 0.0))
         if len(got) < pp:
             return None
-        return max(got.values()) + costs.comm.get(inst[1], 0.0)
+        return max(got.values()) + costs.comm.get(inst.kind, 0.0)
 
     def ready_after_local(r, i, a):
         t = clock[r]
@@ -134,8 +135,8 @@ def simulate(s: Schedule, costs: Costs | None = None) -> SimResult:
             return step_p2p(r, i, a)
         ready = ready_after_local(r, i, a)
         entry = enters(s, a)
-        if entry and entry[3] == "start" and r not in entered[entry[:3]]:
-            entered[entry[:3]][r] = ready
+        if entry and entry.phase == "start" and r not in entered[entry]:
+            entered[entry][r] = ready
             changed[0] = True
         start = ready
         for inst in waits_on(s, a):
@@ -158,8 +159,8 @@ def simulate(s: Schedule, costs: Costs | None = None) -> SimResult:
             mem[r] -= costs.mem("F", st)
         elif a.kind == "T":
             mem[r] -= costs.mem("S", None)
-        if entry and entry[3] == "end":
-            entered[entry[:3]][r] = finish
+        if entry and entry.phase == "end":
+            entered[entry][r] = finish
         end[(r, a.kind, a.mb, a.chunk)] = finish
         timeline[r].append((a, start, finish))
         busy[r] += dur

@@ -23,7 +23,7 @@ def expected_counts(s: Schedule) -> Counter:
             if s.split_w:
                 want[(r, "W", mb, c)] += 1
     if s.vocab_parallel:
-        kinds = ["S", "T", "IF", "IB", "C0"] + {"naive": [], "alg1": ["C1", "C2"], "alg2": ["C1"]}[s.vocab]
+        kinds = ["S", "T", "IF", "IB", "C0", *s.vocab.collectives]
         for r in range(s.pp):
             for mb in range(s.microbatches):
                 for k in kinds:
@@ -70,7 +70,7 @@ def validate(s: Schedule) -> Schedule:
                 links[(r, peer, key[0]) if sender else (peer, r, key[0])][0 if sender else 1].append(key)
             entry = enters(s, a)
             if entry:
-                groups[entry[0]][r].append(entry[1:3])
+                groups[entry.group][r].append(entry)
     for (src, dst, kind), (sent, received) in sorted(links.items()):
         what = "activations" if kind == "F" else "gradients"
         if sorted(sent) != sorted(received):
@@ -89,8 +89,9 @@ def validate(s: Schedule) -> Schedule:
             seq = per_rank.get(r, [])
             if seq != ref:
                 pos = next((i for i, (x, y) in enumerate(zip(seq, ref)) if x != y), min(len(seq), len(ref)))
+                shown = [[c.text() for c in x[pos:pos + 3]] for x in (seq, ref)]
                 raise ScheduleError(f"collective group {group}: rank {r} enters "
-                                    f"{seq[pos:pos + 3]} where rank 0 enters {ref[pos:pos + 3]} (position {pos}); "
+                                    f"{shown[0]} where rank 0 enters {shown[1]} (position {pos}); "
                                     f"all ranks must enter a group's collectives in the same order\n" + s.grid())
     simulate(s, Costs())  # raises ScheduleError naming each blocked rank on a deadlock
     return s

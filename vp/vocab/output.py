@@ -7,6 +7,7 @@ Rank i holds W_i = rows [i V/p, (i+1) V/p) of the padded output weight. With X [
   loss = sum_t w_t (log sum_j exp(Y_tj - m_t) + m_t - Y_t,y_t)            Y = X W^T, m_t = max_j Y_tj
   grad Y = w (softmax(Y) - onehot(y)),   grad W_i = grad Y_i^T X,   grad X = sum_i grad Y_i W_i
 
+Each algorithm is a row of vp.schedule.methods.VOCAB; these functions read its fields, never its name.
 naive   (Megatron, interlaced): S = logits, all-reduce max, all-reduce (sum exp, target logit);
         T = grad W_i and G_i = grad Y_i W_i, all-reduce G: three barriers.
 alg1    S = logits and local statistics m_i, s_i = sum exp(Y_i - m_i), target logit, local softmax P_i;
@@ -23,6 +24,7 @@ import torch
 import torch.distributed as dist
 
 from vp.comm import Comm
+from vp.schedule.methods import VOCAB, VocabAlgorithm
 
 
 @dataclass(frozen=True)
@@ -108,14 +110,15 @@ def _local_stats(shard: Shard, y: torch.Tensor, targets: torch.Tensor):
 
 
 def s_pass(shard: Shard, weight: torch.Tensor, x: torch.Tensor, targets: torch.Tensor,
-           weights: torch.Tensor, algorithm: str) -> OutputState:
-    """S of alg1 / alg2: local logits, statistics and (unnormalised) softmax; alg2 also A_i and E_i."""
+           weights: torch.Tensor, algo: VocabAlgorithm) -> OutputState:
+    """S of alg1 / alg2: local logits, statistics and (unnormalised) softmax; where grad X leaves with C1 (alg2),
+    also A_i, E_i."""
     check_inputs(shard, weight, x, targets)
     with torch.no_grad():
         y = _logits(shard, weight, x)
         exp, stats = _local_stats(shard, y, targets)
         state = OutputState(x, targets, weights, exp, stats)
-        if algorithm == "alg2":
+        if algo.grad_x_in_s:
             w = weight.to(exp.dtype)
             local, inside = shard.local_targets(targets)
             state.a = (exp @ w).div_(_nonzero(stats[1])[:, None])  # P_i W_i = (exp W_i) / s_i: [n, h]
@@ -134,11 +137,11 @@ def _combine(state: OutputState, gathered: torch.Tensor, me: int):
     state.alpha = scaled[me] / s
 
 
-def c1_step(state: OutputState, comm: Comm, algorithm: str) -> OutputState:
+def c1_step(state: OutputState, comm: Comm, algo: VocabAlgorithm) -> OutputState:
     """C1: the one barrier of alg2 (statistics, then grad X) or the first of alg1 (statistics)."""
     with torch.no_grad(), comm.barrier("C1"):
         _combine(state, comm.all_gather(state.stats, "C1"), comm.index("C1"))
-        if algorithm == "alg2":
+        if algo.grad_x_in_s:
             w = state.weights[:, None]
             grad_x = w * (state.alpha[:, None] * state.a - state.e)  # w (alpha_i A_i - E_i)
             state.grad_x = comm.all_reduce(grad_x.float(), "C1")
@@ -146,14 +149,14 @@ def c1_step(state: OutputState, comm: Comm, algorithm: str) -> OutputState:
     return state
 
 
-def t_pass(shard: Shard, weight: torch.Tensor, state: OutputState, algorithm: str) -> OutputState:
-    """T: grad W_i += grad Y_i^T X (and, in alg1, the local input gradient G_i = grad Y_i W_i)."""
+def t_pass(shard: Shard, weight: torch.Tensor, state: OutputState, algo: VocabAlgorithm) -> OutputState:
+    """T: grad W_i += grad Y_i^T X (and, unless S precomputed it (alg2), the local input gradient G_i = grad Y_i W_i)."""
     with torch.no_grad():
         # the global softmax restricted to shard i is alpha_i P_i = exp(Y_i - m_i) alpha_i / s_i
         grad_y = _grad_y_(shard, state.exp, state.alpha / _nonzero(state.stats[1]), state.targets, state.weights)
         state.a = state.e = None
         accumulate_product(weight, grad_y.t(), state.x)
-        if algorithm == "alg1":  # fp32 like Algorithm 2's grad X, so both reduce the same bytes
+        if not algo.grad_x_in_s:  # fp32 like Algorithm 2's grad X, so both reduce the same bytes
             state.partial_grad_x = (grad_y.to(weight.dtype) @ weight).float()
         state.exp = None
     return state
@@ -189,7 +192,7 @@ def naive_forward(shard: Shard, weight: torch.Tensor, x: torch.Tensor, targets: 
 
 def naive_backward(shard: Shard, weight: torch.Tensor, state: OutputState, comm: Comm) -> OutputState:
     """T of the naive algorithm: grad W_i and the synchronous all-reduce of grad X."""
-    t_pass(shard, weight, state, "alg1")
+    t_pass(shard, weight, state, VOCAB["naive"])
     with torch.no_grad(), comm.barrier("grad_x"):
         state.grad_x = comm.all_reduce(state.partial_grad_x, "naive")
         state.partial_grad_x = None

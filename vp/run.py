@@ -1,0 +1,144 @@
+"""One process of a run: its process groups, its part of the model, the iterations, and (on rank 0) the record.
+
+Everything that starts processes (vp.launch for local processes, torchrun, the harness's submitit tasks) calls
+run_rank in each of them; vp.train is the command line around it.
+"""
+import socket
+import sys
+import time
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from vp.comm import PIPELINE_CHANNELS, Comm, make_groups
+from vp.config import RunConfig
+from vp.mesh import Mesh
+from vp.metrics import Metrics, RankMeasurement, device_peak
+from vp.model import build_stage, vocab_rows
+from vp.record import git_commit, make_record, now
+from vp.runtime.executor import RankModel
+from vp.runtime.loop import Runtime
+from vp.schedule import build
+from vp.schedule import validate as validate_schedule
+from vp.trace import write_trace
+from vp.vocab.output import Shard
+
+
+def build_rank_model(cfg: RunConfig, sched, rank: int, device: torch.device) -> RankModel:
+    vp_on = sched.vocab_parallel
+    stages = {c: build_stage(cfg, cfg.seed, sched.stage(rank, c), cfg.stage_layers, local_vocab=not vp_on).to(device)
+              for c in range(sched.chunks)}
+    if not vp_on:
+        return RankModel(stages)
+    shard = Shard.of(rank, cfg.pp, cfg.padded_vocab_size, cfg.vocab_size)
+    end = shard.start + shard.rows
+
+    def rows(name):
+        return torch.nn.Parameter(vocab_rows(cfg.seed, name, cfg.vocab_size, shard.start, end, cfg.hidden).to(device))
+
+    return RankModel(stages, shard, rows("head.weight"), rows("embed.weight"))
+
+
+def train_rank(cfg: RunConfig, rank: int, comm: Comm, device: torch.device, fault=None) -> RankMeasurement:
+    """Run every iteration on this (global) rank, process groups already up; returns its measurements."""
+    where = Mesh(dp=cfg.dp, pp=cfg.pp).coords(rank)
+    sched = validate_schedule(build(cfg.method, cfg.pp, cfg.microbatches, cfg.n_chunks))
+    model = build_rank_model(cfg, sched, where.p, device)
+    runtime = Runtime(cfg, sched, where.p, model, comm, device, fault, replica=where.d, global_rank=rank)
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    results = [runtime.iteration(it) for it in range(cfg.iterations)]
+    n_params = sum(p.numel() for p in model.parameters())
+    if device.type == "cuda":
+        peak = torch.cuda.max_memory_allocated(device)
+        detail = {"allocated": peak, "reserved": torch.cuda.max_memory_reserved(device)}
+    else:  # fp32 parameter, gradient and two AdamW moments; activations as accounted
+        static = 16 * n_params
+        detail = {"static": static, "activations": runtime.meter.peak}
+        peak = static + runtime.meter.peak
+    its, mbs = cfg.iterations, cfg.iterations * cfg.microbatches
+    return RankMeasurement(
+        rank=rank, replica=where.d, host=socket.gethostname(),
+        device=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+        losses=[r["loss"] for r in results], seconds=[r["seconds"] for r in results],
+        events=[r["events"] for r in results[cfg.warmup:]], peak_memory_bytes=peak, memory_detail=detail,
+        parameters=n_params, bytes_sent=sum(comm.bytes_sent.values()) / its,
+        bytes_by_channel={k: v / its for k, v in comm.by_channel(comm.bytes_sent).items()},
+        collectives={k: v / its for k, v in comm.by_op(comm.calls).items()},
+        barriers_per_microbatch=sum(comm.barriers.values()) / mbs)
+
+
+def channels(cfg: RunConfig) -> dict[str, list[list[int]]]:
+    """Every process group of a run, by channel: each pipeline channel along the pipeline axis, and the
+    data-parallel gradient all-reduce along the replica axis."""
+    mesh = Mesh(dp=cfg.dp, pp=cfg.pp)
+    out = {ch: mesh.groups("pp") for ch in PIPELINE_CHANNELS}
+    if cfg.dp > 1:
+        out["dp"] = mesh.groups("dp")
+    return out
+
+
+def link_probe(comm: Comm, sizes=(4096, 262144, 4194304), reps: int = 3) -> list[list[float]]:
+    """[bytes, seconds] of one message between pipeline ranks 0 and 1 (half a ping-pong, best of reps),
+    for fitting a link model (python -m harness.calibrate); counters are reset afterwards."""
+    out = []
+    me = comm.index("fwd+")
+    if me in (0, 1):
+        for size in sizes:
+            buf = torch.zeros(size // 4, device=comm.device)
+            best = float("inf")
+            for _ in range(reps):
+                t0 = time.perf_counter()
+                if me == 0:
+                    comm.isend(buf, 1, "fwd+").wait()
+                    comm.irecv(buf, 1, "fwd-").wait()
+                else:
+                    comm.irecv(buf, 0, "fwd+").wait()
+                    comm.isend(buf, 0, "fwd-").wait()
+                if comm.device.type == "cuda":
+                    torch.cuda.synchronize()
+                best = min(best, (time.perf_counter() - t0) / 2)
+            out.append([size, best])
+    comm.reset_counts()
+    return out
+
+
+def run_rank(cfg: RunConfig, rank: int, world: int, init_method: str, local_rank: int = 0, fault=None,
+             experiment: str | None = None, trace_path: str | None = None) -> dict | None:
+    """One process of a run: process groups, training, gathering; returns the record on rank 0, which also
+    writes the Chrome trace of the measured iterations to trace_path when given."""
+    if world != cfg.world:
+        raise ValueError(f"world size {world} differs from dp x pp = {cfg.world}; launch exactly that many processes")
+    device = torch.device("cuda", local_rank) if cfg.device == "cuda" else torch.device("cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    started = now()
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", init_method=init_method, rank=rank,
+                            world_size=world, timeout=timedelta(seconds=cfg.timeout_s))
+    comm = None
+    try:
+        comm = Comm(make_groups(channels(cfg), rank, cfg.timeout_s), device)
+        peak, how = device_peak(device)
+        probe = link_probe(comm)
+        mine = train_rank(cfg, rank, comm, device, fault)
+        mine.peak_flops = peak
+        gathered = [None] * world
+        dist.all_gather_object(gathered, mine)
+    except BaseException:
+        if comm is not None:  # peers may be blocked with us: leave their groups alone, exit promptly
+            comm.close(failed=True)
+        raise
+    comm.close()
+    dist.destroy_process_group()
+    if rank != 0:
+        return None
+    metrics = Metrics.from_measurements(cfg, gathered)
+    env = {"torch": torch.__version__, "python": sys.version.split()[0], "device": gathered[0].device,
+           "hosts": sorted({r.host for r in gathered}), "git_commit": git_commit(), "start": started,
+           "end": now(), "peak_flops_source": how, "world_size": world, "link_probe": probe}
+    record = make_record(cfg.to_dict(), metrics.to_dict(), env, experiment=experiment)
+    if trace_path:
+        write_trace(trace_path, [r.events for r in gathered], [r.seconds[cfg.warmup:] for r in gathered],
+                    {"run_id": record["run_id"], "method": cfg.method, "dp": cfg.dp, "pp": cfg.pp})
+    return record

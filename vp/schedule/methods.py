@@ -1,0 +1,141 @@
+"""The methods of the project as tables of small frozen rows: what every part (schedule builder, validator,
+simulator, cost model, runtime, config checks) reads instead of comparing names.
+
+A method is one row of METHODS: a schedule family (its generator, how stages sit on ranks, whether W is split),
+a vocabulary algorithm (a row of VOCAB) and whether layers move off the last stage. Adding a method means one row
+here, one generator (or a family that exists), one config file (conf/method/) and tests.
+"""
+from dataclasses import dataclass
+from typing import Callable
+
+from vp.schedule import generators as gen
+
+
+@dataclass(frozen=True)
+class VocabAlgorithm:
+    """Where the vocabulary layers live and how the output layer's passes synchronise (arXiv 2411.05288)."""
+    name: str
+    parallel: bool  # split over all ranks as S/T/IF/IB passes (else: input layer on the first stage, output on the last)
+    synchronous: bool = False  # the naive output layer: its barriers sit inside S and T, entered by all ranks at once
+    after_s: tuple[str, ...] = ()  # collectives launched right after S on every rank
+    after_t: tuple[str, ...] = ()  # collectives launched right after T
+    grad_x_from: str | None = None  # what hands grad X to the last stage's B: a collective of after_s/after_t, or "T"
+    extra_warmup: int = 0  # extra warm-up forwards (1F1B, interleaved), so S/C1/T fit before the last stage's B
+    s_gemms: int = 0  # of the output layer's three GEMMs (logits, grad X, grad W): how many S computes ...
+    t_gemms: int = 0  # ... and how many T computes
+    vhalf_gap: int = 0  # V-Half slots needed between the last stage's F and B (V-Half delays its backward slots)
+    barriers: int = 0  # communication barriers per microbatch (points where compute waits for a collective)
+
+    @property
+    def collectives(self) -> tuple[str, ...]:
+        """The pipeline collectives (besides C0, IF, IB) each rank enters once per microbatch."""
+        return self.after_s + self.after_t
+
+    @property
+    def grad_x_in_s(self) -> bool:
+        """S precomputes the input gradient's local part (Algorithm 2: A_i = P_i W_i and E_i)."""
+        return self.grad_x_from in self.after_s
+
+
+VOCAB = {
+    v.name: v
+    for v in [
+        VocabAlgorithm("local", parallel=False),
+        VocabAlgorithm("naive", parallel=True, synchronous=True, grad_x_from="T", s_gemms=1, t_gemms=2, barriers=3),
+        VocabAlgorithm("alg1", parallel=True, after_s=("C1",), after_t=("C2",), grad_x_from="C2", extra_warmup=2,
+                       s_gemms=1, t_gemms=2, vhalf_gap=8, barriers=2),
+        VocabAlgorithm("alg2", parallel=True, after_s=("C1",), grad_x_from="C1", extra_warmup=1, s_gemms=2,
+                       t_gemms=1, vhalf_gap=2, barriers=1),
+    ]
+}
+
+
+@dataclass(frozen=True)
+class Family:
+    """A schedule family: its generator and what it asks of a run."""
+    name: str
+    generate: Callable  # (pp, microbatches, chunks, vocab) -> per rank, ordered (kind, microbatch, chunk)
+    placement: str  # 'loop' (stage = chunk * pp + rank) | 'v' (rank r holds stages r and 2pp-1-r)
+    split_w: bool  # backward split into B (input gradient) and W (weight gradient)
+    chunks: int  # model chunks per rank; 0: taken from the run config (at least 2, default 2)
+    microbatches_multiple_of_pp: bool = False
+    places_vocab: bool = False  # the generator places the vocabulary passes itself
+
+
+FAMILIES = {
+    f.name: f
+    for f in [
+        Family("1f1b", gen.one_f_one_b, "loop", False, 1),
+        Family("interleaved", gen.interleaved, "loop", False, 0, microbatches_multiple_of_pp=True),
+        Family("interlaced", gen.interlaced, "loop", False, 1, places_vocab=True),
+        Family("vhalf", gen.vhalf, "v", True, 2),
+    ]
+}
+
+
+@dataclass(frozen=True)
+class Method:
+    name: str
+    family: Family
+    vocab: VocabAlgorithm
+    redistributes_layers: bool = False  # layer redistribution (redis): fewer transformer layers on the last stage
+
+    @property
+    def vocab_parallel(self) -> bool:
+        return self.vocab.parallel
+
+    @property
+    def placement(self) -> str:
+        return self.family.placement
+
+    @property
+    def split_w(self) -> bool:
+        return self.family.split_w
+
+
+def _method(name: str, family: str, vocab: str, **kw) -> Method:
+    return Method(name, FAMILIES[family], VOCAB[vocab], **kw)
+
+
+METHODS = {
+    m.name: m
+    for m in [
+        _method("baseline", "1f1b", "local"),
+        _method("redis", "1f1b", "local", redistributes_layers=True),
+        _method("interleaved", "interleaved", "local"),
+        _method("interlaced", "interlaced", "naive"),
+        _method("vocab-1", "1f1b", "alg1"),
+        _method("vocab-2", "1f1b", "alg2"),
+        _method("vhalf", "vhalf", "local"),
+        _method("vhalf-vocab-1", "vhalf", "alg1"),
+        _method("vhalf-vocab-2", "vhalf", "alg2"),
+        _method("interleaved-vocab-1", "interleaved", "alg1"),
+        _method("interleaved-vocab-2", "interleaved", "alg2"),
+    ]
+}
+
+
+def get_method(name: str) -> Method:
+    if name not in METHODS:
+        raise ValueError(f"method={name!r} is unknown; choose one of {', '.join(METHODS)}")
+    return METHODS[name]
+
+
+def get_vocab(name: str) -> VocabAlgorithm:
+    if name not in VOCAB:
+        raise ValueError(f"vocabulary algorithm {name!r} is unknown; one of {', '.join(VOCAB)}")
+    return VOCAB[name]
+
+
+def chunks_for(method: Method, chunks: int | None) -> int:
+    """The number of model chunks per rank the method runs with."""
+    fixed = method.family.chunks
+    if fixed:
+        if chunks not in (None, fixed):
+            raise ValueError(f"chunks={chunks} does not fit method={method.name}, which always uses "
+                             f"{fixed} chunk(s) per rank; drop --chunks or set it to {fixed}")
+        return fixed
+    chunks = 2 if chunks is None else chunks
+    if chunks < 2:
+        raise ValueError(f"chunks={chunks}: method={method.name} needs at least 2 model chunks per rank")
+    return chunks
