@@ -82,6 +82,9 @@ def run_config(cfg: DictConfig) -> RunConfig:
     # so a setup's run.chunks (e.g. 3 for 48 layers on 16 ranks) applies to interleaved alone
     run_chunks = run.pop("chunks", None)
     chunks = (run_chunks or cfg.method.chunks) if spec.family.chunks == 0 else None
+    # likewise run.redis_last_layers (a paper grid's N per vocabulary) applies to redis alone
+    if not spec.redistributes_layers:
+        run["redis_last_layers"] = None
     return RunConfig(method=cfg.method.name, chunks=chunks, layers=cfg.model.layers, hidden=cfg.model.hidden,
                      heads=cfg.model.heads, ffn_hidden=cfg.model.ffn_hidden, vocab_size=cfg.vocab.size,
                      pad_multiple=cfg.vocab.pad_multiple, **run)

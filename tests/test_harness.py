@@ -68,10 +68,10 @@ SMALL = ["grid.product.vocab=[2k]", "grid.product.method=[baseline,vocab-2]"]
     (["grid.product.method=[baseline,nope]"], "job 1 (vocab=2k method=nope): In 'config': Could not find 'method/nope'"),
     (["run.pp=3"], "layers=4 cannot be split evenly over the 3 stages"),
     (["vocab.pad_multiple=3"], "pad_multiple=3 is not divisible by the 2 vocabulary shards"),
-    (["cluster.max_local_ranks=1"], "needs 2 local processes but cluster.max_local_ranks=1"),
+    (["cluster.max_local_ranks=1"], "run.dp x run.pp = 2 local processes but cluster.max_local_ranks=1"),
     (["cluster=slurm"], "cluster.partition is not set; run with cluster=slurm cluster.partition=NAME"),
     (["cluster=slurm", "cluster.partition=debug", "cluster.tasks_per_node=3", "cluster.gpus_per_node=0"],
-     "run.pp=2 is not a multiple of cluster.tasks_per_node=3"),
+     "the world of 2 tasks (run.dp x run.pp) does not split over nodes of cluster.tasks_per_node=3"),
     (["run.microbatches=0"], "microbatches=0 must be a positive integer"),
     (["run.seq_len=-1"], "seq_len=-1 must be a positive integer"),
     (["model.hidden=0"], "hidden=0 must be a positive integer"),
@@ -88,7 +88,6 @@ SMALL = ["grid.product.vocab=[2k]", "grid.product.method=[baseline,vocab-2]"]
     (["backend=sim", "hardware.name=tpu9"], "hardware=tpu9 has no built-in profile"),
     (["grid.product.method=[interleaved]", "run.microbatches=3"], "needs a multiple of pp=2; use 4"),
     (["grid.product.method=[redis]", "run.redis_last_layers=9"], "redis_last_layers=9 leaves fewer than one layer"),
-    (["run.redis_last_layers=1"], "redis_last_layers=1 only applies to method=redis"),
     (["vocab.size=1"], "vocab_size=1 is smaller than the 2 vocabulary shards"),
     (["run.lr=0"], "lr=0 must be positive"),
     (["run.timeout_s=0"], "timeout_s=0 must be a positive number of seconds"),
@@ -104,9 +103,26 @@ def test_invalid_sweeps_are_refused_before_submission(tmp_path, capsys, override
     assert not (tmp_path / "results").exists() and not (tmp_path / "submitit").exists()
 
 
+def test_paper_grid_gives_redis_the_official_final_stage_layers(tmp_path):
+    """paper_1f1b: redis leaves the official artifact's N = 4, 3, 2, 0 layers on the last of 8 stages for 32k..256k
+    (remainders on the later stages, rank 0 never gains one); the other methods split layers evenly."""
+    from harness.sweep import plan
+    overrides = [f"results_dir={tmp_path}/results", "experiment=paper_1f1b", "backend=sim", "logger=off"]
+    with initialize_config_dir(CONF, version_base="1.3"):
+        jobs = plan(compose("config", overrides=overrides), overrides)
+    layers = {(j.run.method, j.run.vocab_size): j.run.stage_layers for j in jobs if j.run.pp == 8}
+    assert layers[("redis", 32000)] == [4] * 8
+    assert layers[("redis", 64000)] == [4] * 6 + [5, 3]
+    assert layers[("redis", 128000)] == [4] * 5 + [5, 5, 2]
+    assert layers[("redis", 256000)] == [4] * 3 + [5] * 4 + [0]
+    assert layers[("baseline", 256000)] == [4] * 8
+    assert all(j.run.redis_last_layers is None for j in jobs if j.run.method != "redis")
+
+
 def test_sim_sweep_writes_records_and_resumes(tmp_path):
-    grid = ["experiment=paper_1f1b", "backend=sim", "grid.setups=[{model: 4b, run.pp: 8}]",
-            "grid.product={run.seq_len: [2048], vocab: [32k, 256k], method: [baseline, vocab-2]}"]
+    grid = ["experiment=paper_1f1b", "backend=sim",
+            "grid.setups=[{model: 4b, run.pp: 8, vocab: 32k}, {model: 4b, run.pp: 8, vocab: 256k}]",
+            "grid.product={run.seq_len: [2048], method: [baseline, vocab-2]}"]
     code, lines = sweep(tmp_path, *grid)
     assert code == 0 and "4 jobs, 0 done, 4 to run" in lines[0]
     recs = records(tmp_path, "paper_1f1b")

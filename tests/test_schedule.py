@@ -27,6 +27,8 @@ def grid():
 
 @pytest.mark.parametrize("method", list(METHODS))
 def test_every_generator_validates_over_the_grid(method):
+    """validate(): counts, dependencies, p2p order, each group's order, the cross-group collective order, and no
+    deadlock in the default nor the strict simulation (one ordered queue and lazy creation per rank)."""
     cases = [c for c in grid() if c[0] == method]
     assert cases
     for _, pp, m in cases:
@@ -68,7 +70,7 @@ def test_interleaved_vocab_closed_forms(pp, m, v):
             assert r.makespan == pytest.approx(with_passes)
             assert r.bubble_rate < inter.bubble_rate
         else:
-            assert with_passes <= r.makespan <= with_passes + 2 * 2 / v
+            assert with_passes - 1e-9 <= r.makespan <= with_passes + 2 * 2 / v
 
 
 def test_interleaved_vocab_2_has_a_smaller_bubble_than_vocab_2():
@@ -108,20 +110,21 @@ def test_vocab_warmup_and_one_s_slot_per_step(method):
             assert texts.index(f"S{k}") == texts.index(f"T{k - 1}") + 1
 
 
-@pytest.mark.parametrize("method", ["vocab-1", "vocab-2", "vhalf-vocab-1", "vhalf-vocab-2"])
+@pytest.mark.parametrize("method", ["vocab-1", "vocab-2", "vhalf-vocab-1", "vhalf-vocab-2", "interleaved-vocab-1",
+                                    "interleaved-vocab-2"])
 def test_barriers_have_a_pass_to_overlap_with(method):
-    """Between entering C1 (or C2) and the first action that waits for it, each rank runs a compute pass,
-    in the steady state (between a rank's first B and its last F; before, the rank is idle anyway)."""
-    s = build(method, 4, 12)
+    """Between entering C1 (or C2) and the first action that waits for it, each rank runs a compute pass, for
+    the microbatches of the steady state (p <= k < m - p; in warm-up and cool-down ranks idle anyway, and V-Half
+    squeezes those ends without the room)."""
+    pp, m = 4, 16
+    s = build(method, pp, m, 2 if METHODS[method].family.chunks == 0 else None)
     for r, acts in enumerate(s.ranks):
         entered = {}
-        first_b = next(i for i, a in enumerate(acts) if a.kind == "B")
-        last_f = max(i for i, a in enumerate(acts) if a.kind == "F")
         for i, a in enumerate(acts):
             if a.kind in ("C1", "C2"):
                 entered[(a.kind, a.mb)] = i
             for inst in waits_on(s, a):
-                if inst.group in ("C1", "C2") and first_b < i < last_f:
+                if inst.group in ("C1", "C2") and pp <= inst.mb < m - pp:
                     between = acts[entered[(inst.group, inst.mb)] + 1:i]
                     assert any(b.kind in ("F", "B", "W", "S", "T") for b in between), (r, a)
 
@@ -223,6 +226,12 @@ def test_cli_simulate_json_and_show(tmp_path):
     data = json.loads(out.stdout)
     assert data["bubble_rate"] == pytest.approx(3 / 11)
     assert data["peak_activations"] == [4, 3, 2, 1] and len(data["busy"]) == 4
+    out = run_cli("simulate", "--method", "vocab-2", "--pp", "4", "--microbatches", "8", "--strict", "--json",
+                  "--costs", "C1=0.5")
+    strict = json.loads(out.stdout)
+    flat = json.loads(run_cli("simulate", "--method", "vocab-2", "--pp", "4", "--microbatches", "8", "--json",
+                              "--costs", "C1=0.5").stdout)
+    assert strict["strict"] and strict["makespan"] >= flat["makespan"]
     png = tmp_path / "s.png"
     out = run_cli("show", "--method", "vocab-2", "--pp", "2", "--microbatches", "4", "--png", str(png),
                   "--costs", "S=0.3,T=0.3")

@@ -5,7 +5,6 @@ Every user error is a ValueError that names the field and says how to fix it; no
 import math
 from dataclasses import asdict, dataclass, fields, replace
 
-from vp.flops import input_flops, layer_flops, output_flops
 from vp.schedule.methods import Method, chunks_for, get_method
 
 DEVICES = ("cpu", "cuda")
@@ -32,7 +31,8 @@ class RunConfig:
     seed: int = 1234
     device: str = "cpu"
     dtype: str = "fp32"
-    redis_last_layers: int | None = None  # redis only: layers on the last stage; None = balance by FLOPs
+    redis_last_layers: int | None = None  # redis only: layers on the last stage (official --final-stage-num-layers);
+    #                                       None = the official default, 0
     lr: float = 1e-3
     timeout_s: float = 300.0
 
@@ -106,15 +106,7 @@ def stage_layers(cfg: RunConfig) -> list[int]:
     spec, pp, layers = cfg.spec, cfg.pp, cfg.layers
     stages = pp * cfg.n_chunks
     if spec.redistributes_layers:
-        last = cfg.redis_last_layers
-        if last is None:
-            last = balanced_last_layers(cfg)
-        if not 0 <= last <= layers - (pp - 1):
-            raise ValueError(f"redis_last_layers={last} leaves fewer than one layer for each of the other "
-                             f"{pp - 1} stages of layers={layers}; use 0..{layers - (pp - 1)}")
-        rest = layers - last
-        base, extra = divmod(rest, pp - 1)
-        return [base + (1 if s < extra else 0) for s in range(pp - 1)] + [last]
+        return redis_layers(layers, pp, cfg.redis_last_layers or 0)
     if cfg.redis_last_layers is not None:
         raise ValueError(f"redis_last_layers={cfg.redis_last_layers} only applies to method=redis; "
                          f"drop it for method={spec.name}")
@@ -126,18 +118,16 @@ def stage_layers(cfg: RunConfig) -> list[int]:
     return [layers // stages] * stages
 
 
-def balanced_last_layers(cfg: RunConfig) -> int:
-    """Layers on the last stage that minimise the largest stage's FLOPs (layer redistribution, redis)."""
-    tokens = cfg.micro_batch_size * cfg.seq_len
-    per_layer = layer_flops(tokens, cfg.seq_len, cfg.hidden, cfg.ffn)
-    head = output_flops(tokens, cfg.hidden, cfg.padded_vocab_size)
-    best = None
-    for last in range(0, cfg.layers - (cfg.pp - 1) + 1):
-        others = -(-(cfg.layers - last) // (cfg.pp - 1))
-        worst = max(others * per_layer + input_flops(tokens, cfg.hidden), last * per_layer + head)
-        if best is None or worst < best[0]:
-            best = (worst, last)
-    return best[1]
+def redis_layers(layers: int, pp: int, last: int) -> list[int]:
+    """Layer redistribution as the official code places layers (sail-sg/VocabularyParallelism,
+    transformer_block.py::get_num_layers_to_build, --final-stage-num-layers N): N layers on the last stage, the
+    rest split over stages 0..p-2 with the remainders on the later ones (p-2, p-3, ...), so that stage 0, which
+    holds the input layer, never gains one."""
+    if not isinstance(last, int) or not 0 <= last <= layers - (pp - 1):
+        raise ValueError(f"redis_last_layers={last} leaves fewer than one layer for each of the other "
+                         f"{pp - 1} stages of layers={layers}; use 0..{layers - (pp - 1)}")
+    base, extra = divmod(layers - last, pp - 1)
+    return [base + (1 if s >= pp - 1 - extra else 0) for s in range(pp - 1)] + [last]
 
 
 def check_config(cfg: RunConfig) -> RunConfig:

@@ -50,7 +50,9 @@ def parse_args(argv=None):
     ap.add_argument("--seed", type=int, default=d.seed)
     ap.add_argument("--device", default=d.device)
     ap.add_argument("--dtype", default=d.dtype)
-    ap.add_argument("--redis-last-layers", type=int, default=None)
+    ap.add_argument("--redis-last-layers", type=int, default=None, metavar="N",
+                    help="redis: transformer layers on the last stage, as the official --final-stage-num-layers "
+                         "(default 0); the rest go to the other stages, remainders on the later ones")
     ap.add_argument("--lr", type=float, default=d.lr)
     ap.add_argument("--timeout-s", type=float, default=d.timeout_s)
     ap.add_argument("--json", action="store_true", help="print the result record as one JSON object")

@@ -1,7 +1,8 @@
 """python -m vp.schedule show|simulate --method M --pp P --microbatches N [--chunks V] [--layers L] ...
 
 show      prints the per-rank action grid (and writes a timeline picture with --png FILE)
-simulate  prints makespan, bubble rate, per-rank busy time and peak activations (--json for one JSON object)
+simulate  prints makespan, bubble rate, per-rank busy time and peak activations (--json for one JSON object);
+          --strict runs every rank's collectives on one ordered queue (NCCL without concurrent communicators)
 """
 import argparse
 import json
@@ -44,6 +45,8 @@ def main(argv=None) -> int:
     ap.add_argument("--layers", type=int, default=None, help="check this layer count's split over the stages")
     ap.add_argument("--costs", default=None, help="e.g. F=1,B=2,W=0,S=0,T=0,IF=0,IB=0,C1=0,P2P=0")
     ap.add_argument("--json", action="store_true", help="simulate: print one JSON object")
+    ap.add_argument("--strict", action="store_true",
+                    help="simulate with all of a rank's collectives on one ordered queue (CUDA_DEVICE_MAX_CONNECTIONS=1)")
     ap.add_argument("--png", default=None, help="write the timeline picture to this file")
     args = ap.parse_args(argv)
     try:
@@ -58,12 +61,12 @@ def main(argv=None) -> int:
     sched = validate(build(cfg.method, cfg.pp, cfg.microbatches, cfg.n_chunks))
     share = cfg.layers / cfg.pp
     costs = unit_costs(sched, passes, [n / share for n in cfg.stage_layers], comm)
-    result = simulate(sched, costs)
+    result = simulate(sched, costs, strict=args.strict)
     if args.command == "show":
         print(sched.to_text() if args.json else sched.header() + "\n" + sched.grid())
     else:
         out = {"method": cfg.method, "pp": cfg.pp, "microbatches": cfg.microbatches, "chunks": cfg.n_chunks,
-               **result.summary()}
+               "strict": args.strict, **result.summary()}
         if args.json:
             print(json.dumps(out))
         else:

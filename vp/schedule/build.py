@@ -2,26 +2,30 @@
 passes (vocabulary parallelism), add the p2p sends and receives.
 
 Vocabulary passes are placed in time (the paper's approach of inserting passes into an existing
-schedule): the stage passes are simulated with unit costs, and each vocabulary pass goes on every rank
-before the first stage pass that starts at or after its target time:
-  C0(k)                at the end of the last stage's F(k) on its rank; on the other ranks, which only
-                       receive, at the end of F(k-1) (entering early lets the broadcast finish early)
-  S(k), C1(k)          at the end of the last stage's F(k)  (S of k right after X(k) exists)
-  T(k), C2(k)          at the end of the last stage's F(k+1) (so a step holds T of k-1, then S of k);
-                       where the last stage's B(k) waits for a collective after T (Algorithm 1's C2), no
-                       later than that B's start
-  IF(k)                at the start of the first stage's F(k-1) (one forward ahead of its consumer)
-  IB(k)                at the end of the first stage's B(k)
-Because every pass lands after the passes it needs and before those that need it, in one consistent
-timeline, the result cannot deadlock; validate() checks it anyway.
+schedule): the stage passes are simulated with unit costs, and the vocabulary passes are grouped into units,
+each with a target time on that timeline:
+  C0(k)                the end of the last stage's F(k): its rank broadcasts X(k) right away; the other ranks,
+                       which only receive, enter it as early as the collective order lets them
+  S(k) + C1(k)         the end of the last stage's F(k); the receiving ranks one stage pass later, so that the
+                       broadcast C0(k) runs under that pass (the official 1F1B placement)
+  T(k) + C2(k)         where S(k+1) goes (a step holds T of k-1, then S of k); where the last stage's B(k) waits
+                       for a collective after T (Algorithm 1's C2), no later than the pass before that B
+  IF(k)                the start of the first stage's F(k-1) (one forward ahead of its consumer)
+  IB(k)                the end of the first stage's B(k)
+Microbatch 0's units, which open every collective group, go at their targets on every rank (no early C0, no
+delayed S), so that a lazily created communicator never blocks a rank before work the others wait for.
+The units, sorted by target time, are the one order in which every rank enters the collectives (the
+cross-group order that validate() checks: under NCCL two ranks entering two collectives in opposite orders can
+deadlock). Each rank puts a unit before the first of its stage passes that starts at or after the target (plus
+the receivers' one-pass delay), but never before the unit that precedes it in that order.
 """
+from bisect import bisect_left
 from dataclasses import replace
+from typing import NamedTuple
 
 from vp.schedule.actions import Action, Schedule
 from vp.schedule.methods import VOCAB, chunks_for, get_method
 from vp.schedule.simulate import simulate
-
-ORDER = {"C0": 0, "S": 1, "T": 2, "IF": 3, "IB": 4}  # among passes of one microbatch at one spot
 
 
 def lower(s: Schedule) -> Schedule:
@@ -45,47 +49,84 @@ def lower(s: Schedule) -> Schedule:
     return replace(s, ranks=out)
 
 
+class _Unit(NamedTuple):
+    """Vocabulary passes that go together; `key` sorts the units into the one collective order."""
+    key: tuple
+    actions: tuple  # ((kind, mb), ...)
+    root: int | None  # the rank that places it at its target time (key[0]); the others are receivers
+    receivers: float | None  # when receivers place it: this long after the target, or None: as early as allowed
+
+
+def _units(s: Schedule, times: dict) -> list[_Unit]:
+    """The vocabulary units of every microbatch in the order every rank enters their collectives."""
+    v, m = s.vocab, s.microbatches
+    last, first = (s.last_rank, s.last_chunk), (s.first_rank, s.first_chunk)
+    x_ready = [times[(*last[:1], "F", k, last[1])][1] for k in range(m)]
+    f0_start = [times[(first[0], "F", k, first[1])][0] for k in range(m)]
+    b0_end = [times[(first[0], "B", k, first[1])][1] for k in range(m)]
+    step = (x_ready[-1] - x_ready[-2]) if m > 1 else 1.0
+    later = 1.0 / s.chunks  # one stage pass: a chunk's F at unit cost
+    before_b = _start_of_pass_before(s, times, last)  # microbatch -> start of the pass before the last stage's B
+    t_feeds_b = v.grad_x_from in v.after_t  # Algorithm 1: B(k) of the last stage waits for C2(k)
+    t_at = [x_ready[k + 1] if k + 1 < m else x_ready[k] + step for k in range(m)]
+    if t_feeds_b:
+        t_at = [min(t, before_b[k]) for k, t in enumerate(t_at)]
+    b_last = [times[(last[0], "B", k, last[1])][0] for k in range(m)]
+
+    def delay(at, needed_at):  # one pass later on receivers, if that still leaves a pass before it is needed
+        return max(0.0, min(later, needed_at - later - at))
+
+    s_needed = [min(t_at[k], b_last[k]) if v.grad_x_in_s else t_at[k] for k in range(m)]
+    # microbatch 0 opens every group: all ranks meet it at its target, so that a communicator created lazily on
+    # its first collective blocks no rank longer than the timeline does
+    s_delay = [delay(x_ready[k], s_needed[k]) if k else 0.0 for k in range(m)]
+    units = []
+    for k in range(m):
+        units.append(_Unit((x_ready[k], 0, k), (("C0", k),), s.last_rank, None if k else 0.0))
+        units.append(_Unit((x_ready[k], 3, k), (("S", k),) + tuple((c, k) for c in v.after_s), s.last_rank,
+                           s_delay[k]))
+        # T(k) sorts before S(k+1) at the same time, but after S(k) where the bound above pulls it that early
+        t_key = (t_at[k], 2, k) if t_at[k] > x_ready[k] else (x_ready[k], 4, k)
+        t_delay = delay(t_at[k], b_last[k]) if t_feeds_b else (s_delay[k + 1] if k + 1 < m else later)
+        t_delay = t_delay if k else 0.0
+        units.append(_Unit(t_key, (("T", k),) + tuple((c, k) for c in v.after_t), s.last_rank, t_delay))
+        units.append(_Unit((f0_start[k - 1] if k else -1.0, 5, k), (("IF", k),), None, 0.0))
+        units.append(_Unit((b0_end[k], 1, k), (("IB", k),), s.first_rank, 0.0))
+    return sorted(units)
+
+
+def _start_of_pass_before(s: Schedule, times: dict, where: tuple[int, int]) -> dict[int, float]:
+    """For each microbatch k, the start of the stage pass that precedes B(k) of the stage at (rank, chunk)."""
+    r, chunk = where
+    acts = s.ranks[r]
+    out = {}
+    for i, a in enumerate(acts):
+        if a.kind == "B" and a.chunk == chunk and i:
+            prev = acts[i - 1]
+            out[a.mb] = times[(r, prev.kind, prev.mb, prev.chunk)][0]
+    return out
+
+
 def insert_vocab_passes(s: Schedule) -> Schedule:
     """Place S/T/IF/IB and C0/C1/C2 into a schedule of stage passes (see the module docstring)."""
     base = simulate(lower(replace(s, vocab=VOCAB["local"])))
     times = {(a.rank, a.kind, a.mb, a.chunk): (t0, t1) for tl in base.timeline for a, t0, t1 in tl}
-    last_rank, last_chunk = s.where(s.n_stages - 1)
-    first_rank, first_chunk = s.where(0)
-    m = s.microbatches
-    x_ready = [times[(last_rank, "F", k, last_chunk)][1] for k in range(m)]
-    f0_start = [times[(first_rank, "F", k, first_chunk)][0] for k in range(m)]
-    b0_end = [times[(first_rank, "B", k, first_chunk)][1] for k in range(m)]
-    b_last = [times[(last_rank, "B", k, last_chunk)][0] for k in range(m)]
-    step = (x_ready[-1] - x_ready[-2]) if m > 1 else 1.0
-
-    t_feeds_b = s.vocab.grad_x_from in s.vocab.after_t  # Algorithm 1: B(k) of the last stage waits for C2(k)
-
-    def t_target(k):  # T of k goes where S of k+1 goes; never after a B(k) that waits for it
-        t = x_ready[k + 1] if k + 1 < m else x_ready[k] + step
-        return min(t, b_last[k]) if t_feeds_b else t
-
+    units = _units(s, times)
     out = []
     for r, acts in enumerate(s.ranks):
-        inserts = []  # (target time, microbatch, order, actions)
-        for k in range(m):
-            # the root broadcasts X(k) once it exists; receivers enter early (their S waits for the data)
-            c0_at = x_ready[k] if r == last_rank else (x_ready[k - 1] if k else -1.0)
-            inserts.append((c0_at, k, ORDER["C0"], [("C0", k)]))
-            inserts.append((x_ready[k], k, ORDER["S"], [("S", k)] + [(c, k) for c in s.vocab.after_s]))
-            inserts.append((t_target(k), k, ORDER["T"], [("T", k)] + [(c, k) for c in s.vocab.after_t]))
-            inserts.append((f0_start[k - 1] if k else -1.0, k, ORDER["IF"], [("IF", k)]))
-            inserts.append((b0_end[k], k, ORDER["IB"], [("IB", k)]))
-        inserts.sort(key=lambda x: x[:3])
         starts = [times[(r, a.kind, a.mb, a.chunk)][0] for a in acts]
-        seq, j = [], 0
+        at = {}  # stage-pass index -> actions inserted before it
+        pos = 0  # never before the previous unit: the collective order is the same on every rank
+        for u in units:
+            delay = 0.0 if r == u.root else u.receivers
+            if delay is not None:
+                pos = max(pos, bisect_left(starts, u.key[0] + delay))
+            at.setdefault(pos, []).extend(Action(r, kind, k) for kind, k in u.actions)
+        seq = []
         for i, a in enumerate(acts):
-            while j < len(inserts) and inserts[j][0] <= starts[i]:
-                seq += [Action(r, kind, k) for kind, k in inserts[j][3]]
-                j += 1
+            seq += at.pop(i, [])
             seq.append(a)
-        for _, _, _, group in inserts[j:]:
-            seq += [Action(r, kind, k) for kind, k in group]
-        out.append(seq)
+        out.append(seq + at.pop(len(acts), []))
     return replace(s, ranks=out)
 
 

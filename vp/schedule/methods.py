@@ -9,6 +9,8 @@ from dataclasses import dataclass
 from typing import Callable
 
 from vp.schedule import generators as gen
+from vp.schedule.interlaced import interlaced
+from vp.schedule.vhalf import vhalf
 
 
 @dataclass(frozen=True)
@@ -43,7 +45,7 @@ VOCAB = {
         VocabAlgorithm("local", parallel=False),
         VocabAlgorithm("naive", parallel=True, synchronous=True, grad_x_from="T", s_gemms=1, t_gemms=2, barriers=3),
         VocabAlgorithm("alg1", parallel=True, after_s=("C1",), after_t=("C2",), grad_x_from="C2", extra_warmup=2,
-                       s_gemms=1, t_gemms=2, vhalf_gap=8, barriers=2),
+                       s_gemms=1, t_gemms=2, vhalf_gap=3, barriers=2),
         VocabAlgorithm("alg2", parallel=True, after_s=("C1",), grad_x_from="C1", extra_warmup=1, s_gemms=2,
                        t_gemms=1, vhalf_gap=2, barriers=1),
     ]
@@ -67,8 +69,8 @@ FAMILIES = {
     for f in [
         Family("1f1b", gen.one_f_one_b, "loop", False, 1),
         Family("interleaved", gen.interleaved, "loop", False, 0, microbatches_multiple_of_pp=True),
-        Family("interlaced", gen.interlaced, "loop", False, 1, places_vocab=True),
-        Family("vhalf", gen.vhalf, "v", True, 2),
+        Family("interlaced", interlaced, "loop", False, 1, places_vocab=True),
+        Family("vhalf", vhalf, "v", True, 2),
     ]
 }
 

@@ -85,6 +85,11 @@ def enters(s: Schedule, a: Action) -> Collective | None:
     return None
 
 
+def members(s: Schedule, group: str) -> range:
+    """The ranks of a collective group: today every group (C0 C1 C2 IF IB naive) spans all pipeline ranks."""
+    return range(s.pp)
+
+
 def root_of(s: Schedule, group: str) -> int | None:
     """The rank a rooted group sends from (C0, IB: copies to each rank) or reduces to (IF); None for all-reduces."""
     return {"C0": s.last_rank, "IB": s.first_rank, "IF": s.first_rank}.get(group)

@@ -10,12 +10,22 @@ Execution model (the same one the runtime follows):
 - a collective instance completes when every rank has entered it, plus its communication time, except
   that a receiver of C0 or IB (copies sent from one root) waits for the root alone; entering never
   blocks (collectives are launched asynchronously, each group on its own process group).
+
+strict=True is the least NCCL guarantees: communicators that cannot progress concurrently (one connection,
+CUDA_DEVICE_MAX_CONNECTIONS=1, too few free SMs, a device sync) and that are created lazily. Every rank runs all
+its collectives, of every group, on one ordered queue: an instance starts when every member of its group has
+entered it and has finished everything queued before it on that rank (rooted ones too: a broadcast's kernel runs
+on every member), and completes its communication time later, on every member at once. And the first instance
+of each group blocks the rank that enters it until every member has entered it (communicator creation; a
+deadlock check only, untimed, since communicators outlive the first iteration). Two ranks that enter two
+collectives in opposite orders deadlock here; validate() also checks that order statically. Sends and receives
+keep their own channels, as in the default mode.
 """
 from collections import defaultdict
 from dataclasses import dataclass, field
 
 from vp.schedule.actions import COLLECTIVES, P2P, Action, Schedule
-from vp.schedule.rules import enters, local_needs, p2p_peer, root_of, waits_on
+from vp.schedule.rules import enters, local_needs, members, p2p_peer, root_of, waits_on
 
 class ScheduleError(ValueError):
     """A schedule that cannot run; the message names rank, step and action."""
@@ -80,7 +90,8 @@ class SimResult:
                 "bubble_fraction": self.bubble_fraction, "peak_activations": self.peak_activations}
 
 
-def simulate(s: Schedule, costs: Costs | None = None) -> SimResult:
+def simulate(s: Schedule, costs: Costs | None = None, strict: bool = False) -> SimResult:
+    """Run the schedule on the execution model above (strict: all of a rank's collectives on one queue)."""
     costs = costs or unit_costs(s)
     pp, ranks = s.pp, s.ranks
     idx, clock = [0] * pp, [0.0] * pp
@@ -90,9 +101,40 @@ def simulate(s: Schedule, costs: Costs | None = None) -> SimResult:
     timeline: list[list] = [[] for _ in range(pp)]
     busy, mem, peak = [0.0] * pp, [0.0] * pp, [0.0] * pp
     changed = [False]  # an entry was recorded without the rank advancing
+    lazy: dict = defaultdict(dict)  # strict: ranks waiting to create a group entered at the end of an action
+    queue: list[list] = [[] for _ in range(pp)]  # strict: each rank's instances in the order it entered them
+    head, free_at = [0] * pp, [0.0] * pp  # strict: first unfinished instance of each queue, and when it freed
+    done: dict = {}  # strict: instance -> completion time, the same on every member
+    opened: dict = {}  # strict: group -> its first instance (creating the communicator blocks until all arrive)
+
+    def enter(inst, r, t):
+        entered[inst][r] = t
+        queue[r].append(inst)
+        changed[0] = True
+        if strict:
+            advance()
+
+    def advance():
+        """Strict mode: start every instance that heads the queue of each member of its group."""
+        moved = True
+        while moved:
+            moved = False
+            for r in range(pp):
+                if head[r] == len(queue[r]):
+                    continue
+                inst = queue[r][head[r]]
+                group = members(s, inst.group)
+                if all(head[q] < len(queue[q]) and queue[q][head[q]] == inst for q in group):
+                    start = max(max(entered[inst][q], free_at[q]) for q in group)
+                    done[inst] = start + costs.comm.get(inst.kind, 0.0)
+                    for q in group:
+                        head[q], free_at[q] = head[q] + 1, done[inst]
+                    moved = True
 
     def completion(inst, r):
         """When rank r has the result of a collective instance, or None while it cannot be known."""
+        if strict:
+            return done.get(inst)
         got = entered[inst]
         if inst.group in ("C0", "IB"):  # the root sends a copy to each rank
             root = root_of(s, inst.group)
@@ -135,9 +177,17 @@ def simulate(s: Schedule, costs: Costs | None = None) -> SimResult:
             return step_p2p(r, i, a)
         ready = ready_after_local(r, i, a)
         entry = enters(s, a)
+        if strict and entry and opened.setdefault(entry.group, entry) == entry:
+            created = entered[entry] if entry.phase == "start" else lazy[entry]
+            if r not in created:
+                created[r] = ready
+                changed[0] = True
+                if entry.phase == "start":
+                    enter(entry, r, ready)
+            if len(created) < len(members(s, entry.group)):
+                return False  # this rank waits in the communicator's creation (untimed: once per run)
         if entry and entry.phase == "start" and r not in entered[entry]:
-            entered[entry][r] = ready
-            changed[0] = True
+            enter(entry, r, ready)
         start = ready
         for inst in waits_on(s, a):
             t = completion(inst, r)
@@ -160,7 +210,7 @@ def simulate(s: Schedule, costs: Costs | None = None) -> SimResult:
         elif a.kind == "T":
             mem[r] -= costs.mem("S", None)
         if entry and entry.phase == "end":
-            entered[entry][r] = finish
+            enter(entry, r, finish)
         end[(r, a.kind, a.mb, a.chunk)] = finish
         timeline[r].append((a, start, finish))
         busy[r] += dur
@@ -178,6 +228,20 @@ def simulate(s: Schedule, costs: Costs | None = None) -> SimResult:
     stuck = [r for r in range(pp) if idx[r] < len(ranks[r])]
     if stuck:
         lines = [f"rank {r} blocked at step {idx[r]} ({ranks[r][idx[r]].text()})" for r in stuck]
-        raise ScheduleError("deadlock: " + "; ".join(lines) + "\n" + s.grid((stuck[0], idx[stuck[0]]), 6))
+        if strict:
+            lines += [_queue_head(s, q, queue, head, entered) for q in range(pp) if head[q] < len(queue[q])]
+        mode = "deadlock (one ordered queue of collectives per rank)" if strict else "deadlock"
+        raise ScheduleError(f"{mode}: " + "; ".join(lines) + "\n" + s.grid((stuck[0], idx[stuck[0]]), 6))
     makespan = max((max(e for _, _, e in tl) for tl in timeline if tl), default=0.0)
     return SimResult(makespan, busy, peak, timeline)
+
+
+def _queue_head(s: Schedule, r: int, queue, head, entered) -> str:
+    """Strict mode: why the collective at the head of rank r's queue cannot start."""
+    inst = queue[r][head[r]]
+    missing = [q for q in members(s, inst.group) if q not in entered[inst]]
+    if missing:
+        return f"rank {r}'s queue waits at {inst.text()}, not entered by rank(s) {missing}"
+    behind = [f"rank {q} ({queue[q][head[q]].text()} first)" for q in members(s, inst.group)
+              if queue[q][head[q]] != inst]
+    return f"rank {r}'s queue waits at {inst.text()}, queued behind other collectives on {', '.join(behind)}"

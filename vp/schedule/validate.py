@@ -1,10 +1,19 @@
 """validate(schedule): every pass exactly once, dependencies in order, sends matched by receives,
-collectives entered in one order by all ranks, and no deadlock. A violation names rank, step and action.
+collectives entered in one order by all ranks (within each group, and across groups), and no deadlock in the
+simulator's default mode nor with one ordered queue of collectives per rank (strict). A violation names rank,
+step and action.
+
+The cross-group order: every rank enters its collective instances (C0 C1 C2 IF IB, the naive algorithm's S and T,
+of all groups) in its schedule order. Under NCCL with one ordered queue per rank (or communicators that block
+until every member arrives) two instances that two ranks enter in opposite orders can deadlock, each rank
+waiting in one for the other. The precedence graph (an edge from each instance a rank enters to the next one it
+enters) must therefore be acyclic; where every group spans all ranks that means one common order. Sends and
+receives are not part of it: each direction of traffic has its own channel and a receive blocks only its consumer.
 """
 from collections import Counter, defaultdict
 
 from vp.schedule.actions import KINDS, P2P, Schedule
-from vp.schedule.rules import enters, local_needs, p2p_peer
+from vp.schedule.rules import enters, local_needs, members, p2p_peer
 from vp.schedule.simulate import Costs, ScheduleError, simulate
 
 
@@ -84,14 +93,81 @@ def validate(s: Schedule) -> Schedule:
                                 f"send {i} is microbatch {sent[i][1]} of stage {sent[i][2]}, receive {i} "
                                 f"expects microbatch {received[i][1]} of stage {received[i][2]}\n" + s.grid())
     for group, per_rank in groups.items():
-        ref = per_rank.get(0, [])
-        for r in range(s.pp):
+        ref = per_rank.get(members(s, group)[0], [])
+        for r in members(s, group):
             seq = per_rank.get(r, [])
             if seq != ref:
                 pos = next((i for i, (x, y) in enumerate(zip(seq, ref)) if x != y), min(len(seq), len(ref)))
                 shown = [[c.text() for c in x[pos:pos + 3]] for x in (seq, ref)]
                 raise ScheduleError(f"collective group {group}: rank {r} enters "
-                                    f"{shown[0]} where rank 0 enters {shown[1]} (position {pos}); "
+                                    f"{shown[0]} where rank {members(s, group)[0]} enters {shown[1]} (position {pos}); "
                                     f"all ranks must enter a group's collectives in the same order\n" + s.grid())
+    check_collective_order(s)
     simulate(s, Costs())  # raises ScheduleError naming each blocked rank on a deadlock
+    simulate(s, Costs(), strict=True)  # and with all of a rank's collectives on one ordered queue
     return s
+
+
+def collective_entries(s: Schedule) -> list[list[tuple[int, object]]]:
+    """Per rank, the collective instances it enters, in order, with the step that enters each."""
+    return [[(i, e) for i, e in ((i, enters(s, a)) for i, a in enumerate(acts)) if e] for acts in s.ranks]
+
+
+def crossed(entries: list[list[tuple[int, object]]]) -> list[tuple[int, tuple, tuple]] | None:
+    """A cycle of the cross-group precedence graph, or None when it is acyclic.
+
+    entries: per rank, (step, instance) in the order the rank enters them. The cycle comes back as segments
+    (rank, (step, instance) entered first, (step, instance) entered later), each held by one rank's order,
+    each segment's later instance being the next segment's first: two segments for two crossed ranks."""
+    pos = [{inst: n for n, (_, inst) in enumerate(seq)} for seq in entries]
+    for a in range(len(entries)):  # two ranks in opposite orders: the common case, and the clearest message
+        for b in range(a + 1, len(entries)):
+            common = [(pos[a][inst], step, inst) for step, inst in entries[b] if inst in pos[a]]
+            for (pa, sb, y), (pa2, sb2, x) in zip(common, common[1:]):
+                if pa2 < pa:  # rank b enters y then x; rank a enters x before y
+                    return [(a, entries[a][pa2], entries[a][pa]), (b, (sb, y), (sb2, x))]
+    before, count = {}, Counter()  # instance -> [(rank, the instance that rank entered just before)]; in-degree
+    nodes = {inst for seq in entries for _, inst in seq}
+    for r, seq in enumerate(entries):
+        for (_, x), (_, y) in zip(seq, seq[1:]):
+            before.setdefault(y, []).append((r, x))
+            count[y] += 1
+    ready = [x for x in nodes if not count[x]]
+    nexts = {}
+    for y, preds in before.items():
+        for r, x in preds:
+            nexts.setdefault(x, []).append(y)
+    while ready:  # Kahn: what is left afterwards lies on or behind a cycle
+        x = ready.pop()
+        nodes.discard(x)
+        for y in nexts.get(x, []):
+            count[y] -= 1
+            if not count[y]:
+                ready.append(y)
+    if not nodes:
+        return None
+    cur = next(inst for seq in entries for _, inst in seq if inst in nodes)
+    walked, at = [], {}  # walk back through predecessors left until one repeats
+    while cur not in at:
+        at[cur] = len(walked)
+        r, prev = next((r, x) for r, x in before[cur] if x in nodes)
+        walked.append((r, prev, cur))
+        cur = prev
+    segments = []  # the cycle forwards, consecutive edges of one rank merged
+    for r, x, y in reversed(walked[at[cur]:]):
+        if segments and segments[-1][0] == r:
+            segments[-1][2] = y
+        else:
+            segments.append([r, x, y])
+    step = [{inst: i for i, inst in seq} for seq in entries]
+    return [(r, (step[r][x], x), (step[r][y], y)) for r, x, y in segments]
+
+
+def check_collective_order(s: Schedule):
+    """Raise naming the ranks, instances and steps where ranks enter collectives in orders that can deadlock."""
+    cycle = crossed(collective_entries(s))
+    if cycle:
+        parts = [f"rank {r} enters {x.text()} (step {i}) before {y.text()} (step {j})" for r, (i, x), (j, y) in cycle]
+        raise ScheduleError("collectives entered in crossed orders across groups: " + "; but ".join(parts)
+                            + "; under NCCL (one ordered queue per rank) each rank would wait for the other\n"
+                            + s.grid((cycle[0][0], cycle[0][1][0]), 8))

@@ -1,0 +1,154 @@
+"""V-Half (Qi et al., arXiv 2405.15362): a repeating building block, squeezed at both ends.
+
+Time is cut into unit slots; each stage pass (F, B or W of one chunk) takes one. The building block gives every
+pass of microbatch mb a slot, repeating every 6 slots. Alone it idles during warm-up and cool-down, so, as the
+official generator does (zero-bubble-pipeline-parallelism, zbv_greedy.py), the two ends are squeezed: visiting
+passes in slot order, each warm-up or cool-down pass moves to the earliest free slot after what it needs, unless
+that raises its rank's activation peak above the block's steady-state peak. The slots are then compacted (every
+pass as early as its rank's order allows) and the cool-down squeezed again, which the compaction made room for.
+Weight passes W fill the free slots of their rank, first come first served.
+"""
+from collections import deque
+
+PASSES = (("F", 0), ("F", 1), ("B", 1), ("B", 0))  # the block's passes per rank: (kind, chunk), by slot
+
+Slots = list[dict[tuple[int, int], int]]  # per rank: (pass index in PASSES, microbatch) -> slot
+
+
+def pattern(pp: int, shift: int = 0) -> list[list[int]] | None:
+    """Slots of one microbatch's passes (in PASSES order) on each rank, or None where they collide.
+
+    Rank i runs F of chunk 0 (stage i) at slot 2i, F of chunk 1 (stage 2p-1-i) at 3p-i-2, B of chunk 1 at
+    3p+g+2i-1 and B of chunk 0 at 6p+g-i-2 (g = 3 for even p). `shift` delays both backward slots, to leave the
+    vocabulary passes room between the last stage's F and B.
+    """
+    gap = 3 if pp % 2 == 0 else 0
+    blocks = []
+    for i in range(pp):
+        block = [2 * i, 3 * pp - i - 2, 3 * pp + gap + 2 * i - 1 + shift, 6 * pp + gap - i - 2 + shift]
+        if len({t % 6 for t in block}) < 4:
+            return None
+        blocks.append(block)
+    return blocks
+
+
+def shift_for(pp: int, gap: int) -> int:
+    """Smallest delay of the backward slots that leaves `gap` slots from the last stage's F to its B.
+
+    The last stage (rank 0, chunk 1) runs F at slot 3p-2 and B at 3p+g-1+shift.
+    """
+    g = 3 if pp % 2 == 0 else 0
+    shift = 0
+    while pattern(pp, shift) is None or g + 1 + shift < gap:
+        shift += 1
+    return shift
+
+
+def _needs(pp: int, r: int, i: int, mb: int) -> list[tuple[int, int, int]]:
+    """(rank, pass index, microbatch) of the passes that pass i of mb on rank r must follow."""
+    out = [(r, i, mb - 1)] if mb else []
+    if i == 0 and r > 0:  # F of stage r after F of stage r-1
+        out.append((r - 1, 0, mb))
+    if i == 1:  # F of stage 2p-1-r after F of stage 2p-2-r (rank r+1, or the V's turn on rank p-1)
+        out.append((r + 1, 1, mb) if r < pp - 1 else (r, 0, mb))
+    if i == 2:  # B of stage 2p-1-r after its F, and after B of stage 2p-r (rank r-1)
+        out += [(r, 1, mb)] + ([(r - 1, 2, mb)] if r > 0 else [])
+    if i == 3:  # B of stage r after B of stage r+1
+        out.append((r + 1, 3, mb) if r < pp - 1 else (r, 2, mb))
+    return out
+
+
+def _grid(slots: dict) -> list[str]:
+    """A rank's slots as a list of pass kinds ('' where free)."""
+    grid = [""] * (max(slots.values()) + 1)
+    for (i, _), t in slots.items():
+        grid[t] = PASSES[i][0]
+    return grid
+
+
+def _peak(grid: list[str]) -> int:
+    """A rank's activation peak (in chunk activations): F adds one, W (in the next free slot) frees one."""
+    held = peak = pending = 0
+    for kind in grid:
+        if kind == "F":
+            held += 1
+            if held > peak:
+                peak = held
+        elif kind == "B":
+            pending += 1
+        elif pending:
+            pending, held = pending - 1, held - 1
+    return peak
+
+
+def _squeeze(pp: int, m: int, slots: Slots, warmup: bool) -> Slots:
+    """Move warm-up (if asked) and cool-down passes to earlier free slots, under the steady-state peak.
+
+    Passes are visited in slot order. Warm-up: those before rank 0's first B of stage 0; cool-down: those after
+    it and after rank 0's F of stage 0 of the last microbatch (with few microbatches there is no steady state)."""
+    grids = [_grid(s) for s in slots]
+    cap = max(_peak(g) for g in grids)
+    first_b, last_f = (slots[0][(3, 0)], 0, 3, 0), (slots[0][(0, m - 1)], 0, 0, m - 1)
+    for key in sorted((t, r, i, mb) for r in range(pp) for (i, mb), t in slots[r].items()):
+        t, r, i, mb = key
+        if (key < first_b and warmup) or (key > last_f and key >= first_b):
+            grid, kind = grids[r], PASSES[i][0]
+            lo = max((slots[q][(j, k)] + 1 for q, j, k in _needs(pp, r, i, mb)), default=0)
+            for free in range(lo, t):
+                if grid[free]:  # every pass of this rank before slot t has been visited
+                    continue
+                grid[t], grid[free] = "", kind
+                if _peak(grid) <= cap:
+                    slots[r][(i, mb)] = free
+                    break
+                grid[t], grid[free] = kind, ""
+    return slots
+
+
+def _with_w(slots: dict) -> list[tuple[str, int, int]]:
+    """A rank's passes in slot order, each W in the first free slot after its B (first come first served)."""
+    at = {t: (PASSES[i][0], mb, PASSES[i][1]) for (i, mb), t in slots.items()}
+    acts, pending = [], deque()
+    for t in range(max(at) + 1):
+        if t in at:
+            acts.append(at[t])
+            if at[t][0] == "B":
+                pending.append(("W", at[t][1], at[t][2]))
+        elif pending:
+            acts.append(pending.popleft())
+    return acts + list(pending)
+
+
+def _compact(pp: int, slots: Slots) -> Slots:
+    """Each pass (W included) as early as its rank's order and its needs allow; W passes are then dropped."""
+    orders = [_with_w(s) for s in slots]
+    start = [dict() for _ in range(pp)]
+    pos, clock = [0] * pp, [0] * pp
+    while any(pos[r] < len(orders[r]) for r in range(pp)):
+        progress = False
+        for r in range(pp):
+            while pos[r] < len(orders[r]):
+                kind, mb, chunk = orders[r][pos[r]]
+                t = clock[r]
+                if kind != "W":
+                    needs = _needs(pp, r, PASSES.index((kind, chunk)), mb)
+                    if any((j, k) not in start[q] for q, j, k in needs):
+                        break
+                    t = max([t] + [start[q][(j, k)] + 1 for q, j, k in needs])
+                    start[r][(PASSES.index((kind, chunk)), mb)] = t
+                clock[r], pos[r], progress = t + 1, pos[r] + 1, True
+        assert progress, "V-Half squeeze produced an order that cannot run"
+    return start
+
+
+def vhalf(pp: int, microbatches: int, chunks: int = 2, vocab=None) -> list[list[tuple[str, int, int]]]:
+    """V-Half: the building block per microbatch, squeezed at both ends; W in free slots.
+
+    The vocabulary algorithm's vhalf_gap is kept between the last stage's F and B in the steady state (the block
+    has 4 slots there on an even pipeline; on an odd one its backward slots are delayed). Warm-up and cool-down
+    are squeezed without it: there the vocabulary passes wait for idle ranks rather than hold memory."""
+    block = pattern(pp, shift_for(pp, vocab.vhalf_gap if vocab else 0))
+    slots = [{(i, mb): t + 6 * mb for i, t in enumerate(block[r]) for mb in range(microbatches)} for r in range(pp)]
+    slots = _squeeze(pp, microbatches, slots, warmup=True)
+    slots = _squeeze(pp, microbatches, _compact(pp, slots), warmup=False)
+    return [_with_w(s) for s in slots]
