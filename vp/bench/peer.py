@@ -29,14 +29,21 @@ LOSS_RTOL = 1e-5  # fp32, the same ops in the same order up to the accumulation 
 
 @dataclass(frozen=True)
 class Runner:
-    runner: str  # "torch" (torch.distributed.pipelining) or "vp" (this project)
-    schedule: str  # the torch schedule class, or the project's method
-    method: str  # the project method whose stages (and, for vp, schedule) it runs
+    method: str  # the project method whose stages and layer split it runs (and, without torch_schedule, runs)
+    torch_schedule: str | None = None  # a schedule class of torch.distributed.pipelining, or this project
+
+    @property
+    def runner(self) -> str:
+        return "torch" if self.torch_schedule else "vp"
+
+    @property
+    def schedule(self) -> str:
+        return self.torch_schedule or self.method
 
 
-TORCH_1F1B = Runner("torch", "Schedule1F1B", "baseline")
-TORCH_INTERLEAVED = Runner("torch", "ScheduleInterleaved1F1B", "interleaved")
-VP_BASELINE, VP_INTERLEAVED, VP_VOCAB2 = (Runner("vp", m, m) for m in ("baseline", "interleaved", "vocab-2"))
+TORCH_1F1B = Runner("baseline", "Schedule1F1B")
+TORCH_INTERLEAVED = Runner("interleaved", "ScheduleInterleaved1F1B")
+VP_BASELINE, VP_INTERLEAVED, VP_VOCAB2 = Runner("baseline"), Runner("interleaved"), Runner("vocab-2")
 RUNNERS = (TORCH_1F1B, TORCH_INTERLEAVED, VP_BASELINE, VP_INTERLEAVED, VP_VOCAB2)
 # (runner, reference, at most this fraction of the reference's iteration time): the project's goals
 GOALS = ((VP_BASELINE, TORCH_1F1B, 0.9), (VP_INTERLEAVED, TORCH_INTERLEAVED, 1.0), (VP_VOCAB2, TORCH_1F1B, 0.5))
@@ -73,7 +80,8 @@ def full_batch(cfg: RunConfig, iteration: int) -> tuple[torch.Tensor, torch.Tens
 
 def torch_schedule(cfg: RunConfig, schedule: str, rank: int):
     """-> (torch schedule, parameters of this rank, whether this rank feeds the first stage)."""
-    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleInterleaved1F1B
+    from torch.distributed import pipelining
+    from torch.distributed.pipelining.schedules import PipelineScheduleMulti
 
     device, n_stages = torch.device("cpu"), cfg.pp * cfg.n_chunks
     stages, params = [], []
@@ -82,13 +90,11 @@ def torch_schedule(cfg: RunConfig, schedule: str, rank: int):
         module = build_stage(cfg, cfg.seed, index, cfg.stage_layers, local_vocab=True)
         module = LogitsStage(module) if index == n_stages - 1 else module
         params += list(module.parameters())
-        stages.append(PipelineStage(module, index, n_stages, device))
+        stages.append(pipelining.PipelineStage(module, index, n_stages, device))
+    cls = getattr(pipelining, schedule)
+    held = stages if issubclass(cls, PipelineScheduleMulti) else stages[0]  # several stages per rank, or one
     # the weights already hold 1/microbatches: no further gradient scaling
-    if schedule == "Schedule1F1B":
-        sched = Schedule1F1B(stages[0], cfg.microbatches, loss_fn=packed_loss, scale_grads=False)
-    else:
-        sched = ScheduleInterleaved1F1B(stages, cfg.microbatches, loss_fn=packed_loss, scale_grads=False)
-    return sched, params, rank == 0
+    return cls(held, cfg.microbatches, loss_fn=packed_loss, scale_grads=False), params, rank == 0
 
 
 def torch_rank(cfg: RunConfig, rank: int, world: int, init_method: str, local_rank: int = 0, fault=None,
@@ -124,8 +130,8 @@ def torch_rank(cfg: RunConfig, rank: int, world: int, init_method: str, local_ra
 def run(runner: Runner, cfg: RunConfig) -> dict:
     """One run of a runner -> its metrics (loss per iteration, median and measured iteration times)."""
     cfg = check_config(cfg.with_(method=runner.method))
-    if runner.runner == "torch":
-        return launch_local(cfg, rank_fn=partial(torch_rank, schedule=runner.schedule))["metrics"]
+    if runner.torch_schedule:
+        return launch_local(cfg, rank_fn=partial(torch_rank, schedule=runner.torch_schedule))["metrics"]
     return launch_local(cfg)["metrics"]
 
 

@@ -150,7 +150,8 @@ def c1_step(state: OutputState, comm: Comm, algo: VocabAlgorithm) -> OutputState
 
 
 def t_pass(shard: Shard, weight: torch.Tensor, state: OutputState, algo: VocabAlgorithm) -> OutputState:
-    """T: grad W_i += grad Y_i^T X (and, unless S precomputed it (alg2), the local input gradient G_i = grad Y_i W_i)."""
+    """T: grad W_i += grad Y_i^T X (and, unless S precomputed it (alg2), the local input gradient
+    G_i = grad Y_i W_i)."""
     with torch.no_grad():
         # the global softmax restricted to shard i is alpha_i P_i = exp(Y_i - m_i) alpha_i / s_i
         grad_y = _grad_y_(shard, state.exp, state.alpha / _nonzero(state.stats[1]), state.targets, state.weights)
