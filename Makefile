@@ -1,44 +1,57 @@
-# Two commands a newcomer needs: `make sweep` and `make test`. The virtual environment is made on first use.
-# On a GPU machine choose the torch build, e.g.  make venv TORCH="torch==2.13.0 --index-url https://download.pytorch.org/whl/cu128"
+# Two commands a newcomer needs: `make sweep` and `make test` (`make help` lists the rest). The virtual
+# environment is made on first use. On a GPU machine choose the torch build, e.g.
+#   make venv TORCH="torch==2.13.0 --index-url https://download.pytorch.org/whl/cu128"
+# (a different TORCH than the installed one reinstalls torch).
 PYTHON ?= python3
 VENV ?= .venv
 TORCH ?= torch==2.13.0
 PY := $(VENV)/bin/python
 ARGS ?=
+# one stamp per requested torch: asking for another build makes it out of date
+TORCH_STAMP := $(VENV)/.torch-$(shell printf '%s' '$(TORCH)' | cksum | cut -d' ' -f1)
 
-.PHONY: venv test test-fast sweep report paper-tables bench slurm-up slurm-down clean
+.PHONY: help venv test sweep report paper-tables bench slurm-up slurm-down clean
 
-venv: $(VENV)/.installed
+help:  ## this list
+	@awk 'BEGIN {FS = ":.*## "} /^[a-z-]+:.*## / {printf "  make %-13s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+	@echo "  (ARGS=... passes overrides or flags to the command; docs: README.md, docs/harness.md, docs/design.md)"
 
-$(VENV)/.installed: pyproject.toml
-	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --disable-pip-version-check $(TORCH)
+venv: $(TORCH_STAMP)  ## make .venv (torch from TORCH=..., then this project with its dependencies)
+
+$(TORCH_STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	if [ -e $@ ]; then :; elif ls $(VENV)/.torch-* >/dev/null 2>&1; then \
+	    rm -f $(VENV)/.torch-*; \
+	    $(PY) -m pip install --quiet --disable-pip-version-check --force-reinstall $(TORCH); \
+	else \
+	    $(PY) -m pip install --quiet --disable-pip-version-check $(TORCH); \
+	fi
 	$(PY) -m pip install --quiet --disable-pip-version-check -e ".[dev]"
 	touch $@
 
-test: venv
+test: venv  ## the test suite (ARGS="-k name" to pick)
 	$(PY) -m pytest -q tests $(ARGS)
 
-sweep: venv
+sweep: venv  ## the first sweep: real CPU runs of experiment=smoke, then reports/smoke/
 	$(PY) -m harness.sweep experiment=smoke cluster=local $(ARGS)
 
-report: venv
+report: venv  ## rebuild every report from results/
 	$(PY) -m harness.report $(ARGS)
 
-paper-tables: venv
+paper-tables: venv  ## the paper's grids predicted with the cost model, and their reports
 	$(PY) -m harness.sweep experiment=paper_1f1b backend=sim logger=off report=false $(ARGS)
 	$(PY) -m harness.sweep experiment=paper_vhalf backend=sim logger=off report=false $(ARGS)
 	$(PY) -m harness.report --experiment paper_1f1b paper_vhalf
 
-bench: venv
+bench: venv  ## vocabulary-layer and pipeline benchmarks (printed, never asserted)
 	$(PY) -m vp.bench vocab
 	$(PY) -m vp.bench pipeline
 
-slurm-up:
+slurm-up:  ## start a single-node SLURM here (root; installs slurm-wlm and munge when missing)
 	bash scripts/slurm-up.sh
 
-slurm-down:
+slurm-down:  ## stop it
 	bash scripts/slurm-down.sh
 
-clean:
+clean:  ## remove .venv and pytest's cache
 	rm -rf $(VENV) .pytest_cache

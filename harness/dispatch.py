@@ -10,7 +10,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from harness.records import failure_record, finish_run, status_of
+from harness.records import failure_record, finish_run, status_of, trace_path
 from harness.task import run_task
 
 
@@ -18,17 +18,8 @@ def _spec(job, cfg) -> dict:
     folder = Path(cfg.cluster.folder).resolve() / cfg.experiment / job.run_id
     return {"config": job.run.to_dict(), "path": str(job.path.resolve()), "experiment": cfg.experiment,
             "labels": job.labels, "folder": str(folder), "rendezvous": cfg.cluster.rendezvous,
-            "logger": OmegaConf.to_container(cfg.logger, resolve=True),
-            "wandb_root": str(Path.cwd()), "fault": _fault(job, cfg)}
-
-
-def _fault(job, cfg):
-    """Testing aid: fault={method: M, at: RANK:ACTION[:exit|hang]} makes runs of method M fail there."""
-    fault = cfg.get("fault")
-    if not fault or fault.get("method") != job.run.method:
-        return None
-    rank, action, *mode = str(fault.at).split(":")
-    return int(rank), action, (mode[0] if mode else "exit")
+            "logger": OmegaConf.to_container(cfg.logger, resolve=True), "trace": str(trace_path(job.path).resolve()),
+            "wandb_root": str(Path.cwd()), "fault": job.fault}
 
 
 def executor_for(job, cfg, folder: Path):
@@ -56,13 +47,14 @@ def executor_for(job, cfg, folder: Path):
     return ex
 
 
-def _record_failure_if_missing(job, cfg, handle, error: str, started: str, timed_out: bool = False) -> str:
+def _record_failure_if_missing(job, cfg, handle, error: str, started: str, timed_out: bool = False) -> tuple[str, str]:
     """After a job ended: keep the record its rank 0 wrote, or write one naming the culprit rank from the
     tracebacks the ranks left in the job folder (vp.launch.explain), or from what submitit or SLURM said."""
     from vp.launch import classify, explain
 
     if status_of(job.path) is not None and _written_since(job.path, started):
-        return status_of(job.path)
+        return status_of(job.path), ""
+    kept = status_of(job.path) == "ok"  # a forced rerun that failed: the ok record of the earlier run stays
     folder = Path(_spec(job, cfg)["folder"])
     errors = {r: p.read_text() for r in range(job.run.world)
               if (p := folder / f"error-{handle.job_id}-{r}.txt").exists()}
@@ -75,9 +67,15 @@ def _record_failure_if_missing(job, cfg, handle, error: str, started: str, timed
         status = classify(message)
     if timed_out:
         status = "timeout"
+    if kept:
+        return status, f" (the earlier ok record is kept; this attempt: {_first_line(message)})"
     finish_run(failure_record(job.run.to_dict(), cfg.experiment, "real", job.labels, status, message, started),
                job.path, OmegaConf.to_container(cfg.logger, resolve=True), Path.cwd())
-    return status
+    return status, f": see {job.path}"
+
+
+def _first_line(text: str) -> str:
+    return next((line.strip() for line in text.splitlines() if line.strip()), "")[:300]
 
 
 def _slurm_state(job_id: str) -> str | None:
@@ -112,6 +110,18 @@ def _fmt(seconds: float) -> str:
     return f"{seconds / 60:.1f} min" if seconds >= 90 else f"{seconds:.0f} s"
 
 
+def _stop(handle, grace_s: float = 8.0) -> None:
+    """Ctrl-C: submitit's local controller forwards SIGINT to the ranks and kills what is left after a second."""
+    process = getattr(handle, "_process", None)
+    handle.cancel(check=False)
+    if process is not None:
+        try:
+            process.wait(timeout=grace_s)
+        except Exception:  # noqa: BLE001 - still there: end it
+            process.kill()
+            process.wait()
+
+
 def run_local(jobs, cfg, log=print) -> dict:
     """One job at a time; progress lines: done / total, the current run, elapsed and an ETA."""
     from vp.record import now
@@ -128,11 +138,14 @@ def run_local(jobs, cfg, log=print) -> dict:
         error = ""
         try:
             handle.results()
+        except KeyboardInterrupt:
+            _stop(handle)
+            raise
         except Exception as err:  # noqa: BLE001 - the failure becomes the record's error text
             error = f"{type(err).__name__}: {err}"
-        status = _record_failure_if_missing(job, cfg, handle, error, started, "TIMEOUT" in str(handle.state))
+        status, note = _record_failure_if_missing(job, cfg, handle, error, started, "TIMEOUT" in str(handle.state))
         counts[status] = counts.get(status, 0) + 1
-        log(f"    {status} in {_fmt(time.monotonic() - t0)}" + ("" if status == "ok" else f": see {job.path}"))
+        log(f"    {status} in {_fmt(time.monotonic() - t0)}{note}")
     log(f"[{total}/{total} done in {_fmt(time.monotonic() - began)}] " +
         ", ".join(f"{n} {s}" for s, n in sorted(counts.items())))
     return counts
@@ -150,6 +163,16 @@ def run_slurm(jobs, cfg, log=print) -> dict:
     if not cfg.cluster.wait:
         log(f"{len(handles)} jobs submitted; rerun the same command later to resume what did not finish")
         return {"submitted": len(handles)}
+    try:
+        return _follow(handles, cfg, started, log)
+    except KeyboardInterrupt:
+        ids = " ".join(str(h.job_id) for _, h in handles)
+        log(f"stopped following; the SLURM jobs go on and write their records (scancel {ids} stops them). "
+            f"Rerun the same command once they ended: finished runs are skipped")
+        raise
+
+
+def _follow(handles, cfg, started: str, log) -> dict:
     counts, last, total = {}, None, len(handles)
     pending = list(handles)
     while pending:
@@ -160,7 +183,7 @@ def run_slurm(jobs, cfg, log=print) -> dict:
                 still.append((job, handle))
                 continue
             error = "" if state == "COMPLETED" else f"SLURM job {handle.job_id} ended {state}: " + _tail(handle)
-            status = _record_failure_if_missing(job, cfg, handle, error, started, state == "TIMEOUT")
+            status, _ = _record_failure_if_missing(job, cfg, handle, error, started, state == "TIMEOUT")
             counts[status] = counts.get(status, 0) + 1
         pending = still
         line = f"[{total - len(pending)}/{total} done] " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))

@@ -1,33 +1,31 @@
-"""From a composed sweep config to validated jobs: expand the experiment's grid, compose each job with
-Hydra, turn it into a vp RunConfig, check everything before anything is submitted.
+"""From a composed sweep config to validated jobs: expand the experiment's grid (with the command line's
+axes put in), turn each job into a vp RunConfig, check everything before anything is submitted.
 
 A job's id is the hash of its semantic config (vp.record.run_id), so a rerun finds what is done.
 """
 import itertools
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import MissingMandatoryValue
 
+from vp.checks import check_fault, check_memory, check_schedule_size, check_size, parse_fault
 from vp.config import RunConfig, check_config
 from vp.cost import PROFILES, Hardware
 from vp.schedule.methods import get_method
 from vp.record import run_id
 
-GROUPS = ("model", "vocab", "method", "cluster", "logger", "hardware")
-BACKENDS = ("real", "sim")
-LOGGER_MODES = ("offline", "online", "disabled")
+from harness.records import status_of
 
 
 @dataclass
 class Job:
     index: int
     overrides: list[str]
-    cfg: DictConfig
+    cfg: DictConfig | None
     run: RunConfig | None = None
     labels: dict = field(default_factory=dict)
+    fault: tuple[int, str, str] | None = None
     run_id: str = ""
     path: Path | None = None
 
@@ -35,33 +33,39 @@ class Job:
     def name(self) -> str:
         return " ".join(self.overrides) or "(base config)"
 
-    @property
-    def backend(self) -> str:
-        return self.cfg.backend
-
     def status(self) -> str:
-        """'done' when an ok record exists, else 'todo' (or the failed status of the last attempt)."""
-        if self.path is None or not self.path.exists():
-            return "todo"
-        try:
-            return "done" if json.loads(self.path.read_text()).get("status") == "ok" else "todo"
-        except (OSError, json.JSONDecodeError):
-            return "todo"
+        """'done' when an ok record exists, else 'todo' (a failed or unreadable record is run again)."""
+        return "done" if self.path is not None and status_of(self.path) == "ok" else "todo"
 
 
-def grid_overrides(grid) -> list[list[str]]:
-    """setups (a list of override dicts, zipped) x product (a dict of lists, every combination)."""
+def _value(v) -> str:
+    return "null" if v is None else str(v)
+
+
+def grid_overrides(grid, given: dict[str, list[str] | None]) -> list[list[str]]:
+    """setups (zipped override dicts) x product (a dict of lists, every combination), as override lists.
+
+    `given` holds the command line's keys: key -> its values (one for `key=v`, several for `-m key=a,b`).
+    A product axis given on the command line is dropped (the command line's value or sweep stands for it);
+    setups that set a given key are kept only where their value is one of the given ones."""
     grid = OmegaConf.to_container(grid, resolve=True) if isinstance(grid, DictConfig) else (grid or {})
-    unknown = set(grid) - {"setups", "product"}
-    if unknown:
-        raise ValueError(f"grid has unknown key(s) {sorted(unknown)}; use grid.setups (a list of override "
-                         f"dicts) and grid.product (a dict of lists)")
     setups = grid.get("setups") or [{}]
     product = grid.get("product") or {}
     for key, values in product.items():
         if not isinstance(values, list) or not values:
             raise ValueError(f"grid.product.{key} must be a non-empty list of values, got {values!r}")
-    keys = list(product)
+    for key, values in given.items():
+        in_setups = [s for s in setups if key in s]
+        if not in_setups or values is None:
+            continue
+        kept = [s for s in setups if key not in s or _value(s[key]) in values]
+        if not kept:
+            have = sorted({_value(s[key]) for s in in_setups})
+            raise ValueError(f"{key}={','.join(values)} matches none of the experiment's setups ({key}: "
+                             f"{', '.join(have)}); pick one of those, or give the setups yourself, e.g. "
+                             f"'grid.setups=[{{{key}: {values[0]}, ...}}]'")
+        setups = kept
+    keys = [k for k in product if k not in given]
     out = []
     for setup in setups:
         for combo in itertools.product(*(product[k] for k in keys)):
@@ -70,8 +74,16 @@ def grid_overrides(grid) -> list[list[str]]:
     return out
 
 
-def _value(v) -> str:
-    return "null" if v is None else str(v)
+def _plain(grid) -> dict:
+    return OmegaConf.to_container(grid, resolve=True) if isinstance(grid, DictConfig) else (grid or {})
+
+
+def setup_keys(grid) -> set[str]:
+    return {k for s in _plain(grid).get("setups") or [] for k in s}
+
+
+def axis_keys(grid) -> set[str]:
+    return setup_keys(grid) | set(_plain(grid).get("product") or {})
 
 
 def run_config(cfg: DictConfig) -> RunConfig:
@@ -103,47 +115,40 @@ def hardware_of(cfg: DictConfig) -> Hardware:
 def check(job: Job, gpus_here: int) -> None:
     """Everything that can be known before submission; ValueError names the field and the fix."""
     cfg = job.cfg
-    if cfg.backend not in BACKENDS:
-        raise ValueError(f"backend={cfg.backend} is unknown; use backend=real or backend=sim")
-    if cfg.logger.mode not in LOGGER_MODES:
-        raise ValueError(f"logger.mode={cfg.logger.mode} is unknown; use one of {', '.join(LOGGER_MODES)}")
-    for name in ("model", "vocab", "method", "run"):
-        try:
-            OmegaConf.to_container(cfg[name], resolve=True, throw_on_missing=True)
-        except MissingMandatoryValue as err:
-            raise ValueError(f"{name}.{err.key} is not set; give it on the command line") from None
-    if not isinstance(cfg.vocab.size, int) or cfg.vocab.size < 1:
-        raise ValueError(f"vocab.size={cfg.vocab.size!r} must be a positive integer")
     job.run = check_config(run_config(cfg))
+    limits = cfg.limits
+    check_schedule_size(job.run.pp, job.run.microbatches, job.run.n_chunks, limits.schedule_size,
+                        "raise limits.schedule_size")
+    if cfg.fault is not None and cfg.fault.method == job.run.method:
+        job.fault = parse_fault(cfg.fault.at)
+        check_fault(job.run, job.fault)
     if cfg.backend == "sim":
         hardware_of(cfg)
         return
+    check_size(job.run, limits.tokens_per_microbatch, "raise limits.tokens_per_microbatch")
+    world = job.run.world
     if cfg.cluster.name == "local":
-        if job.run.world > cfg.cluster.max_local_ranks:
-            raise ValueError(f"run.dp x run.pp = {job.run.world} local processes but cluster.max_local_ranks="
+        if world > cfg.cluster.max_local_ranks:
+            raise ValueError(f"run.dp x run.pp = {world} local processes but cluster.max_local_ranks="
                              f"{cfg.cluster.max_local_ranks}; use cluster=slurm, backend=sim, or raise "
                              f"cluster.max_local_ranks")
-        if job.run.device == "cuda" and gpus_here < job.run.world:
-            raise ValueError(f"run.device=cuda needs {job.run.world} GPUs here but {gpus_here} are visible; use "
+        if job.run.device == "cuda" and gpus_here < world:
+            raise ValueError(f"run.device=cuda needs {world} GPUs here but {gpus_here} are visible; use "
                              f"run.device=cpu (with run.dtype=fp32), cluster=slurm, or backend=sim")
-    elif cfg.cluster.name == "slurm":
-        try:
-            partition = cfg.cluster.partition
-        except MissingMandatoryValue:
-            partition = None
-        if not partition:
-            raise ValueError("cluster.partition is not set; run with cluster=slurm cluster.partition=NAME "
-                             "(sinfo lists the partitions)")
-        per_node = cfg.cluster.tasks_per_node or cfg.cluster.gpus_per_node or job.run.world
-        if job.run.world % per_node:
-            raise ValueError(f"the world of {job.run.world} tasks (run.dp x run.pp) does not split over nodes of "
-                             f"cluster.tasks_per_node={per_node}; set cluster.tasks_per_node to a divisor of "
-                             f"{job.run.world}")
-        if job.run.device == "cuda" and not cfg.cluster.gpus_per_node:
-            raise ValueError("run.device=cuda but cluster.gpus_per_node=0; set cluster.gpus_per_node or "
-                             "run.device=cpu")
-    else:
-        raise ValueError(f"cluster={cfg.cluster.name} is unknown; use cluster=local or cluster=slurm")
+        if job.run.device == "cpu":
+            limit = limits.memory_gb * 2**30 if limits.memory_gb else None
+            check_memory(job.run, world, limit, "set limits.memory_gb (GiB the local ranks may use together)")
+        return
+    if OmegaConf.is_missing(cfg.cluster, "partition") or not cfg.cluster.partition:
+        raise ValueError("cluster.partition is not set; run with cluster=slurm cluster.partition=NAME "
+                         "(sinfo lists the partitions)")
+    per_node = cfg.cluster.tasks_per_node or cfg.cluster.gpus_per_node or world
+    if world % per_node:
+        raise ValueError(f"the world of {world} tasks (run.dp x run.pp) does not split over nodes of "
+                         f"cluster.tasks_per_node={per_node}; set cluster.tasks_per_node to a divisor of {world}")
+    if job.run.device == "cuda" and not cfg.cluster.gpus_per_node:
+        raise ValueError("run.device=cuda but cluster.gpus_per_node=0; set cluster.gpus_per_node or "
+                         "run.device=cpu")
 
 
 def finish(job: Job, results_dir: Path) -> Job:

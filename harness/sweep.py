@@ -1,20 +1,157 @@
-"""python -m harness.sweep [experiment=NAME] [cluster=local|slurm] [backend=real|sim] [dry_run=true] [force=true]
+"""python -m harness.sweep [-m] [experiment=NAME] [group=option ...] [key=value ...]   (--help: usage)
 
-Composes every job of the experiment's grid, checks all of them before anything starts (one bad job stops
-the sweep, naming the job, the field and the fix), skips jobs whose record says ok (force=true reruns them),
-runs the rest (processes through submitit, or the simulator for backend=sim) and builds the report.
+Composes every job of the experiment's grid with the command line, checks all of them before anything starts
+(one bad job stops the sweep, naming the job, the field and the fix), skips jobs whose record says ok
+(force=true reruns them), runs the rest (processes through submitit, or the simulator for backend=sim) and
+builds the report. A command-line value for an axis of the grid replaces that axis; `-m key=a,b` sweeps those
+values, through the same plan (harness.hydra_sweeper, selected as hydra/sweeper=vp).
 """
+import itertools
+import os
+import re
+import shutil
 import sys
 from pathlib import Path
 
 import hydra
 from hydra import compose
+from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
+from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
-from harness import dispatch, jobs as J
+from harness import dispatch, jobs as J, schema
 from harness.records import finish_run
+
+schema.register()
+
+# keys that -m may sweep: a job's axes; everything else is a setting of the whole sweep
+JOB_ROOTS = ("model", "vocab", "method", "hardware", "run")
+BASIC_LAUNCHER = "hydra._internal.core_plugins.basic_launcher.BasicLauncher"
+
+
+def _print(line: str) -> None:
+    """print that survives a closed pipe (`... dry_run=true | head`): the rest is dropped, the work goes on."""
+    try:
+        print(line, flush=True)
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+
+def split_overrides(overrides: list[str]) -> tuple[list[str], dict[str, list[str]], dict[str, list[str]]]:
+    """(overrides without sweeps, sweeps as key -> values, every given key -> its values)."""
+    loader = GlobalHydra.instance().config_loader() if GlobalHydra.instance().is_initialized() else None
+    try:
+        parsed = OverridesParser.create(config_loader=loader).parse_overrides(overrides)
+    except HydraException as err:
+        raise ValueError(f"{str(err).strip().splitlines()[0]}") from None
+    fixed, sweeps, given = [], {}, {}
+    for o in parsed:
+        key = o.key_or_group
+        if o.is_sweep_override():
+            if key.split(".")[0] not in JOB_ROOTS or key.startswith("hydra"):
+                raise ValueError(f"{o.input_line}: only a job's axes can be swept (model, vocab, method, hardware, "
+                                 f"run.* and their fields); {key} is a setting of the whole sweep, so run one sweep "
+                                 f"per value")
+            if o.value_type.name == "GLOB_CHOICE_SWEEP":
+                values = list(o.sweep_string_iterator()) if loader is None else \
+                    [str(v) for v in o.value().filter(loader.get_group_options(key))]
+            else:
+                values = list(o.sweep_string_iterator())
+            sweeps[key] = given[key] = values
+        else:
+            fixed.append(o.input_line)
+            if o.type.name != "DEL":
+                given[key] = [o.get_value_element_as_str()]
+    return fixed, sweeps, given
+
+
+def _type_of(key: str) -> str | None:
+    """The declared type of a typed field 'run.pp' -> 'int', from harness.schema; None when not typed."""
+    from dataclasses import fields
+
+    path, _, name = key.rpartition(".")
+    cls = schema.SECTIONS.get(path)
+    hint = next((f.type for f in fields(cls) if f.name == name), None) if cls else None
+    return None if hint is None else getattr(hint, "__name__", str(hint))
+
+
+def _schema_for(path: str, overrides: list[str]):
+    if path == "cluster":  # the cluster file picked on the command line, else the default (local)
+        name = next((o.split("=", 1)[1] for o in overrides if o.startswith("cluster=")), "local")
+        return schema.CLUSTERS.get(name, schema.LocalCluster)
+    return schema.SECTIONS.get(path, schema.SweepSchema)
+
+
+def _describe(err: Exception, overrides: list[str]) -> str:
+    """A Hydra or OmegaConf composition error as one refusal: what was wrong and the fix."""
+    text = str(err).strip().splitlines()
+    first = text[0] if text else type(err).__name__
+    cause = err.__cause__
+    if cause is not None and str(cause).strip():
+        detail = str(cause).strip().splitlines()[0]
+        key = getattr(cause, "full_key", None) or ""
+        missing = re.search(r"Key '([^']+)' (?:is )?not in", detail)
+        if missing and key:
+            name = missing.group(1)
+            path = "" if key == name else key[: -len(name) - 1] if key.endswith("." + name) else key
+            if path in schema.SECTIONS or path == "cluster":
+                return schema.unknown_key_message(path, name, _schema_for(path, overrides))
+            return (f"{path}.{name} does not exist in {path}; add it with +{path}.{name}=VALUE, or replace "
+                    f"{path} whole with '~{path}' '+{path}={{...}}'")
+        kind = _type_of(key) if key else None
+        override = first.removeprefix("Error merging override ").strip()
+        if kind:
+            return f"{override}: {detail}; {key} takes a value of type {kind}"
+        first = f"{first}: {detail}"
+    if first.startswith("Could not override '"):
+        key = first.split("'")[1]
+        path, _, name = key.rpartition(".")
+        if path in schema.SECTIONS or path == "cluster":
+            return schema.unknown_key_message(path, name, _schema_for(path, overrides))
+    options = [line.strip() for line in text[1:] if line.strip() and not line.strip().startswith(("provider=",
+                                                                                                 "Config search"))]
+    return first + (f" ({' '.join(options)})" if options else "")
+
+
+def compose_checked(overrides: list[str]) -> DictConfig:
+    try:
+        cfg = compose(config_name="config", overrides=overrides)
+    except (HydraException, OmegaConfBaseException) as err:
+        raise ValueError(_describe(err, overrides)) from None
+    schema.check(cfg)
+    return cfg
+
+
+def plan(overrides: list[str]) -> tuple[DictConfig, list[J.Job]]:
+    """The sweep's settings and every job, composed and checked; ValueError on the first bad one."""
+    fixed, sweeps, given = split_overrides(overrides)
+    base = compose_checked(fixed)
+    grid = base.get("grid")
+    fixed_keys = {k for k, v in given.items() if k not in sweeps}
+    in_setups = J.setup_keys(grid)
+    axes = [[f"{k}={v}" for v in values] for k, values in sweeps.items() if k not in in_setups]
+    extras = [[o for o in g if o.split("=", 1)[0] not in fixed_keys] + list(s)
+              for g in J.grid_overrides(grid, given) for s in itertools.product(*axes)]
+    # a job is named by its own axes, including those the command line fixed (method=vocab-2 vocab=64k)
+    named = [o for o in fixed if o.lstrip("+~").split("=", 1)[0] in J.axis_keys(grid)]
+    results = Path(base.results_dir)
+    gpus = _gpus_here(base)
+    out, seen = [], set()
+    for i, extra in enumerate(extras):
+        job = J.Job(i, named + extra, None)
+        try:
+            job.cfg = compose_checked(fixed + extra)
+            J.check(job, gpus)
+        except ValueError as err:
+            raise ValueError(f"job {i} ({job.name}): {err}") from None
+        J.finish(job, results)
+        if job.run_id not in seen:  # the same run reached twice (e.g. run.chunks on a method without chunks)
+            seen.add(job.run_id)
+            out.append(job)
+    return base, out
 
 
 def _gpus_here(cfg) -> int:
@@ -25,76 +162,138 @@ def _gpus_here(cfg) -> int:
     return torch.cuda.device_count()
 
 
-def plan(cfg: DictConfig, cli_overrides: list[str]) -> list[J.Job]:
-    """Every job of the sweep, composed and checked; ValueError on the first bad one."""
-    overrides = J.grid_overrides(cfg.grid)
-    results = Path(cfg.results_dir)
-    gpus = _gpus_here(cfg)
-    out, seen = [], {}
-    for i, extra in enumerate(overrides):
-        name = " ".join(extra) or "(base config)"
-        try:
-            job_cfg = compose(config_name="config", overrides=cli_overrides + extra)
-        except HydraException as err:
-            first = str(err).strip().splitlines()[0]
-            options = [line.strip() for line in str(err).splitlines()[1:] if line.strip()]
-            raise ValueError(f"job {i} ({name}): {first}" + (f"; {' '.join(options)}" if options else "")) from None
-        job = J.Job(i, extra, job_cfg)
-        try:
-            J.check(job, gpus)
-        except ValueError as err:
-            raise ValueError(f"job {i} ({name}): {err}") from None
-        J.finish(job, results)
-        if job.run_id in seen:  # the same run reached twice (e.g. run.chunks on a method without chunks)
-            continue
-        seen[job.run_id] = job
-        out.append(job)
-    return out
+def writable(path: Path, field: str) -> None:
+    """path can be created and written (checked at its nearest existing folder, creating nothing)."""
+    from vp.checks import writable_folder
+
+    probe = Path(path).resolve()
+    while not probe.exists():
+        probe = probe.parent
+    if not probe.is_dir():
+        raise ValueError(f"{field}={path}: {probe} is a file, not a folder; pick another {field}")
+    writable_folder(probe, f"{field}={path}")
 
 
-def run(cfg: DictConfig, cli_overrides: list[str], log=print) -> int:
+def check_outputs(cfg: DictConfig, jobs: list[J.Job]) -> None:
+    """Output folders and the dispatch commands exist before the first job starts."""
+    writable(Path(cfg.results_dir) / cfg.experiment, "results_dir")
+    if cfg.report:
+        from harness.report.build import check_report_target, report_dir_for
+
+        reports = report_dir_for(Path(cfg.results_dir), cfg.reports_dir)
+        writable(reports, "reports_dir")
+        check_report_target(reports / cfg.experiment, Path(cfg.results_dir) / cfg.experiment)
+    if cfg.backend == "real" and cfg.cluster.name == "slurm" and jobs:
+        missing = [c for c in ("sbatch", "squeue") if shutil.which(c) is None]
+        if missing:
+            raise ValueError(f"cluster=slurm needs {' and '.join(missing)} on PATH; run on a SLURM login node, "
+                             f"start a local single-node SLURM with `make slurm-up`, or list the jobs with "
+                             f"dry_run=true")
+
+
+def run(overrides: list[str], log=_print) -> int:
+    """The whole sweep; returns the exit code (2: refused before anything ran, 130: interrupted)."""
     try:
-        jobs = plan(cfg, cli_overrides)
+        cfg, jobs = plan(overrides)
+        todo = [j for j in jobs if cfg.force or j.status() != "done"]
+        if not cfg.dry_run:
+            check_outputs(cfg, todo)
     except ValueError as err:
         print(f"sweep refused, nothing was submitted: {err}", file=sys.stderr)
         return 2
-    done = {j.run_id for j in jobs if j.status() == "done"}
-    todo = [j for j in jobs if cfg.force or j.run_id not in done]
-    log(f"experiment {cfg.experiment}: {len(jobs)} jobs, {len(done)} done, {len(todo)} to run "
-        f"(backend={cfg.backend}" + (f", cluster={cfg.cluster.name})" if cfg.backend == "real" else
-                                     f", hardware={cfg.hardware.name})"))
+    done = len(jobs) - len([j for j in jobs if j.status() != "done"])
+    where = f"cluster={cfg.cluster.name}" if cfg.backend == "real" else f"hardware={cfg.hardware.name}"
+    log(f"experiment {cfg.experiment}: {len(jobs)} jobs, {done} done, {len(todo)} to run "
+        f"(backend={cfg.backend}, {where})")
     if cfg.dry_run:
         width = max((len(j.name) for j in jobs), default=0)
         for j in jobs:
             log(f"  {j.index:>4}  {j.run_id}  {j.status():<4}  {j.name:<{width}}")
         return 0
-    if cfg.backend == "sim":
-        from harness.sim import simulate_job
-
-        for job in todo:
-            record = simulate_job(job.run, J.hardware_of(job.cfg), cfg.experiment, job.labels)
-            finish_run(record, job.path, dict(cfg.logger), Path.cwd())
-        log(f"simulated {len(todo)} jobs into {Path(cfg.results_dir) / cfg.experiment}")
-    elif todo:
-        runner = dispatch.run_local if cfg.cluster.name == "local" else dispatch.run_slurm
-        runner(todo, cfg, log)
+    try:
+        if cfg.backend == "sim":
+            simulate(todo, cfg, log)
+        elif todo:
+            runner = dispatch.run_local if cfg.cluster.name == "local" else dispatch.run_slurm
+            runner(todo, cfg, log)
+    except KeyboardInterrupt:
+        left = len([j for j in jobs if j.status() != "done"])
+        print(f"\ninterrupted: {len(jobs) - left} of {len(jobs)} runs done; rerun the same command to resume "
+              f"(runs already done are skipped)", file=sys.stderr)
+        return 130
     if cfg.report:
         from harness.report import build_reports
 
-        for path in build_reports(Path(cfg.results_dir), Path(cfg.reports_dir), [cfg.experiment]):
+        for path in build_reports(Path(cfg.results_dir), cfg.reports_dir, [cfg.experiment]):
             log(f"report: {path}")
     return 0
+
+
+def simulate(todo: list[J.Job], cfg: DictConfig, log) -> None:
+    from harness.sim import simulate_job
+
+    logger = OmegaConf.to_container(cfg.logger) if cfg.logger.sim else None
+    for job in todo:
+        record = simulate_job(job.run, J.hardware_of(job.cfg), cfg.experiment, job.labels)
+        finish_run(record, job.path, logger, Path.cwd())
+    log(f"simulated {len(todo)} jobs into {Path(cfg.results_dir) / cfg.experiment}" +
+        ("" if cfg.logger.sim or cfg.logger.mode == "disabled" else " (not logged to W&B; logger.sim=true logs them)"))
+
+
+def refuse_hydra_plugins(hydra_cfg) -> str | None:
+    """A refusal when the command line picked a Hydra launcher or sweeper parameters this harness does not use."""
+    target = OmegaConf.select(hydra_cfg, "launcher._target_")
+    if target and target != BASIC_LAUNCHER:
+        choice = OmegaConf.select(hydra_cfg, "runtime.choices") or {}
+        return (f"hydra/launcher={choice.get('hydra/launcher', target)}: runs are dispatched by this harness's "
+                f"cluster group (submitit, pp tasks per run, one run at a time locally), not by a Hydra "
+                f"launcher; use cluster=slurm cluster.partition=NAME (conf/cluster/slurm.yaml) or cluster=local")
+    if OmegaConf.select(hydra_cfg, "sweeper.params"):
+        return ("hydra.sweeper.params: experiments list their axes in grid.product (every combination) and "
+                "grid.setups (zipped); give axes on the command line with -m key=a,b")
+    return None
+
+
+def start(hydra_cfg, overrides: list[str]) -> int:
+    """Entry of both modes: a plain run (@hydra.main's task) and -m (the vp sweeper)."""
+    refusal = refuse_hydra_plugins(hydra_cfg)
+    if refusal:
+        print(f"sweep refused, nothing was submitted: {refusal}", file=sys.stderr)
+        return 2
+    # each job is composed again with the command line (and its extra config search path)
+    searchpath = [o for o in hydra_cfg.overrides.hydra if o.startswith("hydra.searchpath")]
+    return run(list(overrides) + searchpath)
 
 
 @hydra.main(config_path="../conf", config_name="config", version_base="1.3")
 def main(cfg: DictConfig) -> None:
     hc = HydraConfig.get()
-    # every job is composed again with the command line's overrides (and its extra config search path)
-    overrides = list(hc.overrides.task) + [o for o in hc.overrides.hydra if o.startswith("hydra.searchpath")]
-    code = run(cfg, overrides)
+    code = start(hc, list(hc.overrides.task))
     if code:
         sys.exit(code)
 
 
+def precheck(argv: list[str]) -> int:
+    """Compose the command line as @hydra.main will, so that a bad override (a wrong type, an unknown key) is
+    refused here with the field and the fix, exit code 2, instead of Hydra's error for the whole config."""
+    if any(a.startswith("-") and a not in ("-m", "--multirun") for a in argv):
+        return 0  # --help, --cfg, ...: Hydra's own flags
+    from hydra import initialize_config_dir
+
+    with initialize_config_dir(str(Path(__file__).resolve().parents[1] / "conf"), version_base="1.3"):
+        try:
+            fixed, _, _ = split_overrides([a for a in argv if not a.startswith("-")])
+            compose_checked(fixed)
+        except ValueError as err:
+            print(f"sweep refused, nothing was submitted: {err}", file=sys.stderr)
+            return 2
+    return 0
+
+
 if __name__ == "__main__":
-    main()
+    if code := precheck(sys.argv[1:]):
+        sys.exit(code)
+    try:
+        main()
+    except BrokenPipeError:  # `--help | head`: the reader left
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

@@ -2,7 +2,8 @@
 
 Rank, world size and the first node's address come from submitit's job environment (local processes or
 SLURM tasks); ranks meet there over TCP, or through a fresh file in the job's folder (cluster.rendezvous).
-Rank 0 writes the record (and logs it to W&B). A rank that fails leaves its traceback in the job folder, from
+Rank 0 writes the measured timeline (`<run_id>.trace.json`, Chrome/Perfetto) and the record beside it (and
+logs it to W&B). A rank that fails leaves its traceback in the job folder, from
 which the sweep driver writes the failure record (harness.dispatch).
 """
 import os
@@ -53,7 +54,8 @@ def run_task(spec: dict) -> dict | None:
     path = Path(spec["path"])
     init = rendezvous(spec, env)
     try:
-        record = run_rank(cfg, rank, world, init, local_rank, fault=spec.get("fault"), experiment=spec["experiment"])
+        record = run_rank(cfg, rank, world, init, local_rank, fault=spec.get("fault"), experiment=spec["experiment"],
+                          trace_path=spec.get("trace"))
     except BaseException:
         # every failing rank leaves its traceback; the sweep driver names the culprit in the run's record
         (Path(spec["folder"]) / f"error-{env.job_id}-{rank}.txt").write_text(traceback.format_exc())

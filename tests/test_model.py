@@ -18,14 +18,14 @@ def batch(cfg=CFG):
 def reference_grads(cfg=CFG):
     model = reference_model(cfg, cfg.seed)
     ids, targets, weights = batch(cfg)
-    loss = model.loss(model(ids), targets, weights)
+    loss = model.reference_loss(model(ids), targets, weights)
     loss.backward()
     return loss.detach(), {n: p.grad for n, p in model.named_parameters()}
 
 
 @pytest.mark.parametrize("split", [[1, 3], [2, 2], [0, 4], [1, 1, 1, 1], [2, 0, 1, 1]])
 @pytest.mark.parametrize("split_w", [False, True])
-@pytest.mark.parametrize("loss_fn", ["loss", "fused_loss"])
+@pytest.mark.parametrize("loss_fn", ["reference_loss", "loss"])
 def test_staged_model_matches_uncut(split, split_w, loss_fn):
     ref_loss, ref_grads = reference_grads()
     stages = [build_stage(CFG, CFG.seed, s, split, local_vocab=True) for s in range(len(split))]
@@ -54,10 +54,10 @@ def test_staged_model_matches_uncut(split, split_w, loss_fn):
         torch.testing.assert_close(g, ref_grads[name], rtol=1e-5, atol=1e-7, msg=name)
 
 
-def test_fused_loss_accumulates_like_the_reference():
+def test_fused_loss_accumulates_like_the_reference_loss():
     """Two microbatches into the same gradients (the second accumulates in place), padded vocabulary."""
     grads = {}
-    for loss_fn in ("loss", "fused_loss"):
+    for loss_fn in ("reference_loss", "loss"):
         stage = build_stage(CFG, CFG.seed, 1, [1, 3], local_vocab=True)
         losses = []
         for index in range(2):
@@ -66,10 +66,10 @@ def test_fused_loss_accumulates_like_the_reference():
             losses.append(getattr(stage, loss_fn)(stage(x), targets, loss_weights(mask, 2)))
             losses[-1].backward()
         grads[loss_fn] = (torch.stack(losses).detach(), {n: p.grad for n, p in stage.named_parameters()})
-    torch.testing.assert_close(grads["fused_loss"][0], grads["loss"][0], rtol=1e-6, atol=0)
-    for name, g in grads["loss"][1].items():
-        torch.testing.assert_close(grads["fused_loss"][1][name], g, rtol=1e-5, atol=1e-7, msg=name)
-    assert torch.count_nonzero(grads["fused_loss"][1]["head"][CFG.vocab_size:]) == 0, "padding got gradient"
+    torch.testing.assert_close(grads["loss"][0], grads["reference_loss"][0], rtol=1e-6, atol=0)
+    for name, g in grads["reference_loss"][1].items():
+        torch.testing.assert_close(grads["loss"][1][name], g, rtol=1e-5, atol=1e-7, msg=name)
+    assert torch.count_nonzero(grads["loss"][1]["head"][CFG.vocab_size:]) == 0, "padding got gradient"
 
 
 def test_vocab_rows_are_the_same_alone_or_whole():

@@ -38,12 +38,21 @@ def md_table(text: str, title: str) -> list[dict]:
 
 
 def row_of(rows: list[dict], pp: int, seq: int, method: str) -> dict:
-    [row] = [r for r in rows if (r["GPUs"], r["Seq"], r["Method"]) == (str(pp), str(seq), method)]
+    """The row of a setup and method; the first column counts the ranks (GPUs, or CPU processes)."""
+    [row] = [r for r in rows if (next(iter(r.values())), r["Seq"], r["Method"]) == (str(pp), str(seq), method)]
     return row
 
 
 def label(rec: dict) -> str:
     return rec["labels"]["vocab"] if "labels" in rec else f"{rec['config']['vocab_size'] // 1000}k"
+
+
+def timeline_methods() -> set[str]:
+    """The methods drawn as timelines: ok real runs of the smallest setup at its largest vocabulary."""
+    ok = [r for r in fixture_records("real") if r["status"] == "ok"]
+    pp = min(r["config"]["pp"] for r in ok)
+    vocab = max(r["config"]["vocab_size"] for r in ok if r["config"]["pp"] == pp)
+    return {r["config"]["method"] for r in ok if (r["config"]["pp"], r["config"]["vocab_size"]) == (pp, vocab)}
 
 
 @pytest.fixture(scope="module")
@@ -72,11 +81,12 @@ def test_build_writes_tables_figures_and_indexes(built):
         for group in ("real", "sim_a100_80g"):
             assert (out / f"{stem}_{group}.png").read_bytes().startswith(PNG_MAGIC)
             assert (out / f"{stem}_{group}.pdf").read_bytes().startswith(b"%PDF")
-    methods = {r["config"]["method"] for r in fixture_records("real")}
-    assert {p.name for p in out.glob("timeline_real_*.png")} == {f"timeline_real_{m}.png" for m in methods}
+    methods = timeline_methods()
+    assert {p.name for p in out.glob("timeline_real_*.png")} == {f"timeline_real_{m}_replayed.png" for m in methods}
     readme = (out / "README.md").read_text()
-    assert "(mfu_vs_vocab_real.png)" in readme and "(timeline_real_vocab-2.png)" in readme
-    assert "| GPUs" in readme  # tables inline
+    assert "(mfu_vs_vocab_real.png)" in readme and "(timeline_real_vocab-2_replayed.png)" in readme
+    assert "no trace (run before traces were recorded) for" in readme
+    assert "| CPU processes" in readme and "| GPUs" in readme  # tables inline: real CPU runs, simulated GPUs
     assert "Throughput relative to interleaved, sim (a100_80g): no ok interleaved run." in readme
     index = (root / "reports" / "README.md").read_text()
     assert "[mini](mini/README.md): 22 runs: 18 ok, 1 failed, 2 oom, 1 timeout; backends: real: 19" in index
@@ -247,3 +257,87 @@ def test_cli_refuses_missing_results_and_unknown_experiment(tmp_path, capsys):
 
 def test_load_reads_every_fixture():
     assert len(load(FIXTURES, "mini")) == len(fixture_records())
+
+
+def test_the_report_opens_with_findings_computed_from_the_records(tmp_path):
+    shutil.copytree(FIXTURES, tmp_path / "results")
+    real = [r for r in fixture_records("real") if r["status"] == "ok" and r["config"]["pp"] == 2]
+    largest = max(r["config"]["vocab_size"] for r in real)
+    at = {r["config"]["method"]: r for r in real if r["config"]["vocab_size"] == largest}
+    best = max(at.values(), key=lambda r: r["metrics"]["tokens_per_s"])
+    ratio = best["metrics"]["tokens_per_s"] / at["baseline"]["metrics"]["tokens_per_s"]
+    [readme] = build_reports(tmp_path / "results")
+    opening = readme.read_text().split("\n\n")[1]
+    assert opening.startswith(f"On 2 CPU processes, seq 64 at vocabulary {label(best)} (measured), "
+                              f"{best['config']['method']} is the fastest method: {ratio:.2f}x the throughput")
+    # the same records with baseline twice as fast: the sentence follows the data
+    path = tmp_path / "results" / "mini" / f"{at['baseline']['run_id']}.json"
+    rec = json.loads(path.read_text())
+    rec["metrics"]["tokens_per_s"] *= 2
+    path.write_text(json.dumps(rec))
+    [readme] = build_reports(tmp_path / "results")
+    assert f"{ratio / 2:.2f}x the throughput" in readme.read_text().split("\n\n")[1]
+    assert "make paper-tables" in readme.read_text().split("\n\n")[2]
+
+
+def test_unreadable_records_are_reported_by_name(tmp_path, capsys):
+    shutil.copytree(FIXTURES, tmp_path / "results")
+    folder = tmp_path / "results" / "mini"
+    victims = sorted(folder.glob("*.json"))[:2]
+    victims[0].write_text(victims[0].read_text()[:100])  # truncated
+    rec = json.loads(victims[1].read_text())
+    rec["config"] = [1, 2]  # config not a mapping
+    victims[1].write_text(json.dumps(rec))
+    (folder / f"{rec['run_id']}.trace.json").write_text("{}")  # a trace is not mistaken for a record
+    [readme] = build_reports(tmp_path / "results")
+    text = readme.read_text()
+    assert "**2 record file(s) could not be read and are not in this report:**" in text
+    assert f"{victims[0]}: not valid JSON" in text and f"{victims[1]}: not a result record: `config` is a list" in text
+    assert f"{rec['run_id']}.trace.json" not in text
+    assert len(load(tmp_path / "results", "mini")) == len(fixture_records()) - 2
+    assert f"warning: skipped {victims[0]}: not valid JSON" in capsys.readouterr().err
+
+
+def test_reports_go_beside_their_results_and_never_over_another(tmp_path):
+    for name in ("a", "b"):
+        shutil.copytree(FIXTURES, tmp_path / name / "results")
+    [readme] = build_reports(tmp_path / "a" / "results")
+    assert readme == tmp_path / "a" / "reports" / "mini" / "README.md"
+    before = readme.read_text()
+    with pytest.raises(ValueError, match=r"holds the report of .*a/results/mini, not of .*b/results/mini"):
+        build_reports(tmp_path / "b" / "results", tmp_path / "a" / "reports")
+    assert readme.read_text() == before
+    build_reports(tmp_path / "a" / "results", tmp_path / "a" / "reports")  # its own results: rebuilt in place
+
+
+def synthetic_trace(rec: dict, path: Path) -> None:
+    """A trace of the record's schedule with every action taking 1 ms, back to back, per rank."""
+    from vp.schedule import build
+    from vp.trace import write_trace
+
+    cfg = rec["config"]
+    sched = build(cfg["method"], cfg["pp"], cfg["microbatches"], cfg["chunks"])
+    events = [[[(a.text(sched.chunks > 1), i * 1e-3, i * 1e-3, (i + 1) * 1e-3) for i, a in enumerate(actions)]]
+              for actions in sched.ranks]
+    write_trace(path, events, [[len(actions) * 1e-3] for actions in sched.ranks])
+
+
+def test_measured_timelines_come_from_the_traces_beside_the_records(tmp_path):
+    from harness.timeline import read_trace
+
+    shutil.copytree(FIXTURES, tmp_path / "results")
+    folder = tmp_path / "results" / "mini"
+    ok = [r for r in fixture_records("real") if r["status"] == "ok"]
+    for rec in ok:
+        synthetic_trace(rec, folder / f"{rec['run_id']}.trace.json")
+    result = read_trace(folder / f"{ok[0]['run_id']}.trace.json", ok[0]["config"]["pp"])
+    assert [t1 for _, _, t1 in result.timeline[0][:2]] == pytest.approx([1e-3, 2e-3])
+    [readme] = build_reports(tmp_path / "results")
+    out = readme.parent
+    for method in timeline_methods():
+        assert (out / f"timeline_real_{method}_measured.png").read_bytes().startswith(PNG_MAGIC)
+        assert (out / f"timeline_real_{method}_replayed.png").read_bytes().startswith(PNG_MAGIC)
+    assert "(timeline_real_vocab-2_measured.png)" in readme.read_text()
+    (folder / f"{ok[0]['run_id']}.trace.json").write_text('{"traceEvents": 3}')
+    with pytest.raises(ValueError, match="not a trace of this run"):
+        read_trace(folder / f"{ok[0]['run_id']}.trace.json", ok[0]["config"]["pp"])

@@ -244,7 +244,7 @@ def test_cli_simulate_json_and_show(tmp_path):
     (["--method", "nope", "--pp", "2", "--microbatches", "4"], "method='nope' is unknown"),
     (["--method", "interleaved", "--pp", "4", "--microbatches", "6"], "needs a multiple of pp=4; use 8"),
     (["--method", "vhalf", "--pp", "2", "--microbatches", "4", "--layers", "6"], "layers=6 cannot be split"),
-    (["--method", "baseline", "--pp", "1", "--microbatches", "4"], "needs pp >= 2"),
+    (["--method", "vocab-2", "--pp", "1", "--microbatches", "4"], "needs pp >= 2"),
     (["--method", "vocab-2", "--pp", "4", "--microbatches", "3"], "use microbatches >= 4"),
     (["--method", "baseline", "--pp", "2", "--microbatches", "4", "--costs", "F=x"], "is not a number"),
 ])

@@ -60,7 +60,7 @@ def test_bad_input_is_refused_before_any_process_starts(args, message):
 def test_launcher_world_size_must_match_pp():
     out = train("--method", "baseline", *TINY, env={"RANK": "0", "WORLD_SIZE": "3"})
     assert out.returncode == 2
-    assert "started 3 processes but dp x pp = 2" in out.stderr
+    assert "started 3 processes but dp x pp x tp = 2" in out.stderr
 
 
 def test_a_killed_rank_fails_the_run_naming_rank_and_action():

@@ -213,6 +213,28 @@ class Comm:
             dist.reduce(t, group=self._pg(channel), group_dst=dst)
         return t
 
+    def reduce_scatter(self, t: torch.Tensor, channel: str) -> torch.Tensor:
+        """[size, *] summed over the group -> this rank's [*] (counts the whole input, as all_reduce does)."""
+        self._count(channel, "reduce_scatter", t)
+        if self.size(channel) == 1:
+            return t[0].clone()
+        out = torch.empty(t.shape[1:], dtype=t.dtype, device=t.device)
+        # [size * a, *rest] -> [a, *rest]: the collective splits its input along the first dimension
+        dist.reduce_scatter_single(out.view(-1, *t.shape[2:]) if t.dim() > 1 else out.view(1),
+                                   t.reshape(-1, *t.shape[2:]) if t.dim() > 1 else t, group=self._pg(channel))
+        return out
+
+    # -- asynchronous collectives: the caller waits on the returned work (overlap with its next GEMM) ----
+    def ibroadcast(self, t: torch.Tensor, src: int, channel: str):
+        """Counted as broadcast; t must be contiguous and stay untouched until wait()."""
+        self._count(channel, "broadcast", t, sends=self.index(channel) == src)
+        return dist.broadcast(t, group=self._pg(channel), group_src=src, async_op=True)
+
+    def ireduce(self, t: torch.Tensor, dst: int, channel: str):
+        """Counted as reduce; the sum lands in t on dst after wait()."""
+        self._count(channel, "reduce", t)
+        return dist.reduce(t, group=self._pg(channel), group_dst=dst, async_op=True)
+
     def close(self, failed: bool = False):
         """Release streams and groups; after a failure, without waiting on steps that may never end."""
         for s in self._streams.values():

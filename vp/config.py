@@ -5,7 +5,9 @@ Every user error is a ValueError that names the field and says how to fix it; no
 import math
 from dataclasses import asdict, dataclass, fields, replace
 
+from vp.mesh import Mesh, check_mesh
 from vp.schedule.methods import Method, chunks_for, get_method
+from vp.tp.modes import check_sizes, get_mode
 
 DEVICES = ("cpu", "cuda")
 DTYPES = ("fp32", "bf16", "fp16")
@@ -16,6 +18,9 @@ class RunConfig:
     method: str = "vocab-2"
     pp: int = 2
     dp: int = 1  # data-parallel replicas; each runs `microbatches` of one global batch of dp x microbatches
+    tp: int = 1  # tensor-parallel devices per stage (vp.tp); tp > 1 runs one stage (pp=1)
+    tp_mode: str = "1d"  # 1d (Megatron) | 2d (SUMMA [q, q, 1]) | 2.5d (SUMMA [q, q, tp_depth])
+    tp_depth: int = 1  # 2.5d only: d of the [q, q, d] grid, tp = q * q * d
     chunks: int | None = None  # model chunks per rank; only interleaved takes a value (default 2)
     layers: int = 4
     hidden: int = 64
@@ -42,8 +47,8 @@ class RunConfig:
 
     @property
     def world(self) -> int:
-        """Processes (devices) of the run: dp x pp."""
-        return self.dp * self.pp
+        """Processes (devices) of the run: dp x pp x tp."""
+        return self.dp * self.pp * self.tp
 
     @property
     def spec(self) -> Method:
@@ -54,8 +59,14 @@ class RunConfig:
         return chunks_for(self.spec, self.chunks)
 
     @property
+    def mesh(self) -> Mesh:
+        return Mesh(dp=self.dp, pp=self.pp, tp=self.tp, tp_mode=self.tp_mode, tp_depth=self.tp_depth)
+
+    @property
     def vocab_shards(self) -> int:
-        return self.pp if self.spec.vocab_parallel else 1
+        """Pipeline ranks (vocabulary parallelism) x tensor-parallel columns (grid columns; 1-D: tp)."""
+        columns = get_mode(self.tp_mode).side(self.tp, self.tp_depth)
+        return (self.pp if self.spec.vocab_parallel else 1) * columns
 
     @property
     def padded_vocab_size(self) -> int:
@@ -140,8 +151,11 @@ def check_config(cfg: RunConfig) -> RunConfig:
             raise ValueError(f"{name}={value!r} must be a positive integer")
     if cfg.ffn_hidden is not None and (not isinstance(cfg.ffn_hidden, int) or cfg.ffn_hidden < 1):
         raise ValueError(f"ffn_hidden={cfg.ffn_hidden!r} must be a positive integer (default 4 * hidden)")
-    if cfg.pp < 2:
-        raise ValueError(f"pp={cfg.pp}: method={spec.name} is a pipeline method and needs pp >= 2")
+    one_stage = not spec.vocab_parallel and not spec.redistributes_layers and spec.family.chunks == 1
+    if cfg.pp < 2 and not one_stage:
+        raise ValueError(f"pp={cfg.pp}: method={spec.name} is a pipeline method and needs pp >= 2 "
+                         f"(pp=1 runs one stage with method=baseline)")
+    check_tensor_parallel(cfg, spec)
     if not isinstance(cfg.warmup, int) or not 0 <= cfg.warmup < cfg.iterations:
         raise ValueError(f"warmup={cfg.warmup!r} must be 0..iterations-1 = {cfg.iterations - 1} "
                          f"so that at least one iteration is measured")
@@ -169,3 +183,20 @@ def check_config(cfg: RunConfig) -> RunConfig:
         raise ValueError(f"microbatches={cfg.microbatches}: {spec.family.name} 1F1B (method={spec.name}, "
                          f"chunks={chunks}) needs a multiple of pp={cfg.pp}; use {up}")
     return cfg
+
+
+def check_tensor_parallel(cfg: RunConfig, spec: Method) -> None:
+    """The tensor-parallel fields: a buildable grid, sizes it splits evenly, a layout that exists."""
+    check_mesh(cfg.dp, cfg.pp, cfg.tp, cfg.tp_mode, cfg.tp_depth)
+    if cfg.tp == 1:
+        return
+    if cfg.pp > 1:
+        raise ValueError(f"tp={cfg.tp} with pp={cfg.pp}: pipelines of tensor-parallel stages are not built yet; "
+                         f"use pp=1 (one stage on tp devices) or tp=1")
+    if cfg.dp > 1:
+        raise ValueError(f"tp={cfg.tp} with dp={cfg.dp}: data parallelism over tensor-parallel groups is not built "
+                         f"yet; use dp=1 or tp=1")
+    if spec.vocab_parallel:
+        raise ValueError(f"method={spec.name} splits the vocabulary over pipeline ranks, which is not built with "
+                         f"tp > 1; use method=baseline with tp={cfg.tp}")
+    check_sizes(get_mode(cfg.tp_mode), cfg.tp, cfg.tp_depth, cfg.hidden, cfg.heads, cfg.ffn, cfg.micro_batch_size)

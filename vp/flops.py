@@ -19,7 +19,7 @@ def input_flops(tokens: int, hidden: int) -> float:
 
 
 def model_flops(sequences: int, seq_len: int, hidden: int, ffn_hidden: int, layers: int, vocab: int) -> float:
-    """Model FLOPs of one iteration over `sequences` sequences (DESIGN.md, MFU); vocab is the unpadded size."""
+    """Model FLOPs of one iteration over `sequences` sequences (docs/design.md, Metrics); vocab is the unpadded size."""
     tokens = sequences * seq_len
     return output_flops(tokens, hidden, vocab) + layers * layer_flops(tokens, seq_len, hidden, ffn_hidden)
 

@@ -1,7 +1,9 @@
-"""Starting a run's dp x pp processes on this machine and turning their failures into one clear error."""
+"""Starting a run's dp x pp x tp processes on this machine and turning their failures into one clear error."""
+import ctypes
 import json
 import multiprocessing as mp
 import os
+import signal
 import sys
 import tempfile
 import time
@@ -51,6 +53,10 @@ def _local_worker(cfg_dict, rank, world, init_method, workdir, fault, trace_path
     if rank_fn is None:
         from vp.run import run_rank as rank_fn
 
+    # the parent stops the ranks (on Ctrl-C it kills them); a rank never handles SIGINT itself, and dies
+    # with its parent
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _die_with_parent()
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
     try:
         record = rank_fn(RunConfig.from_dict(cfg_dict), rank, world, init_method, local_rank=rank, fault=fault,
@@ -64,8 +70,17 @@ def _local_worker(cfg_dict, rank, world, init_method, workdir, fault, trace_path
         os._exit(1)  # now: do not wait for communication threads that a dead peer keeps blocked
 
 
+def _die_with_parent() -> None:
+    """Linux: this process gets SIGKILL when the process that started it ends (prctl PR_SET_PDEATHSIG)."""
+    if sys.platform.startswith("linux"):
+        try:
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)
+        except OSError:
+            pass
+
+
 def launch_local(cfg: RunConfig, fault=None, trace_path: str | None = None, rank_fn=None) -> dict:
-    """Start dp x pp processes here, wait for them, return rank 0's record; RunFailed if any rank fails.
+    """Start dp x pp x tp processes here, wait for them, return rank 0's record; RunFailed if any rank fails.
     rank_fn(cfg, rank, world, init_method, local_rank=, fault=, trace_path=) -> dict on rank 0 is what each
     process runs: vp.run.run_rank unless given (a picklable module-level function: vp.bench.peer's torch runner)."""
     ctx = mp.get_context("spawn")
@@ -74,19 +89,28 @@ def launch_local(cfg: RunConfig, fault=None, trace_path: str | None = None, rank
         procs = [ctx.Process(target=_local_worker, args=(cfg.to_dict(), r, cfg.world, init, workdir, fault,
                                                          trace_path, rank_fn))
                  for r in range(cfg.world)]
-        for p in procs:
-            p.start()
         failed_at, order, killed = None, [], set()  # order: ranks in the order they were seen failing
-        while any(p.exitcode is None for p in procs):
-            time.sleep(0.05)
-            order += [r for r, p in enumerate(procs) if p.exitcode not in (None, 0) and r not in order]
-            if order and failed_at is None:
-                failed_at = time.monotonic()
-            if failed_at is not None and time.monotonic() - failed_at > KILL_GRACE_S:
-                for r, p in enumerate(procs):  # the others did not give up on their own: stop them
-                    if p.exitcode is None:
-                        p.kill()
-                        killed.add(r)
+        try:
+            for p in procs:
+                p.start()
+            while any(p.exitcode is None for p in procs):
+                time.sleep(0.05)
+                order += [r for r, p in enumerate(procs) if p.exitcode not in (None, 0) and r not in order]
+                if order and failed_at is None:
+                    failed_at = time.monotonic()
+                if failed_at is not None and time.monotonic() - failed_at > KILL_GRACE_S:
+                    for r, p in enumerate(procs):  # the others did not give up on their own: stop them
+                        if p.exitcode is None:
+                            p.kill()
+                            killed.add(r)
+        except BaseException:  # Ctrl-C (or any error here): ranks may sit in a blocking collective, kill them
+            for p in procs:
+                if p.pid is not None and p.exitcode is None:
+                    p.kill()
+            for p in procs:
+                if p.pid is not None:
+                    p.join()
+            raise
         for p in procs:
             p.join()
         failures = [r for r, p in enumerate(procs) if p.exitcode != 0]

@@ -27,7 +27,9 @@ import math
 from dataclasses import dataclass
 from typing import NamedTuple
 
-TP_MODES = ("1d", "2d", "2.5d")
+from vp.tp.modes import MODES, TensorMode, get_mode
+
+TP_MODES = tuple(MODES)
 AXES = ("pp", "dp", "tp", "row", "col", "dep", "batch", "vocab", "replica")
 
 
@@ -56,18 +58,22 @@ class Mesh:
         return self.dp * self.pp * self.tp
 
     @property
+    def mode(self) -> TensorMode:
+        return get_mode(self.tp_mode)
+
+    @property
     def grid(self) -> bool:
         """A 2-D or 2.5-D (SUMMA) tensor-parallel group, as opposed to 1-D (Megatron)."""
-        return self.tp_mode != "1d"
+        return self.mode.grid
 
     @property
     def q(self) -> int:
         """Side of the grid: tp = q * q * depth (1-D: the group is one row of tp columns)."""
-        return math.isqrt(self.tp // self.depth) if self.grid else self.tp
+        return self.mode.side(self.tp, self.tp_depth)
 
     @property
     def depth(self) -> int:
-        return self.tp_depth if self.tp_mode == "2.5d" else 1
+        return self.mode.depth(self.tp_depth)
 
     @property
     def rows(self) -> int:
@@ -152,18 +158,18 @@ def check_mesh(dp: int, pp: int, tp: int, tp_mode: str, tp_depth: int) -> None:
     for name, value in (("dp", dp), ("pp", pp), ("tp", tp), ("tp_depth", tp_depth)):
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise ValueError(f"{name}={value!r} must be a positive integer")
-    if tp_mode not in TP_MODES:
-        raise ValueError(f"tp_mode={tp_mode!r} is unknown; use one of {', '.join(TP_MODES)}")
-    if tp_mode != "2.5d" and tp_depth != 1:
-        raise ValueError(f"tp_depth={tp_depth} needs tp_mode=2.5d (depth of a [q, q, d] grid); "
-                         f"drop tp_depth or set tp_mode=2.5d")
-    if tp_mode in ("2d", "2.5d"):
-        depth = tp_depth if tp_mode == "2.5d" else 1
+    mode = get_mode(tp_mode)
+    if not mode.has_depth and tp_depth != 1:
+        deep = next(m.name for m in MODES.values() if m.has_depth)
+        raise ValueError(f"tp_depth={tp_depth} needs tp_mode={deep} (depth of a [q, q, d] grid); "
+                         f"drop tp_depth or set tp_mode={deep}")
+    if mode.grid:
+        depth = mode.depth(tp_depth)
         q = math.isqrt(tp // depth) if tp % depth == 0 else 0
         if q * q * depth != tp:
             hint = _grid_hint(tp, depth)
             raise ValueError(f"tp={tp} is not q*q*{depth} for tp_mode={tp_mode}"
-                             + (f" with tp_depth={depth}" if tp_mode == "2.5d" else "")
+                             + (f" with tp_depth={depth}" if mode.has_depth else "")
                              + f"; a [q, q, {depth}] grid needs tp = q*q*{depth}, e.g. {hint}")
 
 

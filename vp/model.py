@@ -12,6 +12,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from vp.tp.stage import TensorParallelStage
 from vp.vocab.output import Shard, local_loss
 from vp.wgrad import WeightGradStore, linear
 
@@ -110,16 +111,17 @@ class Stage(nn.Module):
         return logits
 
     def loss(self, x, targets, weights, wgrad: WeightGradStore | None = None):
-        """sum_t weights_t * cross_entropy(x_t W^T, target_t), padded vocabulary rows masked out: the
-        reference formulation (logits, then torch's cross-entropy)."""
-        return weighted_cross_entropy(self.logits(x, wgrad), targets, weights)
-
-    def fused_loss(self, x, targets, weights, wgrad: WeightGradStore | None = None):
-        """The same loss and gradients as `loss`, fused as Megatron's cross-entropy (vp.vocab.output.local_loss):
-        what the runtime runs on the last stage. x [b, s, h], targets and weights [b, s]."""
+        """sum_t weights_t * cross_entropy(x_t W^T, target_t), padded vocabulary rows masked out, fused as
+        Megatron's cross-entropy (vp.vocab.output.local_loss): what the runtime runs on the last stage.
+        x [b, s, h], targets and weights [b, s]."""
         shard = Shard(0, 1, self.head.shape[0], self.vocab_size)
         return local_loss(shard, self.head, x.reshape(-1, x.shape[-1]), targets.reshape(-1), weights.reshape(-1),
                           wgrad)
+
+    def reference_loss(self, x, targets, weights, wgrad: WeightGradStore | None = None):
+        """The same loss by the plain formulation (logits, then torch's cross-entropy): the single-process
+        reference, which the fused `loss` must match."""
+        return weighted_cross_entropy(self.logits(x, wgrad), targets, weights)
 
 
 def weighted_cross_entropy(logits, targets, weights):
@@ -133,7 +135,19 @@ def reference_model(cfg, seed: int) -> Stage:
     return Stage(cfg, seed, 0, cfg.layers, first=True, last=True, local_vocab=True)
 
 
-def build_stage(cfg, seed: int, stage: int, stage_layers: list[int], local_vocab: bool) -> Stage:
+def build_stage(cfg, seed: int, stage: int, stage_layers: list[int], local_vocab: bool, tp=None) -> nn.Module:
+    """Stage `stage` of the model; with tp (a vp.tp.context.TensorParallel), this device's part of it: the
+    blocks come from the tensor mode's layer factory (vp.tp.block.shard_block), cut from the full stage."""
     first_layer = sum(stage_layers[:stage])
-    return Stage(cfg, seed, first_layer, stage_layers[stage], stage == 0, stage == len(stage_layers) - 1,
-                 local_vocab)
+    first, last = stage == 0, stage == len(stage_layers) - 1
+    if tp is None:
+        return Stage(cfg, seed, first_layer, stage_layers[stage], first, last, local_vocab)
+    assert local_vocab, "vocabulary parallelism over pipeline x tensor-parallel ranks is not built"
+    full = Stage(cfg, seed, first_layer, stage_layers[stage], first, last, local_vocab=False)
+    shard = Shard.of(tp.c, tp.columns, cfg.padded_vocab_size, cfg.vocab_size)
+
+    def rows(name):  # this device's vocabulary shard, drawn alone with the uncut model's values
+        return vocab_rows(seed, name, cfg.vocab_size, shard.start, shard.start + shard.rows, cfg.hidden)
+
+    return TensorParallelStage(full, tp, shard, rows("embed.weight") if first else None,
+                               rows("head.weight") if last else None)

@@ -1,4 +1,4 @@
-"""The result record (DESIGN.md): one JSON object per run, the same for measured and simulated runs."""
+"""The result record (docs/design.md): one JSON object per run, the same for measured and simulated runs."""
 import hashlib
 import json
 import os

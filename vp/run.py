@@ -21,16 +21,19 @@ from vp.runtime.executor import RankModel
 from vp.runtime.loop import Runtime
 from vp.schedule import build
 from vp.schedule import validate as validate_schedule
+from vp.tp.context import TensorParallel, tp_slices
 from vp.trace import write_trace
 from vp.vocab.output import Shard
 
 
-def build_rank_model(cfg: RunConfig, sched, rank: int, device: torch.device) -> RankModel:
+def build_rank_model(cfg: RunConfig, sched, rank: int, device: torch.device,
+                     tp: TensorParallel | None = None) -> RankModel:
+    """rank: the pipeline rank; tp: this process's place in its stage's tensor-parallel group (tp > 1)."""
     vp_on = sched.vocab_parallel
-    stages = {c: build_stage(cfg, cfg.seed, sched.stage(rank, c), cfg.stage_layers, local_vocab=not vp_on).to(device)
+    stages = {c: build_stage(cfg, cfg.seed, sched.stage(rank, c), cfg.stage_layers, not vp_on, tp).to(device)
               for c in range(sched.chunks)}
     if not vp_on:
-        return RankModel(stages)
+        return RankModel(stages, tp=tp)
     shard = Shard.of(rank, cfg.pp, cfg.padded_vocab_size, cfg.vocab_size)
     end = shard.start + shard.rows
 
@@ -41,10 +44,12 @@ def build_rank_model(cfg: RunConfig, sched, rank: int, device: torch.device) -> 
 
 
 def train_rank(cfg: RunConfig, rank: int, comm: Comm, device: torch.device, fault=None) -> RankMeasurement:
-    """Run every iteration on this (global) rank, process groups already up; returns its measurements."""
-    where = Mesh(dp=cfg.dp, pp=cfg.pp).coords(rank)
+    """Run every iteration on this (global) rank, process groups already up (channels(cfg): with tp > 1 also the
+    tensor-parallel ones of vp.tp.context); returns its measurements."""
+    where = cfg.mesh.coords(rank)
+    tp = TensorParallel.of(cfg.mesh, rank, comm) if cfg.tp > 1 else None
     sched = validate_schedule(build(cfg.method, cfg.pp, cfg.microbatches, cfg.n_chunks))
-    model = build_rank_model(cfg, sched, where.p, device)
+    model = build_rank_model(cfg, sched, where.p, device, tp)
     runtime = Runtime(cfg, sched, where.p, model, comm, device, fault, replica=where.d, global_rank=rank)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
@@ -70,13 +75,18 @@ def train_rank(cfg: RunConfig, rank: int, comm: Comm, device: torch.device, faul
 
 
 def channels(cfg: RunConfig) -> dict[str, list[list[int]]]:
-    """Every process group of a run, by channel: each pipeline channel along the pipeline axis, and the
-    data-parallel gradient all-reduce along the replica axis."""
-    mesh = Mesh(dp=cfg.dp, pp=cfg.pp)
-    out = {ch: mesh.groups("pp") for ch in PIPELINE_CHANNELS}
-    if cfg.dp > 1:
+    """Every process group of a run, by channel (vp.comm.make_groups)."""
+    return mesh_channels(cfg.mesh)
+
+
+def mesh_channels(mesh: Mesh) -> dict[str, list[list[int]]]:
+    """Each pipeline channel along the pipeline axis ("step", the end-of-iteration agreement, over a whole
+    replica: the pipeline when tp = 1), the data-parallel gradient all-reduce along the replica axis, and with
+    tp > 1 the tensor-parallel channels (vp.tp.context)."""
+    out = {ch: mesh.groups("replica" if ch == "step" else "pp") for ch in PIPELINE_CHANNELS}
+    if mesh.dp > 1:
         out["dp"] = mesh.groups("dp")
-    return out
+    return out | (tp_slices(mesh) if mesh.tp > 1 else {})
 
 
 def link_probe(comm: Comm, sizes=(4096, 262144, 4194304), reps: int = 3) -> list[list[float]]:
@@ -84,7 +94,7 @@ def link_probe(comm: Comm, sizes=(4096, 262144, 4194304), reps: int = 3) -> list
     for fitting a link model (python -m harness.calibrate); counters are reset afterwards."""
     out = []
     me = comm.index("fwd+")
-    if me in (0, 1):
+    if me in (0, 1) and comm.size("fwd+") > 1:
         for size in sizes:
             buf = torch.zeros(size // 4, device=comm.device)
             best = float("inf")
@@ -109,7 +119,8 @@ def run_rank(cfg: RunConfig, rank: int, world: int, init_method: str, local_rank
     """One process of a run: process groups, training, gathering; returns the record on rank 0, which also
     writes the Chrome trace of the measured iterations to trace_path when given."""
     if world != cfg.world:
-        raise ValueError(f"world size {world} differs from dp x pp = {cfg.world}; launch exactly that many processes")
+        raise ValueError(f"world size {world} differs from dp x pp x tp = {cfg.world}; launch exactly that many "
+                         f"processes")
     device = torch.device("cuda", local_rank) if cfg.device == "cuda" else torch.device("cpu")
     if device.type == "cuda":
         torch.cuda.set_device(device)

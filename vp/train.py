@@ -1,9 +1,9 @@
 """python -m vp.train --method M --pp P [sizes ...] [--json] [--trace FILE]: one real training run.
 
 Started by a distributed launcher (torchrun sets RANK and WORLD_SIZE), each process runs its rank;
-otherwise this starts dp x pp local processes itself (CPU + gloo, or one per GPU with --device cuda).
+otherwise this starts dp x pp x tp local processes itself (CPU + gloo, or one per GPU with --device cuda).
 --microbatches is per data-parallel replica: an iteration is one global batch of dp x microbatches x
-micro-batch-size sequences.
+micro-batch-size sequences. --tp runs each stage on a tensor-parallel group (docs/tensor-parallel.md).
 Rank 0 prints one result record with --json, or a summary, and writes the measured timeline of the measured
 iterations as a Chrome/Perfetto trace with --trace. A failed run prints the failing rank's error to stderr,
 exits non-zero and prints no record.
@@ -13,6 +13,7 @@ import json
 import os
 import sys
 
+from vp.checks import MAX_TOKENS_PER_MICROBATCH, check_fault, check_memory, check_output_file, check_size, parse_fault
 from vp.config import RunConfig, check_config
 from vp.launch import RunFailed, launch_local
 
@@ -24,9 +25,6 @@ def launcher_env(env=os.environ) -> tuple[int, int, int, str] | None:
     return None
 
 
-FAULT_MODES = ("exit", "raise", "hang")
-
-
 # -- command line ------------------------------------------------------------------------------------
 def parse_args(argv=None):
     d = RunConfig()
@@ -35,6 +33,9 @@ def parse_args(argv=None):
     ap.add_argument("--method", default=d.method)
     ap.add_argument("--pp", type=int, default=d.pp)
     ap.add_argument("--dp", type=int, default=d.dp, help="data-parallel replicas (microbatches are per replica)")
+    ap.add_argument("--tp", type=int, default=d.tp, help="tensor-parallel devices per stage (needs --pp 1)")
+    ap.add_argument("--tp-mode", default=d.tp_mode, help="1d (Megatron), 2d or 2.5d (SUMMA grid)")
+    ap.add_argument("--tp-depth", type=int, default=d.tp_depth, help="2.5d: depth d, tp = q*q*d")
     ap.add_argument("--chunks", type=int, default=None)
     ap.add_argument("--layers", type=int, default=d.layers)
     ap.add_argument("--hidden", type=int, default=d.hidden)
@@ -56,33 +57,54 @@ def parse_args(argv=None):
     ap.add_argument("--lr", type=float, default=d.lr)
     ap.add_argument("--timeout-s", type=float, default=d.timeout_s)
     ap.add_argument("--json", action="store_true", help="print the result record as one JSON object")
+    ap.add_argument("--max-tokens", type=int, default=MAX_TOKENS_PER_MICROBATCH,
+                    help="refuse micro_batch_size x seq_len above this (a sanity limit against typos)")
+    ap.add_argument("--max-memory-gb", type=float, default=None,
+                    help="memory the local ranks may use together (default: what this machine has available)")
     ap.add_argument("--trace", default=None, metavar="FILE",
                     help="write the measured timeline (Chrome/Perfetto trace JSON) of the measured iterations")
     ap.add_argument("--inject-fault", default=None, metavar="RANK:ACTION[:exit|raise|hang]",
                     help="testing aid: make a rank die, raise or hang at an action of the first iteration")
     args = ap.parse_args(argv)
-    fields = {k: v for k, v in vars(args).items() if k not in ("json", "inject_fault", "trace")}
+    fields = {k: v for k, v in vars(args).items()
+              if k not in ("json", "inject_fault", "trace", "max_tokens", "max_memory_gb")}
     cfg = RunConfig(**fields)
-    fault = None
-    if args.inject_fault:
-        parts = args.inject_fault.split(":")
-        if len(parts) not in (2, 3) or not parts[0].isdigit() or (len(parts) == 3 and parts[2] not in FAULT_MODES):
-            raise ValueError(f"--inject-fault={args.inject_fault!r}: use RANK:ACTION[:exit|raise|hang], "
-                             f"e.g. 1:F2:exit")
-        fault = (int(parts[0]), parts[1], parts[2] if len(parts) == 3 else "exit")
-    return cfg, args.json, fault, args.trace
+    fault = parse_fault(args.inject_fault) if args.inject_fault else None
+    return cfg, args.json, fault, args
+
+
+def check_here(cfg: RunConfig, fault, args, launched) -> None:
+    """What the config alone cannot tell: the fault spec, the run's size, the trace file, GPUs and memory here."""
+    if fault:
+        check_fault(cfg, fault)
+    check_size(cfg, args.max_tokens, "raise --max-tokens")
+    if args.trace:
+        check_output_file(args.trace, "--trace", (".json",))
+    if cfg.device == "cuda":
+        import torch
+
+        ranks_here = int(os.environ.get("LOCAL_WORLD_SIZE", 1)) if launched else cfg.world
+        have = torch.cuda.device_count()
+        if have < ranks_here:
+            raise ValueError(f"device=cuda needs {ranks_here} GPU(s) on this machine but {have} are visible; "
+                             f"use --device cpu (with --dtype fp32), or run where the GPUs are")
+        return
+    limit = args.max_memory_gb * 2**30 if args.max_memory_gb else None
+    check_memory(cfg, 1 if launched else cfg.world, limit, "raise --max-memory-gb")
 
 
 def main(argv=None) -> int:
+    launched = launcher_env()
     try:
-        cfg, as_json, fault, trace = parse_args(argv)
+        cfg, as_json, fault, args = parse_args(argv)
         check_config(cfg)
+        check_here(cfg, fault, args, launched)
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    launched = launcher_env()
+    trace = args.trace
     if launched and launched[1] != cfg.world:
-        print(f"error: the launcher started {launched[1]} processes but dp x pp = {cfg.world}; "
+        print(f"error: the launcher started {launched[1]} processes but dp x pp x tp = {cfg.world}; "
               f"start exactly that many (e.g. torchrun --nproc-per-node {cfg.world})", file=sys.stderr)
         return 2
     try:
@@ -96,13 +118,16 @@ def main(argv=None) -> int:
     except RunFailed as err:
         print(f"run failed ({err.status}): {err}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print("interrupted: every rank of this run was stopped; no record was written", file=sys.stderr)
+        return 130
     if record is None:
         return 0
     if as_json:
         print(json.dumps(record))
     else:
         m = record["metrics"]
-        print(f"{cfg.method} dp={cfg.dp} pp={cfg.pp}: loss {m['loss']}  iteration {m['iteration_time_s']:.4f} s  "
+        print(f"{cfg.method} {cfg.mesh.describe()}: loss {m['loss']}  iteration {m['iteration_time_s']:.4f} s  "
               f"{m['tokens_per_s']:.0f} tokens/s  MFU {m['mfu']:.3f}")
         print("  peak memory per rank (MiB): " + " ".join(f"{b / 2**20:.1f}" for b in m["peak_memory_bytes"]))
     return 0

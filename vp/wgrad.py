@@ -13,8 +13,17 @@ class WeightGradStore:
     def put(self, x: torch.Tensor, grad_out: torch.Tensor, weight: torch.Tensor):
         self._pending.append((x, grad_out, weight))
 
+    def defer(self, step):
+        """A weight-gradient computation of another shape (a tensor-parallel SUMMA loop): run at flush()."""
+        self._pending.append(step)
+
+    @torch.no_grad()  # like autograd's own backward: no graph is built from the saved inputs
     def flush(self):
-        for x, grad_out, weight in self._pending:
+        for item in self._pending:
+            if callable(item):
+                item()
+                continue
+            x, grad_out, weight = item
             # grad W = grad_out^T x, summed over every token: [out, n] @ [n, in]
             grad = grad_out.reshape(-1, grad_out.shape[-1]).t() @ x.reshape(-1, x.shape[-1]).to(grad_out.dtype)
             grad = grad.to(weight.dtype)

@@ -1,4 +1,6 @@
-"""python -m harness.report [--results-dir results] [--reports-dir reports] [--experiment NAME ...]
+"""python -m harness.report [--results-dir results] [--reports-dir DIR] [--experiment NAME ...]
+
+The reports go to --reports-dir, by default the folder `reports` beside --results-dir (results -> reports).
 
 Prints the README.md of each report written. Exit code 2 when there is nothing to report on.
 """
@@ -6,13 +8,15 @@ import argparse
 import sys
 from pathlib import Path
 
-from harness.report.build import build_reports
+from harness.report.build import build_reports, report_dir_for
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m harness.report",
-                                     description="Tables and figures of reports/<experiment>/ from results/.")
+                                     description="Tables and figures of <reports-dir>/<experiment>/ from the "
+                                                 "records of <results-dir>/<experiment>/.")
     parser.add_argument("--results-dir", type=Path, default=Path("results"))
-    parser.add_argument("--reports-dir", type=Path, default=Path("reports"))
+    parser.add_argument("--reports-dir", type=Path, default=None,
+                        help="default: the folder `reports` beside --results-dir")
     parser.add_argument("--experiment", nargs="+", action="extend", metavar="NAME",
                         help="experiments to report on (default: every folder under --results-dir)")
     try:
@@ -23,7 +27,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     for path in written:
         print(path)
-    print(args.reports_dir / "README.md")
+    print(report_dir_for(args.results_dir, args.reports_dir) / "README.md")
     return 0
 
 

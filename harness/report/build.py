@@ -1,12 +1,16 @@
-"""reports/<experiment>/ from results/<experiment>/: tables (Markdown and LaTeX), figures, runs.csv and a README
-that indexes them; then reports/README.md over every experiment folder there. Reads only records on disk."""
+"""<reports_dir>/<experiment>/ from <results_dir>/<experiment>/: tables (Markdown and LaTeX), figures, runs.csv and
+a README that opens with the findings and indexes the rest; then <reports_dir>/README.md over every experiment
+folder there. Reads only records (and traces) on disk. A report belongs to its results: reports_dir defaults
+to the folder `reports` beside results_dir, and a report folder built from other results is never overwritten."""
+import os
 import re
 from pathlib import Path
 
 import pandas as pd
 
-from harness.records import load
+from harness.records import read_records
 from harness.report.figures import Figure, all_figures
+from harness.report.findings import findings
 from harness.report.frame import STATUS_LABEL, records_frame, summary
 from harness.report.render import latex, markdown
 from harness.report.tables import Table, all_tables
@@ -17,6 +21,7 @@ GENERATED = re.compile(r"^(README\.md|tables\.md|runs\.csv|(mfu_memory|speedup_v
 CSV_COLUMNS = ["run_id", "status", "backend", "hardware", "method", "pp", "seq_len", "vocab_size", "vocab", "model",
                "variant", "iteration_time_s", "tokens_per_s", "mfu", "max_memory_bytes", "error"]
 SUMMARY = re.compile(r"^\d+ runs: ")
+SOURCE = ".source"  # in each report folder: the results folder it was built from, relative to the report
 
 
 def experiment_dirs(results_dir: Path) -> list[str]:
@@ -24,23 +29,43 @@ def experiment_dirs(results_dir: Path) -> list[str]:
             if p.is_dir() and not p.name.startswith(".") and p.name != "wandb"]
 
 
-def build_reports(results_dir: Path, reports_dir: Path, experiments: list[str] | None = None) -> list[Path]:
-    """Write reports/<experiment>/ for each experiment (all under results_dir when None) and reports/README.md;
-    returns the README.md of each experiment. Every experiment is read before anything is written."""
-    results_dir, reports_dir = Path(results_dir), Path(reports_dir)
+def report_dir_for(results_dir: Path, reports_dir) -> Path:
+    """reports_dir, or by default the folder `reports` beside results_dir (results -> reports)."""
+    return Path(reports_dir) if reports_dir else Path(results_dir).parent / "reports"
+
+
+def check_report_target(out: Path, source: Path) -> None:
+    """out may hold the report of source: it is new, or was built from source before."""
+    marker = out / SOURCE
+    if not marker.is_file():  # a new folder, or a report from before the marker: (re)built in place
+        return
+    built_from = (out / marker.read_text().strip()).resolve()
+    if built_from != Path(source).resolve():
+        raise ValueError(f"reports_dir: {out} holds the report of {built_from}, not of {Path(source).resolve()}; "
+                         f"give this sweep its own reports_dir=... (or remove that folder)")
+
+
+def build_reports(results_dir: Path, reports_dir=None, experiments: list[str] | None = None) -> list[Path]:
+    """Write <reports_dir>/<experiment>/ for each experiment (all under results_dir when None) and the index;
+    returns the README.md of each experiment. Every experiment is read and checked before anything is written."""
+    results_dir = Path(results_dir)
+    reports_dir = report_dir_for(results_dir, reports_dir)
     if not results_dir.is_dir():
         raise ValueError(f"results_dir={results_dir} does not exist; run a sweep first (make sweep) or point "
                          f"--results-dir at the folder that holds <experiment>/<run_id>.json")
     known = experiment_dirs(results_dir)
-    records = {name: load(results_dir, name) for name in (experiments or known)}
-    empty = [name for name, recs in records.items() if not recs]
+    read = {name: read_records(results_dir, name) for name in (experiments or known)}
+    empty = [name for name, (recs, bad) in read.items() if not recs and not bad]
     if experiments and empty:
         raise ValueError(f"experiment {', '.join(empty)} has no records under {results_dir}/; folders there: "
                          f"{', '.join(n for n in known if n not in empty) or 'none'}")
-    records = {name: recs for name, recs in records.items() if recs}
-    if not records:
+    read = {name: rb for name, rb in read.items() if rb[0] or rb[1]}
+    if not read:
         raise ValueError(f"no records under {results_dir}/<experiment>/; run a sweep first (make sweep)")
-    written = [build_experiment(name, recs, reports_dir / name, results_dir / name) for name, recs in records.items()]
+    for name in read:
+        check_report_target(reports_dir / name, results_dir / name)
+    written = [build_experiment(name, recs, reports_dir / name, results_dir / name, bad)
+               for name, (recs, bad) in read.items()]
     write_index(reports_dir)
     return written
 
@@ -68,10 +93,13 @@ def _failure_md(run: dict) -> str:
 
 
 def readme(name: str, source: Path, df: pd.DataFrame, tables: list[Table], skipped: list[str],
-           figures: list[Figure]) -> str:
+           figures: list[Figure], unreadable: list[str]) -> str:
     failures = [_failure_md(r) for r in df[df["status"] != "ok"].to_dict("records")]
-    lines = [f"# Report: {name}", "", summary(df), "",
-             f"Built by `python -m harness.report` from the records in `{source}/`. The tables are also in "
+    lines = [f"# Report: {name}", "", findings(df), "", summary(df), ""]
+    if unreadable:
+        lines += [f"**{len(unreadable)} record file(s) could not be read and are not in this report:**", "",
+                  *[f"- {line}" for line in unreadable], ""]
+    lines += [f"Built by `python -m harness.report` from the records in `{source}/`. The tables are also in "
              f"[tables.md](tables.md) and, as LaTeX (booktabs), in the .tex file named under each; every run is a "
              f"row of [runs.csv](runs.csv).", "", "## Tables", ""]
     lines += [_table_md(t, "###") for t in tables]
@@ -81,16 +109,17 @@ def readme(name: str, source: Path, df: pd.DataFrame, tables: list[Table], skipp
     return "\n".join(lines) + "\n"
 
 
-def build_experiment(name: str, records: list[dict], out: Path, source: Path) -> Path:
+def build_experiment(name: str, records: list[dict], out: Path, source: Path, unreadable=()) -> Path:
     out.mkdir(parents=True, exist_ok=True)
+    _write(out / SOURCE, os.path.relpath(Path(source).resolve(), out.resolve()) + "\n")
     df = records_frame(records)
     tables, skipped = all_tables(df)
     written = [_write(out / f"{t.name}.tex", latex(t)) for t in tables]
     written.append(_write(out / "tables.md", f"# Tables: {name}\n\n" + "\n".join(_table_md(t, "##") for t in tables)))
     written.append(_write(out / "runs.csv", df[CSV_COLUMNS].to_csv(index=False)))
-    figures = all_figures(df, out)
+    figures = all_figures(df, out, source)
     written += [p for f in figures for p in f.paths]
-    written.append(_write(out / "README.md", readme(name, source, df, tables, skipped, figures)))
+    written.append(_write(out / "README.md", readme(name, source, df, tables, skipped, figures, list(unreadable))))
     for path in out.iterdir():
         if path.is_file() and GENERATED.match(path.name) and path not in written:
             path.unlink()
@@ -107,8 +136,8 @@ def _summary_of(readme_path: Path) -> str:
 def write_index(reports_dir: Path) -> Path:
     """reports/README.md: every experiment folder under reports_dir with a link and its run counts."""
     names = [p.name for p in sorted(reports_dir.iterdir()) if p.is_dir() and not p.name.startswith(".")]
-    lines = ["# Reports", "", "One folder per experiment, built by `python -m harness.report` from "
-             "`results/<experiment>/`.", ""]
+    lines = ["# Reports", "", "One folder per experiment, built by `python -m harness.report` from the "
+             "records of `<results_dir>/<experiment>/`.", ""]
     lines += [f"- [{n}]({n}/README.md): {_summary_of(reports_dir / n / 'README.md')}" for n in names]
     lines += [] if names else ["No experiment reports yet."]
     return _write(reports_dir / "README.md", "\n".join(lines) + "\n")

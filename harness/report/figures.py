@@ -12,7 +12,7 @@ import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 from matplotlib.ticker import MaxNLocator, NullLocator  # noqa: E402
 
-from harness.report.frame import METHOD_ORDER, ok_runs, per_rank  # noqa: E402
+from harness.report.frame import METHOD_ORDER, ok_runs, per_rank, ranks_label  # noqa: E402
 from harness.report.tables import memory_unit, slug  # noqa: E402
 
 DPI = 100
@@ -57,7 +57,7 @@ def _log2_ticks(grid: sns.FacetGrid, values: list, labels: list[str]) -> None:
 
 def mfu_vs_vocab(g: pd.DataFrame, group: str, out: Path) -> Figure:
     fig = Figure(f"MFU against vocabulary size, {group}",
-                 "MFU of each method as the vocabulary grows, one panel per setup (GPUs, sequence length).")
+                 "MFU of each method as the vocabulary grows, one panel per setup (ranks, sequence length).")
     data = ok_runs(g, "mfu").assign(mfu_pct=lambda d: d["mfu"] * 100)
     if data.empty:
         fig.skipped = "no ok run records an MFU"
@@ -108,7 +108,7 @@ def bubble_per_rank(g: pd.DataFrame, group: str, out: Path) -> Figure:
 
 def throughput_vs_gpus(g: pd.DataFrame, group: str, out: Path) -> Figure:
     fig = Figure(f"Throughput against GPU count, {group}",
-                 "tokens/s of each method against the number of GPUs (pipeline ranks), one panel per vocabulary, "
+                 "tokens/s of each method against the number of pipeline ranks, one panel per vocabulary, "
                  "one line style per sequence length.")
     data = ok_runs(g, "tokens_per_s").assign(seq=lambda d: "seq " + d["seq_len"].astype(str))
     if data.empty:
@@ -121,44 +121,54 @@ def throughput_vs_gpus(g: pd.DataFrame, group: str, out: Path) -> Figure:
                        **PANEL)
     gpus = sorted(set(data["pp"]))
     _log2_ticks(grid, gpus, [str(p) for p in gpus])
-    grid.set_titles("vocabulary {col_name}").set_axis_labels("GPUs", "tokens/s")
+    grid.set_titles("vocabulary {col_name}").set_axis_labels(ranks_label(data), "tokens/s")
     fig.paths = _save(grid, out, f"throughput_vs_gpus_{slug(group)}")
     return fig
 
 
-def timelines(g: pd.DataFrame, group: str, out: Path) -> Figure:
-    """One timeline per method, of the smallest setup and vocabulary that has runs with pass times."""
-    from harness.timeline import draw_timeline
+def timelines(g: pd.DataFrame, group: str, out: Path, source: Path) -> Figure:
+    """Per method, of the smallest setup at its largest vocabulary: the measured timeline (from the run's trace)
+    and, beside it, the schedule replayed with the record's pass times."""
+    from harness.records import trace_path
+    from harness.timeline import draw_measured, draw_replayed
 
     fig = Figure(f"Schedule timelines, {group}",
-                 "the schedule of each method replayed with the pass times its record holds, for the smallest "
-                 "setup and vocabulary (PNG only).")
+                 "per method, the first measured iteration as the run's trace recorded it (seconds; `_measured`), "
+                 "beside its schedule replayed with the record's mean pass times (`_replayed`; the cost model's "
+                 "for simulated runs), for the smallest setup at its largest vocabulary (PNG only).")
     data = g[(g["status"] == "ok") & g["has_passes"]]
     if data.empty:
         fig.skipped = "no ok run records pass times"
         return fig
-    first = data.sort_values(["pp", "seq_len", "vocab_size"]).iloc[0]
+    first = data.sort_values(["pp", "seq_len", "vocab_size"], ascending=[True, True, False]).iloc[0]
     data = data[(data["pp"] == first["pp"]) & (data["seq_len"] == first["seq_len"])
                 & (data["vocab_size"] == first["vocab_size"])]
     fig.what += f" Here: {first['setup']}, vocabulary {first['vocab']}."
-    failed = []
+    failed, no_trace = [], []
     for method in _methods(data):
         run = data[data["method"] == method].sort_values(["variant", "run_id"]).iloc[0]
+        stem = out / f"timeline_{slug(group)}_{method}"
+        trace = trace_path(source / f"{run['run_id']}.json")
         try:
-            fig.paths.append(draw_timeline(run["record"], out / f"timeline_{slug(group)}_{method}.png"))
-        except ValueError as err:  # a record whose config no longer builds a schedule
+            if run["backend"] == "real" and trace.exists():
+                fig.paths.append(draw_measured(run["record"], trace, stem.with_name(stem.name + "_measured.png")))
+            elif run["backend"] == "real":
+                no_trace.append(method)
+            fig.paths.append(draw_replayed(run["record"], stem.with_name(stem.name + "_replayed.png")))
+        except ValueError as err:  # a record whose config no longer builds a schedule, or a broken trace
             failed.append(f"{method} ({err})")
         plt.close("all")
-    if failed:
-        fig.skipped = "not drawn for " + "; ".join(failed)
+    notes = (["no trace (run before traces were recorded) for " + ", ".join(no_trace)] if no_trace else []) + \
+        (["not drawn for " + "; ".join(failed)] if failed else [])
+    fig.skipped = "; ".join(notes)
     return fig
 
 
-def all_figures(df: pd.DataFrame, out: Path) -> list[Figure]:
+def all_figures(df: pd.DataFrame, out: Path, source: Path) -> list[Figure]:
     figures = []
     for group, g in df.groupby("group", sort=False):
         with sns.axes_style("whitegrid"), sns.plotting_context("paper"):  # scoped: timelines keep their style
             figures += [draw(g, group, out) for draw in (mfu_vs_vocab, memory_per_rank, bubble_per_rank,
                                                           throughput_vs_gpus)]
-        figures.append(timelines(g, group, out))
+        figures.append(timelines(g, group, out, source))
     return figures

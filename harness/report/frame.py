@@ -6,18 +6,17 @@ import re
 import pandas as pd
 
 from vp.schedule.methods import METHODS
-from vp.record import NOT_SEMANTIC
+from vp.record import NOT_SEMANTIC, STATUSES
 
 METHOD_ORDER = list(METHODS)  # the paper's order: baseline, redis, interleaved, interlaced, vocab-1, ...
-STATUS_ORDER = ("ok", "failed", "oom", "timeout")
 STATUS_LABEL = {"failed": "failed", "oom": "OOM", "timeout": "timeout"}
 MISSING = "–"
 # Config fields that are table axes or follow from them. Any other field that differs between runs of one
 # table cell (pad_multiple in experiment=vocab_padding, say) becomes the row's variant, so no run is hidden.
 AXES = ("method", "pp", "seq_len", "vocab_size", "padded_vocab_size", "stage_layers", *NOT_SEMANTIC)
 CELL = ["group", "pp", "seq_len", "method", "vocab_size"]
-COLUMNS = ["run_id", "status", "error", "backend", "hardware", "group", "method", "method_rank", "pp", "seq_len",
-           "setup", "vocab_size", "vocab", "model", "variant", "config_key", "iteration_time_s", "tokens_per_s",
+COLUMNS = ["run_id", "status", "error", "backend", "hardware", "group", "method", "method_rank", "pp", "ranks",
+           "seq_len", "setup", "vocab_size", "vocab", "model", "variant", "config_key", "iteration_time_s", "tokens_per_s",
            "mfu", "max_memory_bytes", "peak_memory_bytes", "bubble_fraction", "has_passes", "record"]
 
 
@@ -26,8 +25,19 @@ def vocab_label(size: int) -> str:
     return f"{size // 1000}k" if size % 1000 == 0 else str(size)
 
 
-def setup_label(pp: int, seq_len: int) -> str:
-    return f"{pp} GPUs, seq {seq_len}"
+def ranks_word(backend: str, device: str | None) -> str:
+    """What a run's ranks are: CPU processes for a real CPU run, GPUs otherwise (simulated runs model GPUs)."""
+    return "CPU processes" if backend == "real" and device == "cpu" else "GPUs"
+
+
+def ranks_label(g: pd.DataFrame) -> str:
+    """The column name of the rank count of a group of runs: 'GPUs', 'CPU processes', or 'Ranks' when mixed."""
+    words = set(g["ranks"])
+    return words.pop() if len(words) == 1 else "Ranks"
+
+
+def setup_label(pp: int, seq_len: int, ranks: str = "GPUs") -> str:
+    return f"{pp} {ranks}, seq {seq_len}"
 
 
 def method_rank(method: str) -> int:
@@ -58,11 +68,12 @@ def _row(rec: dict) -> dict:
     memory, bubble = metrics.get("peak_memory_bytes"), metrics.get("bubble_fraction")
     measured = [b for b in memory or [] if b is not None]
     semantic = {k: v for k, v in cfg.items() if k not in NOT_SEMANTIC}
+    ranks = ranks_word(backend, cfg.get("device"))
     return {"run_id": rec["run_id"], "status": rec["status"], "error": first_line(rec.get("error")),
             "backend": backend, "hardware": hardware,
             "group": f"{backend} ({hardware})" if hardware else backend,
-            "method": cfg["method"], "method_rank": method_rank(cfg["method"]), "pp": cfg["pp"],
-            "seq_len": cfg["seq_len"], "setup": setup_label(cfg["pp"], cfg["seq_len"]),
+            "method": cfg["method"], "method_rank": method_rank(cfg["method"]), "pp": cfg["pp"], "ranks": ranks,
+            "seq_len": cfg["seq_len"], "setup": setup_label(cfg["pp"], cfg["seq_len"], ranks),
             "vocab_size": cfg["vocab_size"], "vocab": labels.get("vocab"), "model": labels.get("model"),
             "config_key": json.dumps(semantic, sort_keys=True, default=str),
             "iteration_time_s": metrics.get("iteration_time_s"), "tokens_per_s": metrics.get("tokens_per_s"),
@@ -92,7 +103,7 @@ def records_frame(records: list[dict]) -> pd.DataFrame:
     for column in ("iteration_time_s", "tokens_per_s", "mfu", "max_memory_bytes"):
         df[column] = pd.to_numeric(df[column]).astype(float)  # None (no measurement) -> NaN
     # a status not written by vp.record reads as failed rather than breaking the whole report
-    df["status"] = df["status"].where(df["status"].isin(STATUS_ORDER), "failed")
+    df["status"] = df["status"].where(df["status"].isin(STATUSES), "failed")
     # one label per vocabulary size: the sweep's name where a record has it, else derived (old records)
     names = {size: sorted(set(g["vocab"].dropna())) for size, g in df.groupby("vocab_size")}
     df["vocab"] = [names[s][0] if names[s] else vocab_label(s) for s in df["vocab_size"]]
@@ -123,6 +134,6 @@ def per_rank(df: pd.DataFrame, column: str) -> pd.DataFrame:
 def summary(df: pd.DataFrame) -> str:
     """'22 runs: 16 ok, 1 failed, 2 oom, 1 timeout; backends: real: 19, sim (a100_80g): 3'."""
     counts = df["status"].value_counts()
-    statuses = ", ".join(f"{int(counts.get(s, 0))} {s}" for s in STATUS_ORDER)
+    statuses = ", ".join(f"{int(counts.get(s, 0))} {s}" for s in STATUSES)
     groups = df.groupby("group", sort=False).size()
     return f"{len(df)} runs: {statuses}; backends: " + ", ".join(f"{g}: {n}" for g, n in groups.items())

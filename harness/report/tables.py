@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
-from harness.report.frame import MISSING, STATUS_LABEL, method_rank, natural_key
+from harness.report.frame import MISSING, STATUS_LABEL, method_rank, natural_key, ranks_label
 
 REFERENCES = ("baseline", "interleaved")
 
@@ -62,9 +62,9 @@ def _row_keys(g: pd.DataFrame) -> list[tuple]:
     return [(pp, seq, m, v) for pp, seq in setups for m in methods for v in variants.get((pp, seq, m), [""])]
 
 
-def _keys_part(keys: list[tuple]) -> tuple[list[tuple], list[list[str]]]:
+def _keys_part(keys: list[tuple], ranks: str) -> tuple[list[tuple], list[list[str]]]:
     with_variant = any(k[3] for k in keys)
-    columns = [("", "GPUs"), ("", "Seq"), ("", "Method")] + ([("", "Variant")] if with_variant else [])
+    columns = [("", ranks), ("", "Seq"), ("", "Method")] + ([("", "Variant")] if with_variant else [])
     return columns, [[str(pp), str(seq), m] + ([v] if with_variant else []) for pp, seq, m, v in keys]
 
 
@@ -79,7 +79,7 @@ def _frame(columns: list[tuple], rows: list[list[str]]) -> pd.DataFrame:
 def mfu_memory(g: pd.DataFrame, group: str) -> Table:
     cells, keys, vocabs = _runs_by_cell(g), _row_keys(g), _vocabs(g)
     scale, unit = memory_unit(g)
-    columns, rows = _keys_part(keys)
+    columns, rows = _keys_part(keys, ranks_label(g))
     for _, label in vocabs:
         columns += [(label, "MFU (%)"), (label, f"Mem ({unit})")]
     for key, row in zip(keys, rows):
@@ -99,7 +99,7 @@ def speedup(g: pd.DataFrame, group: str, reference: str) -> Table | None:
     if not ((g["method"] == reference) & (g["status"] == "ok") & g["tokens_per_s"].notna()).any():
         return None
     top = f"tokens/s relative to {reference}"
-    columns, rows = _keys_part(keys)
+    columns, rows = _keys_part(keys, ranks_label(g))
     columns += [(top, label) for _, label in vocabs]
     for (pp, seq, method, variant), row in zip(keys, rows):
         for size, _ in vocabs:
@@ -124,7 +124,7 @@ def real_vs_sim(df: pd.DataFrame) -> Table | None:
     pairs = pairs.sort_values(["pp", "seq_len", "method_rank", "method", "vocab_size", "variant",
                                "hardware_sim", "run_id"], kind="stable")
     keys = [(r["pp"], r["seq_len"], r["method"], r["variant"]) for r in pairs.to_dict("records")]
-    columns, rows = _keys_part(keys)
+    columns, rows = _keys_part(keys, ranks_label(pairs))
     columns += [("", "Vocab"), ("", "Hardware")]
     for what in ("Iteration time (s)", "MFU (%)"):
         columns += [(what, "measured"), (what, "simulated"), (what, "measured / simulated")]

@@ -2,6 +2,7 @@
 
 python -m vp.bench vocab     S+T of one vocabulary shard against the single-device output layer
 python -m vp.bench pipeline  real 2-rank CPU runs of a vocabulary-heavy GPT, against baseline and the simulator
+python -m vp.bench tp        tensor-parallel grids: bytes per layer measured against the closed form, time
 python -m vp.bench peer      the same GPT under torch.distributed.pipelining and under this project (vp/bench/peer.py)
 """
 import argparse
@@ -150,8 +151,14 @@ def main(argv=None) -> int:
     q.add_argument("--warmup", type=int, default=1)
     q.add_argument("--rounds", type=int, default=1, help="runs of every runner, round-robin; the best is reported")
     q.add_argument("--json", action="store_true", help="print a list of one object per runner")
+    t = sub.add_parser("tp")
+    t.add_argument("--json", action="store_true", help="print a list of row objects")
     args = ap.parse_args(argv)
-    if args.what == "vocab":
+    if args.what == "tp":
+        from vp.bench.tp import run
+
+        run(args.json)
+    elif args.what == "vocab":
         bench_vocab(args.hidden, args.vocab, args.tokens, args.reps)
     elif args.what == "peer":
         return peer_main(args)

@@ -14,6 +14,8 @@ from vp.runtime.memory import ActivationMeter
 from vp.runtime.state import IterState
 from vp.schedule import Action, Schedule
 from vp.schedule.rules import collective, p2p_peer, root_of
+from vp.tp.context import TensorParallel
+from vp.tp.grads import reduce_replicated
 from vp.vocab import input as vocab_in
 from vp.vocab import output as vocab_out
 from vp.wgrad import WeightGradStore
@@ -29,10 +31,22 @@ class RankModel:
     shard: vocab_out.Shard | None = None
     out_weight: torch.nn.Parameter | None = None
     in_weight: torch.nn.Parameter | None = None
+    tp: TensorParallel | None = None  # this rank's tensor-parallel group (its stages are vp.tp stages)
 
     def parameters(self) -> list[torch.nn.Parameter]:
         params = [p for st in self.stages.values() for p in st.parameters()]
         return params + [p for p in (self.out_weight, self.in_weight) if p is not None]
+
+    def reduce_grads(self):
+        """After the iteration's last backward: sum the gradients of parameters a tensor-parallel grid replicates."""
+        if self.tp is not None:
+            reduce_replicated(list(self.stages.values()), self.tp)
+
+    def total_loss(self, loss: float | None) -> float | None:
+        """The iteration's loss over every token block (a grid device computes its own block's share)."""
+        if self.tp is None or loss is None:
+            return loss
+        return self.tp.all_reduce(torch.tensor([loss], dtype=torch.float64), "batch").item()
 
 
 class Executor:
@@ -151,7 +165,7 @@ class Executor:
             out = stage(x_in, store)
             if stage_idx == self.last_stage and not self.s.vocab_parallel:
                 _, targets, _ = self.batch(mb)
-                out = stage.fused_loss(out, targets, self.loss_weights(mb), store)
+                out = stage.loss(out, targets, self.loss_weights(mb), store)
                 st.losses[mb] = out.detach() / self.loss_scale
             elif stage_idx < self.last_stage:
                 out = out.to(self.dtype)

@@ -116,6 +116,7 @@ class Runtime:
                               f"{type(err).__name__}: {err}") from err
         left = st.leftovers()
         assert not left, f"rank {self.me}: state left over after iteration {it}: {sorted(left)}"
+        self.model.reduce_grads()  # parameters replicated inside a tensor-parallel grid
         if self.cfg.dp > 1:
             self.reduce_gradients()
         stepped = self.scaler.step(self.optimizer, self.params)
@@ -123,6 +124,7 @@ class Runtime:
             torch.cuda.synchronize()
         seconds = time.perf_counter() - begin
         loss = sum(v.item() for v in st.losses.values()) if len(st.losses) == self.s.microbatches else None
+        loss = self.model.total_loss(loss)
         return {"loss": loss, "seconds": seconds, "events": self.timer.collect(), "stepped": stepped}
 
     def reduce_gradients(self):

@@ -8,6 +8,7 @@ import argparse
 import json
 import sys
 
+from vp.checks import MAX_SCHEDULE_SIZE, check_output_file, check_schedule_size
 from vp.config import RunConfig, check_config
 from vp.schedule import build, simulate, unit_costs, validate
 from vp.schedule.actions import COMPUTE
@@ -47,14 +48,19 @@ def main(argv=None) -> int:
     ap.add_argument("--json", action="store_true", help="simulate: print one JSON object")
     ap.add_argument("--strict", action="store_true",
                     help="simulate with all of a rank's collectives on one ordered queue (CUDA_DEVICE_MAX_CONNECTIONS=1)")
-    ap.add_argument("--png", default=None, help="write the timeline picture to this file")
+    ap.add_argument("--png", default=None, help="write the timeline picture to this file (.png, .pdf or .svg)")
+    ap.add_argument("--max-size", type=int, default=MAX_SCHEDULE_SIZE,
+                    help=f"refuse schedules with pp x microbatches x chunks above this (default {MAX_SCHEDULE_SIZE})")
     args = ap.parse_args(argv)
     try:
         cfg = RunConfig(method=args.method, pp=args.pp, microbatches=args.microbatches, chunks=args.chunks,
                         layers=args.layers or 1, vocab_size=max(1000, args.pp))
         cfg = cfg.with_(layers=args.layers or args.pp * cfg.n_chunks)
         check_config(cfg)
+        check_schedule_size(cfg.pp, cfg.microbatches, cfg.n_chunks, args.max_size, "raise --max-size")
         passes, comm = parse_costs(args.costs)
+        if args.png:
+            check_output_file(args.png, "--png")
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -19,8 +19,8 @@ def _shade(color: str, chunk: int) -> tuple:
     return tuple(c + (1 - c) * mix for c in rgb)
 
 
-def draw(s: Schedule, result: SimResult, path: str, title: str | None = None) -> str:
-    """Write a PNG (or PDF, by suffix) timeline of `result` to `path`; returns path."""
+def draw(s: Schedule, result: SimResult, path: str, title: str | None = None, unit: str | None = None) -> str:
+    """Write a PNG (or PDF, by suffix) timeline of `result` to `path`, time in `unit` (None: cost units)."""
     span = result.makespan or 1.0
     boxes = sum(len(tl) for tl in result.timeline)
     width = min(40.0, max(8.0, 0.12 * boxes / s.pp))
@@ -39,7 +39,7 @@ def draw(s: Schedule, result: SimResult, path: str, title: str | None = None) ->
     ax.set_xlim(0, span)
     ax.set_ylim(s.pp - 0.5, -0.5)
     ax.set_yticks(range(s.pp), [f"rank {r}" for r in range(s.pp)])
-    ax.set_xlabel("time")
+    ax.set_xlabel(f"time ({unit})" if unit else "time (cost units)")
     handles = [plt.Rectangle((0, 0), 1, 1, facecolor=c) for c in COLORS.values()]
     ax.legend(handles, list(COLORS), ncol=1, loc="upper left", bbox_to_anchor=(1.005, 1.0), fontsize=7,
               frameon=False)

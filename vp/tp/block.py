@@ -1,0 +1,62 @@
+"""A transformer block (the single-process vp.model.Block) cut for a tensor-parallel group, from the full block
+built with the model's seeds, so every device holds slices of the same values as the reference.
+
+MegatronBlock (1-D, device t of t):  x [b, s, h] replicated
+  x + g(proj_row(attn(qkv_col(f(ln1(x)))))) ; then the same with fc1_col, gelu, fc2_row
+GridBlock ([q, q, d], device P[r, c, k]):  x [b/(dq), s, h/q] = X[k*q + r, c]
+  x + proj(attn(qkv(ln1(x)))) ; x + fc2(gelu(fc1(ln2(x))))   with grid LayerNorms and SUMMA linears
+In both, QKV is permuted head-major so each device computes attention for whole heads (heads % q == 0).
+"""
+import copy
+
+import torch.nn as nn
+import torch.nn.functional as F
+
+from vp.tp.attention import local_attention
+from vp.tp.context import TensorParallel
+from vp.tp.layout import head_major
+from vp.tp.linear import GridLinear
+from vp.tp.megatron import ColumnLinear, RowLinear, copy_to_tp
+from vp.tp.norm import GridLayerNorm
+
+
+class MegatronBlock(nn.Module):
+    def __init__(self, full: nn.Module, tp: TensorParallel):
+        super().__init__()
+        hidden = full.qkv.weight.shape[1]
+        self.tp, self.heads = tp, full.heads // tp.q  # heads of this device
+        rows = head_major(full.heads, hidden // full.heads, tp.q)
+        self.ln1, self.ln2 = copy.deepcopy(full.ln1), copy.deepcopy(full.ln2)  # replicated: [h]
+        self.qkv = ColumnLinear(full.qkv, tp, rows)  # [3h/t, h]
+        self.proj = RowLinear(full.proj, tp)  # [h, h/t]
+        self.fc1 = ColumnLinear(full.fc1, tp)  # [ffn/t, h]
+        self.fc2 = RowLinear(full.fc2, tp)  # [h, ffn/t]
+
+    def forward(self, x, wgrad=None):
+        """x [b, s, h] -> [b, s, h], the same on every device."""
+        att = local_attention(self.qkv(copy_to_tp(self.ln1(x), self.tp), wgrad), self.heads)  # [b, s, h/t]
+        x = x + self.proj(att, wgrad)
+        return x + self.fc2(F.gelu(self.fc1(copy_to_tp(self.ln2(x), self.tp), wgrad)), wgrad)
+
+
+class GridBlock(nn.Module):
+    def __init__(self, full: nn.Module, tp: TensorParallel):
+        super().__init__()
+        hidden = full.qkv.weight.shape[1]
+        self.heads = full.heads // tp.q
+        rows = head_major(full.heads, hidden // full.heads, tp.q)
+        self.ln1, self.ln2 = GridLayerNorm(full.ln1, tp), GridLayerNorm(full.ln2, tp)  # [h/q]
+        self.qkv = GridLinear(full.qkv, tp, rows)  # [h/q, 3h/q]: W^T block of the head-major weight
+        self.proj = GridLinear(full.proj, tp)  # [h/q, h/q]
+        self.fc1 = GridLinear(full.fc1, tp)  # [h/q, ffn/q]
+        self.fc2 = GridLinear(full.fc2, tp)  # [ffn/q, h/q]
+
+    def forward(self, x, wgrad=None):
+        """x [b/(dq), s, h/q] -> the same block of the output."""
+        x = x + self.proj(local_attention(self.qkv(self.ln1(x), wgrad), self.heads), wgrad)
+        return x + self.fc2(F.gelu(self.fc1(self.ln2(x), wgrad)), wgrad)
+
+
+def shard_block(full: nn.Module, tp: TensorParallel) -> nn.Module:
+    """The layer factory of a tensor mode: the full block cut for this device."""
+    return (GridBlock if tp.mode.grid else MegatronBlock)(full, tp)

@@ -1,0 +1,72 @@
+"""A pipeline stage (vp.model.Stage) cut for one device of a tensor-parallel group, built from the full stage's
+seeded parameters and the vocabulary rows of this device's shard, so the single-process model stays the reference.
+
+Every device receives the whole micro-batch's token ids and keeps its token block (grid: sequences
+[j b/(dq), (j+1) b/(dq)) with j = k*q + r; 1-D: all of them); activations between blocks stay in the mode's layout
+(grid: [b/(dq), s, h/q], 1-D: [b, s, h]). Parameter names are the single-process ones (embed, head and pos under
+modules of those names), so tests and checkpoints can match them.
+"""
+import copy
+
+import torch
+import torch.nn as nn
+
+from vp.tp.block import shard_block
+from vp.tp.context import TensorParallel
+from vp.tp.grads import reduce_replicated
+from vp.tp.layout import block, token_rows
+from vp.tp.norm import GridLayerNorm
+from vp.tp.vocab import VocabEmbedding, VocabOutput
+from vp.vocab.output import Shard
+from vp.wgrad import WeightGradStore
+
+
+class Position(nn.Module):
+    """The learned position embedding [s, h], cut to column c on a grid ([s, h/q], replicated over rows, depth)."""
+    REPLICATED = {"weight": "batch"}
+
+    def __init__(self, full: torch.Tensor, tp: TensorParallel):
+        super().__init__()
+        w = block(full.detach(), tp.q, tp.c, 1) if tp.mode.grid else full.detach()
+        self.weight = nn.Parameter(w.clone())
+
+
+class TensorParallelStage(nn.Module):
+    def __init__(self, full: nn.Module, tp: TensorParallel, shard: Shard, embed_rows: torch.Tensor | None,
+                 head_rows: torch.Tensor | None):
+        """full: the stage built without vocabulary layers (vp.model.Stage, local_vocab=False); embed_rows and
+        head_rows: this device's shard of the input embedding and output weight (first and last stage)."""
+        super().__init__()
+        self.tp, self.first, self.last = tp, full.first, full.last
+        if self.first:
+            self.pos = Position(full.pos, tp)
+            self.embed = VocabEmbedding(embed_rows, shard, tp)
+        self.layers = nn.ModuleDict({name: shard_block(b, tp) for name, b in full.layers.items()})
+        if self.last:
+            self.final_norm = GridLayerNorm(full.final_norm, tp) if tp.mode.grid else copy.deepcopy(full.final_norm)
+            self.head = VocabOutput(head_rows, shard, tp)
+
+    def local(self, t: torch.Tensor) -> torch.Tensor:
+        """This device's sequences of a whole micro-batch tensor [b, ...]."""
+        return token_rows(t, self.tp.batch_blocks, self.tp.token_block)
+
+    def forward(self, x, wgrad: WeightGradStore | None = None):
+        """x: the micro-batch's token ids [b, s] (first stage), else this device's activation block."""
+        if self.first:
+            ids = self.local(x)
+            x = self.embed(ids) + self.pos.weight[: ids.shape[1]]
+        for blk in self.layers.values():
+            x = blk(x, wgrad)
+        return self.final_norm(x) if self.last else x
+
+    def loss(self, x, targets, weights, wgrad: WeightGradStore | None = None):
+        """Weighted cross-entropy of this device's sequences (targets, weights: the whole micro-batch's [b, s])."""
+        return self.head(x, self.local(targets), self.local(weights), wgrad)
+
+    def reduce_grads(self):
+        """Once per iteration, before the optimizer step: gradients of replicated parameters (vp.tp.grads)."""
+        reduce_replicated([self], self.tp)
+
+    def total_loss(self, loss: torch.Tensor) -> torch.Tensor:
+        """The micro-batches' loss over every token block (a grid device holds its block's share)."""
+        return self.tp.all_reduce(loss.detach().clone().reshape(1), "batch")[0]

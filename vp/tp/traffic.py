@@ -1,0 +1,141 @@
+"""Closed forms of what the tensor-parallel layers send, per device and iteration: the list of collectives
+(channel, op, group size, elements, calls), then bytes as vp.comm.Comm counts them and bytes on the wire under
+ring algorithms. Pure Python (no torch), so the cost model can evaluate it at paper scale.
+
+Comm counts, per call: every member of an all-reduce, reduce, all-gather (its own part) or reduce-scatter (its
+whole input) its input; the root of a broadcast its block. In a q-step SUMMA loop every device is the root of
+one broadcast per channel. The wire model (ring / pipelined chain; per device, averaged over the group):
+all-reduce 2(p-1)/p n, broadcast and reduce (p-1)/p n, all-gather (p-1) n, reduce-scatter (p-1)/p n. Under it
+a SUMMA linear moves 3(q-1) X-blocks and 3(q-1) W-blocks per device (TP.md), 1-D 2(t-1)/t of [n, h] per all-reduce.
+
+Per transformer layer (n = micro-batch tokens, m = n/(dq) tokens per grid device, linears (K, N) = (h, 3h),
+(h, h), (h, ffn), (ffn, h), X-block m K/q, W-block K N/q^2), per micro-batch unless "per iteration":
+  1-D   4 all-reduces of [n, h] over tp (2 forward after the row-parallel linears, 2 backward before the
+        column-parallel ones); nothing per iteration
+  grid  per linear: 2q broadcasts of X-blocks over ROW (ab, atb), 2q of W-blocks over COL (ab, abt), q reduces
+        of X-blocks over ROW (abt), q of W-blocks over COL (atb); per LayerNorm 2 all-reduces of [2, m] over ROW;
+        per iteration the DEP all-reduce of the 4 W-blocks and the batch all-reduce of the biases and LayerNorm
+        vectors, (9h + ffn)/q elements
+Outside the layers (stage_collectives): the vocabulary layers, the final LayerNorm, the position embedding's and
+vocabulary shards' gradients, and the iteration loss summed over token blocks.
+"""
+from dataclasses import dataclass
+
+from vp.tp.modes import TensorMode
+
+OPS = ("all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter")
+
+
+@dataclass(frozen=True)
+class Collective:
+    channel: str
+    op: str
+    group: int  # devices in the group
+    elements: float  # what one call hands to Comm (all_gather: this device's part; reduce_scatter: the whole input)
+    calls: float  # calls per device per iteration
+    itemsize: int = 4
+
+    def counted_bytes(self) -> float:
+        """Bytes vp.comm.Comm counts on one device, per iteration."""
+        share = 1.0 / self.group if self.op == "broadcast" else 1.0  # a broadcast counts at its root only
+        return self.calls * share * self.elements * self.itemsize
+
+    def wire_bytes(self) -> float:
+        """Bytes one device sends per iteration under ring / pipelined-chain algorithms."""
+        p = self.group
+        factor = {"all_reduce": 2 * (p - 1) / p, "broadcast": (p - 1) / p, "reduce": (p - 1) / p,
+                  "all_gather": p - 1, "reduce_scatter": (p - 1) / p}[self.op]
+        return self.calls * factor * self.elements * self.itemsize
+
+
+@dataclass(frozen=True)
+class Shape:
+    """A tensor-parallel stage and its work per iteration."""
+    mode: TensorMode
+    tp: int
+    tp_depth: int
+    hidden: int
+    ffn: int
+    seq_len: int
+    micro_batch_size: int
+    microbatches: int
+    padded_vocab_size: int
+    itemsize: int = 4
+
+    @property
+    def q(self) -> int:
+        return self.mode.side(self.tp, self.tp_depth)
+
+    @property
+    def depth(self) -> int:
+        return self.mode.depth(self.tp_depth)
+
+    @property
+    def tokens(self) -> int:
+        """Tokens of one micro-batch on one device (grid: its token block)."""
+        return self.micro_batch_size * self.seq_len // self.mode.batch_blocks(self.tp, self.tp_depth)
+
+    def linears(self) -> list[tuple[int, int]]:
+        """(K, N) of the block's linears: QKV, attention output, fc1, fc2."""
+        h, f = self.hidden, self.ffn
+        return [(h, 3 * h), (h, h), (h, f), (f, h)]
+
+
+def _keep(cols: list[Collective]) -> list[Collective]:
+    """A group of one sends nothing (the layers skip it)."""
+    return [c for c in cols if c.group > 1 and c.calls and c.elements]
+
+
+def layer_collectives(s: Shape) -> list[Collective]:
+    """One transformer layer, per device and iteration."""
+    mb, h, n = s.microbatches, s.hidden, s.tokens
+    if not s.mode.grid:
+        return _keep([Collective("tp", "all_reduce", s.tp, n * h, 4 * mb, s.itemsize)])
+    q, d = s.q, s.depth
+    cols = []
+    for k_in, n_out in s.linears():
+        x_block, w_block = n * k_in / q, k_in * n_out / q**2
+        cols += [Collective("row", "broadcast", q, x_block, 2 * q * mb, s.itemsize),  # ab, atb
+                 Collective("col", "broadcast", q, w_block, 2 * q * mb, s.itemsize),  # ab, abt
+                 Collective("row", "reduce", q, x_block, q * mb, s.itemsize),  # abt
+                 Collective("col", "reduce", q, w_block, q * mb, s.itemsize)]  # atb
+    cols.append(Collective("row", "all_reduce", q, 2 * n, 2 * 2 * mb, s.itemsize))  # 2 LayerNorms, fwd + bwd
+    weights = sum(k_in * n_out for k_in, n_out in s.linears()) / q**2
+    cols.append(Collective("dep", "all_reduce", d, weights, 1, s.itemsize))
+    cols.append(Collective("batch", "all_reduce", q * d, (9 * h + s.ffn) / q, 1, s.itemsize))
+    return _keep(cols)
+
+
+def stage_collectives(s: Shape) -> list[Collective]:
+    """Everything but the transformer layers of a one-stage model: input embedding, final LayerNorm, output layer
+    and loss, the gradients of the position embedding and vocabulary shards, the iteration loss."""
+    mb, h, n, v = s.microbatches, s.hidden, s.tokens, s.padded_vocab_size
+    if not s.mode.grid:
+        return _keep([Collective("row", "all_reduce", s.tp, n * h, 2 * mb, s.itemsize),  # embedding fwd, grad X
+                      Collective("row", "all_reduce", s.tp, n, mb, s.itemsize),  # max of the logits
+                      Collective("row", "all_reduce", s.tp, 2 * n, mb, s.itemsize)])  # sum exp, target logit
+    q, d = s.q, s.depth
+    return _keep([
+        Collective("row", "reduce_scatter", q, n * h, 2 * mb, s.itemsize),  # embedding fwd, output layer grad X
+        Collective("row", "all_gather", q, n * h / q, 2 * mb, s.itemsize),  # embedding grad, output layer X
+        Collective("row", "all_reduce", q, n, mb, s.itemsize),  # max of the logits
+        Collective("row", "all_reduce", q, 2 * n, mb, s.itemsize),  # sum exp, target logit
+        Collective("row", "all_reduce", q, 2 * n, 2 * mb, s.itemsize),  # final LayerNorm fwd + bwd
+        Collective("batch", "all_reduce", q * d, (2 * v * h / q) + (s.seq_len * h + 2 * h) / q, 1, s.itemsize),
+        Collective("batch", "all_reduce", q * d, 1, 1, 8),  # the iteration loss (fp64)
+    ])
+
+
+def counted_bytes(cols: list[Collective]) -> float:
+    return sum(c.counted_bytes() for c in cols)
+
+
+def wire_bytes(cols: list[Collective]) -> float:
+    return sum(c.wire_bytes() for c in cols)
+
+
+def by_channel(cols: list[Collective], wire: bool = False) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for c in cols:
+        out[c.channel] = out.get(c.channel, 0.0) + (c.wire_bytes() if wire else c.counted_bytes())
+    return dict(sorted(out.items()))
