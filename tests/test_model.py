@@ -18,14 +18,15 @@ def batch(cfg=CFG):
 def reference_grads(cfg=CFG):
     model = reference_model(cfg, cfg.seed)
     ids, targets, weights = batch(cfg)
-    loss = model.loss(model(ids), targets, weights)
+    loss = model.reference_loss(model(ids), targets, weights)
     loss.backward()
     return loss.detach(), {n: p.grad for n, p in model.named_parameters()}
 
 
 @pytest.mark.parametrize("split", [[1, 3], [2, 2], [0, 4], [1, 1, 1, 1], [2, 0, 1, 1]])
 @pytest.mark.parametrize("split_w", [False, True])
-def test_staged_model_matches_uncut(split, split_w):
+@pytest.mark.parametrize("loss_fn", ["reference_loss", "loss"])
+def test_staged_model_matches_uncut(split, split_w, loss_fn):
     ref_loss, ref_grads = reference_grads()
     stages = [build_stage(CFG, CFG.seed, s, split, local_vocab=True) for s in range(len(split))]
     ids, targets, weights = batch()
@@ -38,7 +39,7 @@ def test_staged_model_matches_uncut(split, split_w):
         stores.append(store)
         outputs.append(out)
         x = out
-    loss = stages[-1].loss(outputs[-1], targets, weights, stores[-1])
+    loss = getattr(stages[-1], loss_fn)(outputs[-1], targets, weights, stores[-1])
     loss.backward()  # the last stage, then hand each input gradient to the stage before
     for i in range(len(stages) - 2, -1, -1):
         outputs[i].backward(inputs[i + 1].grad)
@@ -51,6 +52,24 @@ def test_staged_model_matches_uncut(split, split_w):
     assert set(grads) == set(ref_grads)
     for name, g in grads.items():
         torch.testing.assert_close(g, ref_grads[name], rtol=1e-5, atol=1e-7, msg=name)
+
+
+def test_fused_loss_accumulates_like_the_reference_loss():
+    """Two microbatches into the same gradients (the second accumulates in place), padded vocabulary."""
+    grads = {}
+    for loss_fn in ("reference_loss", "loss"):
+        stage = build_stage(CFG, CFG.seed, 1, [1, 3], local_vocab=True)
+        losses = []
+        for index in range(2):
+            ids, targets, mask = microbatch(CFG.seed, 0, index, 2, CFG.seq_len, CFG.vocab_size)
+            x = torch.randn(2, CFG.seq_len, CFG.hidden, generator=torch.Generator().manual_seed(index))
+            losses.append(getattr(stage, loss_fn)(stage(x), targets, loss_weights(mask, 2)))
+            losses[-1].backward()
+        grads[loss_fn] = (torch.stack(losses).detach(), {n: p.grad for n, p in stage.named_parameters()})
+    torch.testing.assert_close(grads["loss"][0], grads["reference_loss"][0], rtol=1e-6, atol=0)
+    for name, g in grads["reference_loss"][1].items():
+        torch.testing.assert_close(grads["loss"][1][name], g, rtol=1e-5, atol=1e-7, msg=name)
+    assert torch.count_nonzero(grads["loss"][1]["head"][CFG.vocab_size:]) == 0, "padding got gradient"
 
 
 def test_vocab_rows_are_the_same_alone_or_whole():

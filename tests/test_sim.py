@@ -50,6 +50,7 @@ def test_sim_record_is_the_simulator_result():
         t_spans = [t1 - t0 for a, t0, t1 in timeline if a.kind == "T"]
         assert m["pass_time_s"]["T"][r] == pytest.approx(sum(t_spans) / len(t_spans), rel=1e-9)
     assert m["bubble_rate"] == pytest.approx(sum(m["bubble_fraction"]) / 8, rel=1e-9)
+    assert m["tail_s"] == [0.0] * 8  # nothing after the flush without data parallelism
 
 
 def test_vocab2_wins_widely_at_256k_and_narrowly_at_32k():

@@ -30,6 +30,7 @@ def test_json_record_has_the_design_fields():
     assert len(m["peak_memory_bytes"]) == 2 and len(m["bubble_fraction"]) == 2
     assert set(m["pass_time_s"]) == {"F", "B", "S", "T", "IF", "IB"}
     assert m["barriers_per_microbatch"] == [1.0, 1.0]  # Algorithm 2: one barrier
+    assert len(m["tail_s"]) == 2 and all(0 < t < m["iteration_time_s"] for t in m["tail_s"])  # optimizer step
     assert {"torch", "device", "hosts", "git_commit", "start", "end"} <= set(rec["env"])
 
 

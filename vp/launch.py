@@ -37,8 +37,9 @@ def explain(errors: dict[int, str | None], order: list[int], notes: dict[int, st
     return failure.explain([RankEnd(r, errors.get(r), notes.get(r, "raised an error"), times.get(r)) for r in order])
 
 
-def _local_worker(cfg_dict, rank, world, init_method, workdir, fault, trace_path):
-    from vp.run import run_rank
+def _local_worker(cfg_dict, rank, world, init_method, workdir, fault, trace_path, rank_fn):
+    if rank_fn is None:
+        from vp.run import run_rank as rank_fn
 
     # the parent stops the ranks (on Ctrl-C it kills them); a rank never handles SIGINT itself, and dies
     # with its parent
@@ -51,8 +52,8 @@ def _local_worker(cfg_dict, rank, world, init_method, workdir, fault, trace_path
     faulthandler.enable()
     torch.set_num_threads(cpu_threads(world, env={}))  # the ranks share this machine's (or task's) CPUs
     try:
-        record = run_rank(RunConfig.from_dict(cfg_dict), rank, world, init_method, local_rank=rank, fault=fault,
-                          trace_path=trace_path)
+        record = rank_fn(RunConfig.from_dict(cfg_dict), rank, world, init_method, local_rank=rank, fault=fault,
+                         trace_path=trace_path)
         if record is not None:
             write_atomic(Path(workdir) / "record.json", record)
     except BaseException as err:  # noqa: BLE001 - reported through a file, then the process exits non-zero
@@ -71,14 +72,16 @@ def _die_with_parent() -> None:
             pass
 
 
-def launch_local(cfg: RunConfig, fault=None, trace_path: str | None = None) -> dict:
-    """Start dp x pp x tp processes here, wait for them, return rank 0's record; RunFailed if any rank fails."""
+def launch_local(cfg: RunConfig, fault=None, trace_path: str | None = None, rank_fn=None) -> dict:
+    """Start dp x pp x tp processes here, wait for them, return rank 0's record; RunFailed if any rank fails.
+    rank_fn(cfg, rank, world, init_method, local_rank=, fault=, trace_path=) -> dict on rank 0 is what each
+    process runs: vp.run.run_rank unless given (a picklable module-level function: vp.bench.peer's torch runner)."""
     ctx = mp.get_context("spawn")
     grace = min(KILL_GRACE_S, cfg.timeout_s)
     with tempfile.TemporaryDirectory(prefix="vp-run-") as workdir:
         init = f"file://{workdir}/rendezvous"
         procs = [ctx.Process(target=_local_worker, args=(cfg.to_dict(), r, cfg.world, init, workdir, fault,
-                                                         trace_path))
+                                                         trace_path, rank_fn))
                  for r in range(cfg.world)]
         seen, killed = {}, set()  # rank -> when it was seen failing
         try:

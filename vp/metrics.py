@@ -46,6 +46,12 @@ class RankMeasurement:
         n = max(1, len(self.events))
         return ({k: statistics.fmean(v) for k, v in spans.items()}, {k: len(v) // n for k, v in spans.items()})
 
+    def tail(self, measured: list[int]) -> float:
+        """Mean over the measured iterations of the time after the rank's last action: the end of its sends,
+        the data-parallel gradient all-reduce and the optimizer step."""
+        return statistics.fmean(self.seconds[it] - max((end for *_, end in events), default=0.0)
+                                for events, it in zip(self.events, measured))
+
     def bubble_fraction(self, measured: list[int]) -> float:
         """Mean over the measured iterations of 1 - (time in compute passes) / (iteration time)."""
         fractions = []
@@ -81,6 +87,7 @@ class Metrics:
     barriers_per_microbatch: list = field(default_factory=list)  # per rank
     communicators: list = field(default_factory=list)  # per rank: NCCL communicators it holds (real runs)
     device_memory_bytes: float | None = None  # simulated: the device's capacity
+    tail_s: list = field(default_factory=list)  # per rank: after its last action (all-reduce, optimizer step)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -106,7 +113,7 @@ class Metrics:
                    collectives=[r.collectives for r in per_rank],
                    barriers_per_microbatch=[r.barriers_per_microbatch for r in per_rank],
                    communicators=[r.communicators for r in per_rank],
-                   **throughput(cfg, t, len(per_rank), peak))
+                   tail_s=[r.tail(measured) for r in per_rank], **throughput(cfg, t, len(per_rank), peak))
 
     @classmethod
     def from_simulation(cls, cfg, result, peak_flops: float, static_bytes: list, bytes_sent: list,
@@ -137,6 +144,7 @@ class Metrics:
                                           for s, a in zip(static_bytes, result.peak_activations)),
                    bubble_fraction=per_rank(bubble), bubble_rate=statistics.fmean(bubble),
                    bytes_sent=per_rank(bytes_sent), device_memory_bytes=device_memory_bytes,
+                   tail_s=per_rank([tail_s] * len(result.timeline)),
                    **throughput(cfg, t, cfg.dp * len(result.timeline), peak_flops))
 
 

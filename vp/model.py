@@ -13,7 +13,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from vp.tp.stage import TensorParallelStage
-from vp.vocab.output import Shard
+from vp.vocab.output import Shard, local_loss
 from vp.wgrad import WeightGradStore, linear
 
 VOCAB_BLOCK = 1024  # rows of a vocabulary matrix drawn from one generator
@@ -102,14 +102,32 @@ class Stage(nn.Module):
             x = block(x, wgrad)
         return self.final_norm(x) if self.last else x
 
-    def loss(self, x, targets, weights, wgrad: WeightGradStore | None = None):
-        """sum_t weights_t * cross_entropy(x_t W^T, target_t), padded vocabulary rows masked out."""
-        logits = linear(x, self.head, None, wgrad).float()  # [b, s, padded vocab]
+    def logits(self, x, wgrad: WeightGradStore | None = None):
+        """x W^T in fp32 [b, s, padded vocab], padded vocabulary rows masked out (-inf)."""
+        logits = linear(x, self.head, None, wgrad).float()
         if logits.shape[-1] > self.vocab_size:
             logits = logits.masked_fill(torch.arange(logits.shape[-1], device=logits.device) >= self.vocab_size,
                                         float("-inf"))
-        ce = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction="none")
-        return (ce * weights.flatten()).sum()
+        return logits
+
+    def loss(self, x, targets, weights, wgrad: WeightGradStore | None = None):
+        """sum_t weights_t * cross_entropy(x_t W^T, target_t), padded vocabulary rows masked out, fused as
+        Megatron's cross-entropy (vp.vocab.output.local_loss): what the runtime runs on the last stage.
+        x [b, s, h], targets and weights [b, s]."""
+        shard = Shard(0, 1, self.head.shape[0], self.vocab_size)
+        return local_loss(shard, self.head, x.reshape(-1, x.shape[-1]), targets.reshape(-1), weights.reshape(-1),
+                          wgrad)
+
+    def reference_loss(self, x, targets, weights, wgrad: WeightGradStore | None = None):
+        """The same loss by the plain formulation (logits, then torch's cross-entropy): the single-process
+        reference, which the fused `loss` must match."""
+        return weighted_cross_entropy(self.logits(x, wgrad), targets, weights)
+
+
+def weighted_cross_entropy(logits, targets, weights):
+    """sum_t weights_t * cross_entropy(logits_t, target_t); logits [b, s, V], targets and weights [b, s]."""
+    ce = F.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction="none")
+    return (ce * weights.flatten()).sum()
 
 
 def reference_model(cfg, seed: int) -> Stage:

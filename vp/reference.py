@@ -17,7 +17,7 @@ def train_reference(cfg) -> tuple[list[float], dict[str, torch.Tensor]]:
         total, count = 0.0, cfg.dp * cfg.microbatches
         for mb in range(count):
             ids, targets, mask = microbatch(cfg.seed, it, mb, cfg.micro_batch_size, cfg.seq_len, cfg.vocab_size)
-            loss = model.loss(model(ids), targets, loss_weights(mask, count))
+            loss = model.reference_loss(model(ids), targets, loss_weights(mask, count))
             loss.backward()
             total += loss.item()
         opt.step()

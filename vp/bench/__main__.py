@@ -3,8 +3,10 @@
 python -m vp.bench vocab     S+T of one vocabulary shard against the single-device output layer
 python -m vp.bench pipeline  real 2-rank CPU runs of a vocabulary-heavy GPT, against baseline and the simulator
 python -m vp.bench tp        tensor-parallel grids: bytes per layer measured against the closed form, time
+python -m vp.bench peer      the same GPT under torch.distributed.pipelining and under this project (vp/bench/peer.py)
 """
 import argparse
+import json
 import statistics
 import sys
 import time
@@ -63,6 +65,13 @@ def bench_vocab(hidden: int, vocabs: list[int], tokens: int, reps: int):
                 print(f"{vocab:>7} {algo.name:>9} {p:>2} {t * 1e3:>9.1f} {t / ref:>6.2f}")
 
 
+def predict_iteration(result, tail_s: list[float]) -> float:
+    """An iteration as the runtime times it: each rank's schedule (simulated), then what it measured after its
+    last action (the optimizer step; the simulator schedules passes, not the optimizer)."""
+    ends = [max((end for _, _, end in actions), default=0.0) for actions in result.timeline]
+    return max(end + tail for end, tail in zip(ends, tail_s, strict=True))
+
+
 def bench_pipeline(methods: list[str], args):
     from vp.config import RunConfig, check_config
     from vp.cost import record_costs
@@ -77,18 +86,40 @@ def bench_pipeline(methods: list[str], args):
         rec = launch_local(cfg)
         m = rec["metrics"]
         sched, costs = record_costs(rec)  # measured pass times, communication from the run's link probe
-        predicted = simulate(sched, costs).makespan
+        predicted = predict_iteration(simulate(sched, costs), m["tail_s"])
         rows.append((method, m["iteration_time_s"], m["tokens_per_s"], predicted, m["peak_memory_bytes"]))
         print(f"  ran {method}: {m['iteration_time_s']:.3f} s/iteration", file=sys.stderr, flush=True)
     base = next(r for r in rows if r[0] == "baseline")
     print(f"2 CPU ranks, h={args.hidden}, {args.layers} layers, seq {args.seq_len}, V={args.vocab_size}, "
           f"{args.microbatches} microbatches; prediction = simulator on the pass times measured in the same run "
-          f"plus communication from the link probe of the same run")
+          f"plus communication from the link probe of the same run, then each rank's measured optimizer step (tail_s)")
     print(f"{'method':>12} {'s/iter':>8} {'tokens/s':>9} {'vs baseline':>11} {'predicted s':>11} "
           f"{'measured/pred':>13} {'peak MiB per rank':>18}")
     for method, t, tps, pred, mem in rows:
         print(f"{method:>12} {t:>8.3f} {tps:>9.0f} {base[1] / t:>10.2f}x {pred:>11.3f} {t / pred:>13.2f} "
               f"{' '.join(f'{b / 2**20:.0f}' for b in mem):>18}")
+
+
+def peer_main(args) -> int:
+    from vp.bench.peer import bench_peer, print_table
+    from vp.config import RunConfig
+
+    if args.rounds < 1:
+        print(f"error: rounds={args.rounds} must be a positive integer", file=sys.stderr)
+        return 2
+    cfg = RunConfig(pp=2, layers=args.layers, hidden=args.hidden, heads=args.heads, seq_len=args.seq_len,
+                    vocab_size=args.vocab_size, microbatches=args.microbatches, iterations=args.iterations,
+                    warmup=args.warmup, timeout_s=900)
+    try:
+        rows, fair = bench_peer(cfg, args.rounds)
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(rows))
+    else:
+        print_table(cfg, rows, args.rounds, fair)
+    return 0 if fair else 1
 
 
 def main(argv=None) -> int:
@@ -109,6 +140,17 @@ def main(argv=None) -> int:
     p.add_argument("--vocab-size", type=int, default=64000)
     p.add_argument("--microbatches", type=int, default=8)
     p.add_argument("--iterations", type=int, default=3)
+    q = sub.add_parser("peer", help="torch.distributed.pipelining against this project, same model and data")
+    q.add_argument("--hidden", type=int, default=256)
+    q.add_argument("--heads", type=int, default=4)
+    q.add_argument("--layers", type=int, default=4)
+    q.add_argument("--seq-len", type=int, default=256)
+    q.add_argument("--vocab-size", type=int, default=64000)
+    q.add_argument("--microbatches", type=int, default=8)
+    q.add_argument("--iterations", type=int, default=4)
+    q.add_argument("--warmup", type=int, default=1)
+    q.add_argument("--rounds", type=int, default=1, help="runs of every runner, round-robin; the best is reported")
+    q.add_argument("--json", action="store_true", help="print a list of one object per runner")
     t = sub.add_parser("tp")
     t.add_argument("--json", action="store_true", help="print a list of row objects")
     args = ap.parse_args(argv)
@@ -118,6 +160,8 @@ def main(argv=None) -> int:
         run(args.json)
     elif args.what == "vocab":
         bench_vocab(args.hidden, args.vocab, args.tokens, args.reps)
+    elif args.what == "peer":
+        return peer_main(args)
     else:
         if "baseline" not in args.methods:
             args.methods.insert(0, "baseline")

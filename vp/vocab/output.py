@@ -66,8 +66,8 @@ class OutputState:
     x: torch.Tensor  # [n, h]
     targets: torch.Tensor  # [n]
     weights: torch.Tensor  # [n] loss weights (gradient of the loss w.r.t. each token's loss)
-    probs: torch.Tensor  # [n, V/p] local softmax P_i (naive: global softmax)
-    stats: torch.Tensor  # [3, n] local max m_i, local sum s_i, target logit (0 outside the shard)
+    exp: torch.Tensor  # [n, V/p] exp(Y_i - m_i), the local softmax P_i = exp / s_i left unnormalised
+    stats: torch.Tensor  # [3, n] local max m_i, local sum s_i, target logit (naive: global m, s)
     a: torch.Tensor | None = None  # [n, h] alg2: A'_i = (P_i - onehot_i(y)) W_i, in the GEMM's dtype
     e: torch.Tensor | None = None  # [n, h] alg2: W_i[y]
     alpha: torch.Tensor | None = None  # [n] after C1: s_i exp(m_i - m) / s
@@ -76,7 +76,7 @@ class OutputState:
     grad_x: torch.Tensor | None = None  # [n, h] after the last barrier
 
     def nbytes(self) -> int:
-        tensors = [self.x, self.probs, self.stats, self.a, self.e, self.partial_grad_x, self.grad_x]
+        tensors = [self.x, self.exp, self.stats, self.a, self.e, self.partial_grad_x, self.grad_x]
         return sum(t.numel() * t.element_size() for t in tensors if t is not None)
 
 
@@ -105,30 +105,33 @@ def _logits(shard: Shard, weight: torch.Tensor, x: torch.Tensor) -> torch.Tensor
 
 
 def _local_stats(shard: Shard, y: torch.Tensor, targets: torch.Tensor):
-    m = y.max(dim=-1).values.clamp_min(torch.finfo(y.dtype).min)  # [n]; finite even for an all-padding shard
-    e = (y - m[:, None]).exp_()  # [n, V/p]
-    s = e.sum(dim=-1)  # [n]
+    """-> exp(Y - m) [n, V/p] made in place of the logits Y (one [n, V/p] buffer, not two), [m, s, t] [3, n]."""
+    m = y.amax(dim=-1).clamp_min(torch.finfo(y.dtype).min)  # [n]; finite even for an all-padding shard
     local, inside = shard.local_targets(targets)
     t = torch.where(inside, y.gather(1, local[:, None])[:, 0], torch.zeros_like(m))  # target logit or 0
+    e = y.sub_(m[:, None]).exp_()  # [n, V/p]
+    s = e.sum(dim=-1)  # [n]
     return e, torch.stack([m, s, t])
 
 
 def s_pass(shard: Shard, weight: torch.Tensor, x: torch.Tensor, targets: torch.Tensor,
            weights: torch.Tensor, algo: VocabAlgorithm) -> OutputState:
-    """S of alg1 / alg2: local logits, statistics and softmax; where grad X leaves with C1 (alg2), also A_i, E_i."""
+    """S of alg1 / alg2: local logits, statistics and (unnormalised) softmax; where grad X leaves with C1 (alg2),
+    also A_i, E_i."""
     check_inputs(shard, weight, x, targets)
     with torch.no_grad():
         y = _logits(shard, weight, x)
-        e, stats = _local_stats(shard, y, targets)
-        probs = e.div_(stats[1].clamp_min(torch.finfo(e.dtype).tiny)[:, None])  # P_i = exp(Y_i - m_i) / s_i
-        state = OutputState(x, targets, weights, probs, stats)
+        exp, stats = _local_stats(shard, y, targets)
+        state = OutputState(x, targets, weights, exp, stats)
         if algo.grad_x_in_s:
             local, inside = shard.local_targets(targets)
             rows = inside.nonzero()[:, 0]
-            p_target = probs[rows, local[rows]]
-            probs[rows, local[rows]] -= 1.0  # P_i - onehot_i(y), in fp32
-            state.a = probs @ weight  # [n, h]; under autocast a bf16 GEMM of an fp32-exact difference
-            probs[rows, local[rows]] = p_target  # P_i again, exactly, for T
+            s = _nonzero(stats[1])
+            exp_target = exp[rows, local[rows]]
+            exp[rows, local[rows]] -= s[rows]  # s_i (P_i - onehot_i(y)), in fp32
+            # A'_i = (P_i - onehot_i(y)) W_i; under autocast a bf16 GEMM of an fp32-exact difference
+            state.a = (exp @ weight).div_(s[:, None])
+            exp[rows, local[rows]] = exp_target  # exp(Y_i - m_i) again, exactly, for T
             state.e = weight[local].float() * inside[:, None]  # [n, h], exact
         return state
 
@@ -157,17 +160,16 @@ def c1_step(state: OutputState, comm: Comm, algo: VocabAlgorithm) -> OutputState
 
 
 def t_pass(shard: Shard, weight: torch.Tensor, state: OutputState, algo: VocabAlgorithm) -> OutputState:
-    """T: grad W_i += grad Y_i^T X (and, unless S precomputed it (alg2), the local input gradient G_i = grad Y_i W_i)."""
+    """T: grad W_i += grad Y_i^T X (and, unless S precomputed it (alg2), the local input gradient
+    G_i = grad Y_i W_i)."""
     with torch.no_grad():
-        grad_y = state.probs.mul_(state.alpha[:, None])  # global softmax restricted to shard i
-        local, inside = shard.local_targets(state.targets)
-        grad_y[inside, local[inside]] -= 1.0
-        grad_y.mul_(state.weights[:, None])  # [n, V/p]
+        # the global softmax restricted to shard i is alpha_i P_i = exp(Y_i - m_i) alpha_i / s_i
+        grad_y = _grad_y_(shard, state.exp, state.alpha / _nonzero(state.stats[1]), state.targets, state.weights)
         state.a = state.e = None
-        _accumulate(weight, grad_y.t().to(state.x.dtype) @ state.x)
+        accumulate_product(weight, grad_y.t(), state.x)
         if not algo.grad_x_in_s:  # fp32 like Algorithm 2's grad X, so both reduce the same bytes
             state.partial_grad_x = (grad_y.to(weight.dtype) @ weight).float()
-        state.probs = None
+        state.exp = None
     return state
 
 
@@ -185,15 +187,15 @@ def naive_forward(shard: Shard, weight: torch.Tensor, x: torch.Tensor, targets: 
     check_inputs(shard, weight, x, targets)
     with torch.no_grad():
         y = _logits(shard, weight, x)
-        local_max = y.max(dim=-1).values.clamp_min(torch.finfo(y.dtype).min)
+        local_max = y.amax(dim=-1).clamp_min(torch.finfo(y.dtype).min)
         with comm.barrier("max"):
             m = comm.all_reduce(local_max, "naive", op=dist.ReduceOp.MAX)
-        e = torch.exp(y - m[:, None])
         local, inside = shard.local_targets(targets)
         t = torch.where(inside, y.gather(1, local[:, None])[:, 0], torch.zeros_like(m))
+        e = y.sub_(m[:, None]).exp_()  # in place of the logits
         with comm.barrier("sum"):
             s, t = comm.all_reduce(torch.stack([e.sum(dim=-1), t]), "naive").unbind(0)
-        state = OutputState(x, targets, weights, e / s[:, None], torch.stack([m, s, t]))
+        state = OutputState(x, targets, weights, e, torch.stack([m, s, t]))  # exp / s: the global softmax
         state.loss = (weights * (torch.log(s) + m - t)).sum()
         state.alpha = torch.ones_like(s)
         return state
@@ -208,6 +210,65 @@ def naive_backward(shard: Shard, weight: torch.Tensor, state: OutputState, comm:
     return state
 
 
-def _accumulate(param: torch.Tensor, grad: torch.Tensor):
-    grad = grad.to(param.dtype)
+def _nonzero(s: torch.Tensor) -> torch.Tensor:
+    """A sum of exponentials safe to divide by: 0 only on a shard of nothing but padding, whose exp is 0."""
+    return s.clamp_min(torch.finfo(s.dtype).tiny)
+
+
+def _grad_y_(shard: Shard, exp: torch.Tensor, scale: torch.Tensor, targets: torch.Tensor,
+             weights: torch.Tensor) -> torch.Tensor:
+    """grad Y = w (P - onehot(y)) on the shard's columns, with P = exp * scale [n, V/p], made in place of exp
+    in one pass (the normalisation and the loss weights are folded into one factor per token)."""
+    grad_y = exp.mul_((weights * scale)[:, None])
+    local, inside = shard.local_targets(targets)
+    grad_y[inside, local[inside]] -= weights[inside]
+    return grad_y
+
+
+def accumulate_product(param: torch.Tensor, a: torch.Tensor, b: torch.Tensor):
+    """param.grad += a @ b. In one GEMM into the existing gradient when the dtypes allow it (fp32): on CPU a
+    fresh [V/p, h] product costs page faults and another pass over memory."""
+    if param.grad is not None and a.dtype == b.dtype == param.grad.dtype:
+        param.grad.addmm_(a, b)
+        return
+    grad = (a.to(b.dtype) @ b).to(param.dtype)
     param.grad = grad if param.grad is None else param.grad.add_(grad)
+
+
+class LocalOutputLoss(torch.autograd.Function):
+    """The whole output layer and its loss on one rank (baseline placement), fused as Megatron's
+    cross-entropy: the softmax overwrites the logits, grad Y overwrites the softmax, and grad W accumulates
+    in place (or goes to a split-backward store) -- the same statistics as the vocabulary-parallel passes
+    with a single shard. forward(x [n, h], weight [V, h], targets [n], weights [n]) -> sum_t w_t loss_t."""
+
+    @staticmethod
+    @torch.amp.custom_fwd(device_type="cuda")
+    def forward(ctx, x, weight, targets, weights, shard: Shard, store):
+        check_inputs(shard, weight, x, targets)
+        y = _logits(shard, weight, x)  # [n, V] fp32
+        exp, stats = _local_stats(shard, y, targets)  # exp(Y - m) in place of Y; [m, s, target logit]
+        m, s, t = stats
+        ctx.save_for_backward(x, exp, s, targets, weights)
+        ctx.weight, ctx.shard, ctx.store = weight, shard, store
+        # loss_t = log s + m - Y_t,y_t
+        return (weights * (torch.log(s) + m - t)).sum()
+
+    @staticmethod
+    @torch.amp.custom_bwd(device_type="cuda")
+    def backward(ctx, grad_loss):
+        x, exp, s, targets, weights = ctx.saved_tensors
+        weight = ctx.weight
+        grad_y = _grad_y_(ctx.shard, exp, 1.0 / s, targets, weights * grad_loss)  # [n, V], in place of exp
+        grad_x = grad_y.to(weight.dtype) @ weight  # [n, h]
+        if ctx.store is not None:  # W of a split backward computes grad W = grad Y^T x later
+            ctx.store.put(x, grad_y, weight)
+        else:
+            accumulate_product(weight, grad_y.t().to(x.dtype), x)
+        return grad_x.to(x.dtype), None, None, None, None, None
+
+
+def local_loss(shard: Shard, weight: torch.Tensor, x: torch.Tensor, targets: torch.Tensor, weights: torch.Tensor,
+               store=None) -> torch.Tensor:
+    """sum_t w_t cross_entropy(x_t W^T, y_t) over the whole (padded) vocabulary held by this rank; grad W is
+    accumulated into weight.grad by the backward itself, never handed to autograd."""
+    return LocalOutputLoss.apply(x, weight, targets, weights, shard, store)
