@@ -172,7 +172,8 @@ def test_latex_uses_booktabs_and_escapes(built):
         body = [line for line in tex.splitlines() if not line.startswith("%")]
         assert all(re.search(r"(?<!\\)[%_$#]", line) is None for line in body), path.name
     tex = (root / "reports" / "mini" / "mfu_memory_real.tex").read_text()
-    assert "MFU (\\%)" in tex and "\\multicolumn{2}{c}{8k}" in tex and "\\cmidrule(lr){4-5}" in tex
+    assert "MFU (\\%)" in tex and "\\multicolumn{2}{c}{8k}" in tex and "\\cmidrule(lr){5-6}" in tex
+    assert "Mesh (dp x pp x tp)" in tex and " & 1x2x1 & " in tex  # GPUs = world size, then the mesh
     assert " & OOM & OOM \\\\" in tex and " & -- & -- & " in tex
 
 

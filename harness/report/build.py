@@ -20,8 +20,9 @@ from harness.report.tables import Table, all_tables
 GENERATED = re.compile(r"^(README\.md|tables\.md|runs\.csv|(mfu_memory|speedup_vs|real_vs_sim|published_vs_sim|"
                        r"variant_effect|mfu_vs_vocab|memory_per_rank|bubble_per_rank|throughput_vs_gpus|timeline)"
                        r"\S*\.(tex|png|pdf))$")
-CSV_COLUMNS = ["run_id", "status", "backend", "hardware", "method", "pp", "seq_len", "vocab_size", "vocab", "model",
-               "variant", "iteration_time_s", "tokens_per_s", "mfu", "max_memory_bytes", "error"]
+CSV_COLUMNS = ["run_id", "status", "backend", "hardware", "method", "gpus", "mesh", "dp", "pp", "tp", "tp_mode",
+               "tp_depth", "seq_len", "vocab_size", "vocab", "model", "variant",
+               "iteration_time_s", "tokens_per_s", "mfu", "max_memory_bytes", "error"]
 SUMMARY = re.compile(r"^\d+ runs: ")
 SOURCE = ".source"  # in each report folder: the results folder it was built from, relative to the report
 

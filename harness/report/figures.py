@@ -33,7 +33,7 @@ def _methods(data: pd.DataFrame) -> list[str]:
 
 
 def _setups(data: pd.DataFrame) -> list[str]:
-    return list(data.sort_values(["pp", "seq_len"])["setup"].drop_duplicates())
+    return list(data.sort_values(["mesh_key", "seq_len"])["setup"].drop_duplicates())
 
 
 def _vocabs(data: pd.DataFrame) -> list[str]:
@@ -108,18 +108,18 @@ def bubble_per_rank(g: pd.DataFrame, group: str, out: Path) -> Figure:
 
 def throughput_vs_gpus(g: pd.DataFrame, group: str, out: Path) -> Figure:
     fig = Figure(f"Throughput against GPU count, {group}",
-                 "tokens/s of each method against the number of pipeline ranks, one panel per vocabulary, "
-                 "one line style per sequence length.")
+                 "tokens/s of each method against the number of GPUs (the world size, dp x pp x tp), one panel "
+                 "per vocabulary, one line style per sequence length.")
     data = ok_runs(g, "tokens_per_s").assign(seq=lambda d: "seq " + d["seq_len"].astype(str))
     if data.empty:
         fig.skipped = "no ok run records tokens/s"
         return fig
     vocabs = _vocabs(data)
-    grid = sns.relplot(data=data, x="pp", y="tokens_per_s", hue="method", hue_order=_methods(data), style="seq",
+    grid = sns.relplot(data=data, x="gpus", y="tokens_per_s", hue="method", hue_order=_methods(data), style="seq",
                        style_order=sorted(set(data["seq"]), key=lambda s: int(s.split()[1])), col="vocab",
                        col_order=vocabs, col_wrap=min(len(vocabs), 4), kind="line", marker="o", errorbar=None,
                        **PANEL)
-    gpus = sorted(set(data["pp"]))
+    gpus = sorted(set(data["gpus"]))
     _log2_ticks(grid, gpus, [str(p) for p in gpus])
     grid.set_titles("vocabulary {col_name}").set_axis_labels(ranks_label(data), "tokens/s")
     fig.paths = _save(grid, out, f"throughput_vs_gpus_{slug(group)}")
@@ -140,8 +140,8 @@ def timelines(g: pd.DataFrame, group: str, out: Path, source: Path) -> Figure:
     if data.empty:
         fig.skipped = "no ok run records pass times"
         return fig
-    first = data.sort_values(["pp", "seq_len", "vocab_size"], ascending=[True, True, False]).iloc[0]
-    data = data[(data["pp"] == first["pp"]) & (data["seq_len"] == first["seq_len"])
+    first = data.sort_values(["mesh_key", "seq_len", "vocab_size"], ascending=[True, True, False]).iloc[0]
+    data = data[(data["mesh_key"] == first["mesh_key"]) & (data["seq_len"] == first["seq_len"])
                 & (data["vocab_size"] == first["vocab_size"])]
     fig.what += f" Here: {first['setup']}, vocabulary {first['vocab']}."
     failed, no_trace = [], []

@@ -26,8 +26,8 @@ def group_findings(g: pd.DataFrame, group: str) -> list[str]:
     runs = ok_runs(g, "tokens_per_s")
     if runs.empty:
         return []
-    setup = runs.sort_values(["pp", "seq_len"]).iloc[0]
-    runs = runs[(runs["pp"] == setup["pp"]) & (runs["seq_len"] == setup["seq_len"])]
+    setup = runs.sort_values(["mesh_key", "seq_len"]).iloc[0]
+    runs = runs[(runs["mesh_key"] == setup["mesh_key"]) & (runs["seq_len"] == setup["seq_len"])]
     verb = "measured" if group == "real" else f"predicted ({group})"
     vocabs = sorted(set(zip(runs["vocab_size"], runs["vocab"])))
     size, label = vocabs[-1]

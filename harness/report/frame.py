@@ -5,19 +5,23 @@ import re
 
 import pandas as pd
 
+from vp.mesh import Mesh
 from vp.schedule.methods import METHODS
 from vp.record import NOT_SEMANTIC, STATUSES
+from vp.tp.modes import MODES
 
 METHOD_ORDER = list(METHODS)  # the paper's order: baseline, redis, interleaved, interlaced, vocab-1, ...
 STATUS_LABEL = {"failed": "failed", "oom": "OOM", "timeout": "timeout"}
 MISSING = "–"
 # Config fields that are table axes or follow from them. Any other field that differs between runs of one
 # table cell (pad_multiple in experiment=vocab_padding, say) becomes the row's variant, so no run is hidden.
-AXES = ("method", "pp", "seq_len", "vocab_size", "padded_vocab_size", "stage_layers", *NOT_SEMANTIC)
-CELL = ["group", "pp", "seq_len", "method", "vocab_size"]
-COLUMNS = ["run_id", "status", "error", "backend", "hardware", "group", "method", "method_rank", "pp", "ranks",
-           "seq_len", "setup", "vocab_size", "vocab", "model", "variant", "config_key", "iteration_time_s", "tokens_per_s",
-           "mfu", "max_memory_bytes", "peak_memory_bytes", "bubble_fraction", "has_passes", "record"]
+AXES = ("method", "pp", "dp", "tp", "tp_mode", "tp_depth", "seq_len", "vocab_size", "padded_vocab_size",
+        "stage_layers", *NOT_SEMANTIC)
+CELL = ["group", "mesh_key", "seq_len", "method", "vocab_size"]
+COLUMNS = ["run_id", "status", "error", "backend", "hardware", "group", "method", "method_rank", "pp", "dp", "tp",
+           "tp_mode", "tp_depth", "gpus", "mesh", "mesh_key", "ranks", "seq_len", "setup", "vocab_size", "vocab",
+           "model", "variant", "config_key", "iteration_time_s", "tokens_per_s", "mfu", "max_memory_bytes",
+           "peak_memory_bytes", "bubble_fraction", "has_passes", "record"]
 
 
 def vocab_label(size: int) -> str:
@@ -36,8 +40,28 @@ def ranks_label(g: pd.DataFrame) -> str:
     return words.pop() if len(words) == 1 else "Ranks"
 
 
-def setup_label(pp: int, seq_len: int, ranks: str = "GPUs") -> str:
-    return f"{pp} {ranks}, seq {seq_len}"
+def mesh_of(cfg: dict) -> Mesh:
+    """The device mesh of a record's config (records from before the mesh have dp = tp = 1)."""
+    return Mesh(dp=cfg.get("dp", 1), pp=cfg["pp"], tp=cfg.get("tp", 1), tp_mode=cfg.get("tp_mode", "1d"),
+                tp_depth=cfg.get("tp_depth", 1))
+
+
+def mesh_label(mesh: Mesh) -> str:
+    """dp x pp x tp, with the tensor mode and, for 2-D/2.5-D, the grid [q,q,d]: '1x8x1', '1x1x16 1d',
+    '2x4x8 2.5d [2,2,2]'."""
+    mode = f" {mesh.tp_mode} [{mesh.q},{mesh.q},{mesh.depth}]" if mesh.grid else (" 1d" if mesh.tp > 1 else "")
+    return f"{mesh.dp}x{mesh.pp}x{mesh.tp}{mode}"
+
+
+def mesh_key(mesh: Mesh) -> tuple:
+    """Sorts meshes by world size (GPUs), then dp, pp, tp, the tensor mode's row and the depth."""
+    return (mesh.world, mesh.dp, mesh.pp, mesh.tp, list(MODES).index(mesh.tp_mode), mesh.depth)
+
+
+def setup_label(mesh: Mesh, seq_len: int, ranks: str = "GPUs") -> str:
+    """'8 GPUs, seq 2048' for a pure pipeline (GPUs = pp); '16 GPUs (1x1x16 1d), seq 512' for any other mesh."""
+    where = "" if mesh.world == mesh.pp else f" ({mesh_label(mesh)})"
+    return f"{mesh.world} {ranks}{where}, seq {seq_len}"
 
 
 def method_rank(method: str) -> int:
@@ -69,11 +93,15 @@ def _row(rec: dict) -> dict:
     measured = [b for b in memory or [] if b is not None]
     semantic = {k: v for k, v in cfg.items() if k not in NOT_SEMANTIC}
     ranks = ranks_word(backend, cfg.get("device"))
+    mesh = mesh_of(cfg)
+    label = mesh_label(mesh)
     return {"run_id": rec["run_id"], "status": rec["status"], "error": first_line(rec.get("error")),
             "backend": backend, "hardware": hardware,
             "group": f"{backend} ({hardware})" if hardware else backend,
-            "method": cfg["method"], "method_rank": method_rank(cfg["method"]), "pp": cfg["pp"], "ranks": ranks,
-            "seq_len": cfg["seq_len"], "setup": setup_label(cfg["pp"], cfg["seq_len"], ranks),
+            "method": cfg["method"], "method_rank": method_rank(cfg["method"]), "pp": cfg["pp"], "dp": mesh.dp,
+            "tp": mesh.tp, "tp_mode": mesh.tp_mode, "tp_depth": mesh.depth, "gpus": mesh.world, "mesh": label,
+            "mesh_key": mesh_key(mesh), "ranks": ranks, "seq_len": cfg["seq_len"],
+            "setup": setup_label(mesh, cfg["seq_len"], ranks),
             "vocab_size": cfg["vocab_size"], "vocab": labels.get("vocab"), "model": labels.get("model"),
             "config_key": json.dumps(semantic, sort_keys=True, default=str),
             "iteration_time_s": metrics.get("iteration_time_s"), "tokens_per_s": metrics.get("tokens_per_s"),
@@ -111,7 +139,7 @@ def records_frame(records: list[dict]) -> pd.DataFrame:
     df["group_rank"] = [0 if b == "real" else 1 for b in df["backend"]]
     variants = sorted(set(df["variant"]), key=natural_key)
     df["variant_rank"] = [variants.index(v) for v in df["variant"]]
-    df = df.sort_values(["group_rank", "group", "pp", "seq_len", "method_rank", "method", "vocab_size",
+    df = df.sort_values(["group_rank", "group", "mesh_key", "seq_len", "method_rank", "method", "vocab_size",
                          "variant_rank", "run_id"], kind="stable")
     return df.drop(columns=["group_rank", "variant_rank"]).reset_index(drop=True)
 
@@ -124,11 +152,10 @@ def ok_runs(df: pd.DataFrame, column: str) -> pd.DataFrame:
 def per_rank(df: pd.DataFrame, column: str) -> pd.DataFrame:
     """Long form of a per-rank list column of the ok runs: one row per (run, rank) with `value`."""
     runs = ok_runs(df, column)
-    rows = [{**{k: r[k] for k in ("group", "setup", "pp", "seq_len", "method", "vocab", "vocab_size")},
-             "rank": rank, "value": value}
+    keys = ("group", "setup", "gpus", "mesh_key", "seq_len", "method", "vocab", "vocab_size")
+    rows = [{**{k: r[k] for k in keys}, "rank": rank, "value": value}
             for r in runs.to_dict("records") for rank, value in enumerate(r[column]) if value is not None]
-    return pd.DataFrame(rows, columns=["group", "setup", "pp", "seq_len", "method", "vocab", "vocab_size",
-                                       "rank", "value"])
+    return pd.DataFrame(rows, columns=[*keys, "rank", "value"])
 
 
 def summary(df: pd.DataFrame) -> str:

@@ -7,7 +7,7 @@ import pandas as pd
 
 from harness import published
 from harness.report.frame import MISSING, natural_key
-from harness.report.tables import Table, _cell, _frame, _num, slug
+from harness.report.tables import MESH, Table, _cell, _frame, _num, slug
 
 
 def _profile(g: pd.DataFrame) -> dict:
@@ -21,8 +21,9 @@ def published_vs_sim(df: pd.DataFrame, name: str) -> tuple[list[Table], list[str
     rows = {r.key: r for r in published.load(name)}
     tables, notes = [], []
     for group, g in df[df["backend"] == "sim"].groupby("group", sort=False):
+        # published tables are pure pipelines (GPUs = pp): a run on another mesh is not the published run
         pairs = [(run, rows[published.key_of(run["record"]["config"])]) for run in g.to_dict("records")
-                 if published.key_of(run["record"]["config"]) in rows]
+                 if published.key_of(run["record"]["config"]) in rows and run["gpus"] == run["pp"]]
         if not pairs:
             continue
         columns = [("", "GPUs"), ("", "Seq"), ("", "Method"), ("", "Vocab")]
@@ -61,11 +62,11 @@ def fitted_or_predicted(df: pd.DataFrame) -> list[str]:
         keys = [published.key_of(rec["config"]) for rec in g["record"]]
         fitted = [k in rows and published.same_run(rec["config"], rows[k]) for k, rec in zip(keys, g["record"])]
         predicted = g[[not f for f in fitted]]
-        by_pp = []
-        for pp, p in predicted.groupby("pp"):
-            everything = len(p) == int((g["pp"] == pp).sum())
+        by_gpus = []
+        for gpus, p in predicted.groupby("gpus"):
+            everything = len(p) == int((g["gpus"] == gpus).sum())
             methods = ", ".join(sorted(set(p["method"])))
-            by_pp.append(f"every run on {pp} GPUs" if everything else f"{methods} on {pp} GPUs")
+            by_gpus.append(f"every run on {gpus} GPUs" if everything else f"{methods} on {gpus} GPUs")
         head = (f"{group}: the profile's free parameters were fitted to the published runs of "
                 f"harness/published/{source}.csv (reports/{source}/). ")
         if predicted.empty:
@@ -77,18 +78,18 @@ def fitted_or_predicted(df: pd.DataFrame) -> list[str]:
             notes.append(head + f"{sum(fitted)} of the {len(g)} runs here are fitted runs (same method, GPUs, "
                                 f"layers, hidden size, sequence, vocabulary and redis layers: fitted values); the other "
                                 f"{len(predicted)} are predictions, no measurement of them entered the fit: "
-                                f"{'; '.join(by_pp)}.")
+                                f"{'; '.join(by_gpus)}.")
     return notes
 
 
 def variant_effect(df: pd.DataFrame, name: str) -> tuple[list[Table], list[str]]:
     """Runs that differ only in a variant field: tokens/s of each relative to the cell's first variant."""
-    cells = [g for _, g in df.groupby(["group", "pp", "seq_len", "method", "vocab_size"], sort=False)
+    cells = [g for _, g in df.groupby(["group", "mesh_key", "seq_len", "method", "vocab_size"], sort=False)
              if g["variant"].nunique() > 1]
     if not cells:
         return [], []
-    columns = [("", "Hardware"), ("", "GPUs"), ("", "Seq"), ("", "Method"), ("", "Vocab"), ("", "Variant"),
-               ("", "Padded vocab"), ("tokens/s", "absolute"), ("tokens/s", "relative to first")]
+    columns = [("", "Hardware"), ("", "GPUs"), ("", MESH), ("", "Seq"), ("", "Method"), ("", "Vocab"),
+               ("", "Variant"), ("", "Padded vocab"), ("tokens/s", "absolute"), ("tokens/s", "relative to first")]
     rows, effects = [], []
     for g in cells:
         g = g.iloc[sorted(range(len(g)), key=lambda i: natural_key(g["variant"].iloc[i]))]
@@ -96,11 +97,11 @@ def variant_effect(df: pd.DataFrame, name: str) -> tuple[list[Table], list[str]]
         for i, run in enumerate(g.to_dict("records")):
             ok = ref["status"] == "ok" and run["status"] == "ok"
             ratio = run["tokens_per_s"] / ref["tokens_per_s"] if ok else None
-            rows.append([run["group"], str(run["pp"]), str(run["seq_len"]), run["method"], run["vocab"],
+            rows.append([run["group"], str(run["gpus"]), run["mesh"], str(run["seq_len"]), run["method"], run["vocab"],
                          run["variant"], str(run["record"]["config"].get("padded_vocab_size", MISSING)),
                          _cell(run, lambda r: r["tokens_per_s"], ".4g"), _num(ratio, ".3f")])
             if ratio is not None and i > 0:
-                effects.append(f"{run['method']} ({run['group']}, {run['pp']} GPUs): {run['variant']} gives "
+                effects.append(f"{run['method']} ({run['group']}, {run['gpus']} GPUs): {run['variant']} gives "
                                f"{(ratio - 1) * 100:+.1f} % tokens/s against {ref['variant']}")
     notes = ["Effect of the variants in these runs: " + "; ".join(effects) + "."] if effects else []
     said = published.statement(name)

@@ -44,28 +44,38 @@ def _cell(run: dict | None, value, fmt: str) -> str:
     return _num(value(run), fmt)
 
 
+MESH = "Mesh (dp x pp x tp)"
+
+
 def _runs_by_cell(g: pd.DataFrame) -> dict:
-    """(pp, seq_len, method, variant, vocab_size) -> run; an ok run wins over a failed one of the same cell."""
+    """(mesh_key, seq_len, method, variant, vocab_size) -> run; an ok run wins over a failed one of the same cell."""
     cells = {}
     for r in g.to_dict("records"):
-        key = (r["pp"], r["seq_len"], r["method"], r["variant"], r["vocab_size"])
+        key = (r["mesh_key"], r["seq_len"], r["method"], r["variant"], r["vocab_size"])
         if key not in cells or (cells[key]["status"] != "ok" and r["status"] == "ok"):
             cells[key] = r
     return cells
 
 
 def _row_keys(g: pd.DataFrame) -> list[tuple]:
-    """Every setup x every method of the group (a row of '–' shows a combination never run), with variants."""
-    setups = sorted(set(zip(g["pp"], g["seq_len"])))
+    """Every setup (mesh, sequence) x every method of the group (a row of '–' shows a combination never run),
+    with variants."""
+    setups = sorted(set(zip(g["mesh_key"], g["seq_len"])))
     methods = sorted(set(g["method"]), key=lambda m: (method_rank(m), m))
-    variants = {k: sorted(set(v), key=natural_key) for k, v in g.groupby(["pp", "seq_len", "method"])["variant"]}
-    return [(pp, seq, m, v) for pp, seq in setups for m in methods for v in variants.get((pp, seq, m), [""])]
+    variants = {k: sorted(set(v), key=natural_key)
+                for k, v in g.groupby(["mesh_key", "seq_len", "method"])["variant"]}
+    return [(mk, seq, m, v) for mk, seq in setups for m in methods for v in variants.get((mk, seq, m), [""])]
 
 
-def _keys_part(keys: list[tuple], ranks: str) -> tuple[list[tuple], list[list[str]]]:
+def _mesh_labels(g: pd.DataFrame) -> dict:
+    return dict(zip(g["mesh_key"], g["mesh"]))
+
+
+def _keys_part(keys: list[tuple], ranks: str, meshes: dict) -> tuple[list[tuple], list[list[str]]]:
+    """The key columns: GPUs (the world size, dp x pp x tp), the mesh, sequence, method (and variant)."""
     with_variant = any(k[3] for k in keys)
-    columns = [("", ranks), ("", "Seq"), ("", "Method")] + ([("", "Variant")] if with_variant else [])
-    return columns, [[str(pp), str(seq), m] + ([v] if with_variant else []) for pp, seq, m, v in keys]
+    columns = [("", ranks), ("", MESH), ("", "Seq"), ("", "Method")] + ([("", "Variant")] if with_variant else [])
+    return columns, [[str(mk[0]), meshes[mk], str(seq), m] + ([v] if with_variant else []) for mk, seq, m, v in keys]
 
 
 def _vocabs(g: pd.DataFrame) -> list[tuple[int, str]]:
@@ -79,7 +89,7 @@ def _frame(columns: list[tuple], rows: list[list[str]]) -> pd.DataFrame:
 def mfu_memory(g: pd.DataFrame, group: str) -> Table:
     cells, keys, vocabs = _runs_by_cell(g), _row_keys(g), _vocabs(g)
     scale, unit = memory_unit(g)
-    columns, rows = _keys_part(keys, ranks_label(g))
+    columns, rows = _keys_part(keys, ranks_label(g), _mesh_labels(g))
     for _, label in vocabs:
         columns += [(label, "MFU (%)"), (label, f"Mem ({unit})")]
     for key, row in zip(keys, rows):
@@ -88,9 +98,9 @@ def mfu_memory(g: pd.DataFrame, group: str) -> Table:
             row.append(_cell(run, lambda r: r["mfu"] * 100, ".2f"))
             row.append(_cell(run, lambda r: r["max_memory_bytes"] / scale, ".2f"))
     return Table(f"mfu_memory_{slug(group)}", f"MFU and peak memory, {group}",
-                 f"MFU in percent and peak memory in {unit} (the largest over ranks) per setup, method and "
-                 f"vocabulary; OOM, failed and timeout say how a run ended, – marks a run that does not exist.",
-                 _frame(columns, rows))
+                 f"MFU in percent and peak memory in {unit} (the largest over ranks) per setup (GPUs = world size "
+                 f"dp x pp x tp, the mesh, sequence), method and vocabulary; OOM, failed and timeout say how a run "
+                 f"ended, – marks a run that does not exist.", _frame(columns, rows), blocks=3)
 
 
 def speedup(g: pd.DataFrame, group: str, reference: str) -> Table | None:
@@ -99,19 +109,19 @@ def speedup(g: pd.DataFrame, group: str, reference: str) -> Table | None:
     if not ((g["method"] == reference) & (g["status"] == "ok") & g["tokens_per_s"].notna()).any():
         return None
     top = f"tokens/s relative to {reference}"
-    columns, rows = _keys_part(keys, ranks_label(g))
+    columns, rows = _keys_part(keys, ranks_label(g), _mesh_labels(g))
     columns += [(top, label) for _, label in vocabs]
-    for (pp, seq, method, variant), row in zip(keys, rows):
+    for (mk, seq, method, variant), row in zip(keys, rows):
         for size, _ in vocabs:
-            run = cells.get((pp, seq, method, variant, size))
-            ref = cells.get((pp, seq, reference, variant, size)) or cells.get((pp, seq, reference, "", size))
+            run = cells.get((mk, seq, method, variant, size))
+            ref = cells.get((mk, seq, reference, variant, size)) or cells.get((mk, seq, reference, "", size))
             if ref is None or ref["status"] != "ok" or pd.isna(ref["tokens_per_s"]):
                 row.append(MISSING if run is None or run["status"] == "ok" else STATUS_LABEL[run["status"]])
             else:
                 row.append(_cell(run, lambda r: r["tokens_per_s"] / ref["tokens_per_s"], ".3f"))
     return Table(f"speedup_vs_{reference}_{slug(group)}", f"Throughput relative to {reference}, {group}",
                  f"tokens/s of each method divided by that of {reference} for the same setup and vocabulary, "
-                 f"where {reference} ran ok; above 1 is faster.", _frame(columns, rows))
+                 f"where {reference} ran ok; above 1 is faster.", _frame(columns, rows), blocks=3)
 
 
 def real_vs_sim(df: pd.DataFrame) -> Table | None:
@@ -121,10 +131,10 @@ def real_vs_sim(df: pd.DataFrame) -> Table | None:
     if pairs.empty:
         return None
     pairs["hardware_sim"] = pairs["hardware_sim"].fillna(MISSING)
-    pairs = pairs.sort_values(["pp", "seq_len", "method_rank", "method", "vocab_size", "variant",
+    pairs = pairs.sort_values(["mesh_key", "seq_len", "method_rank", "method", "vocab_size", "variant",
                                "hardware_sim", "run_id"], kind="stable")
-    keys = [(r["pp"], r["seq_len"], r["method"], r["variant"]) for r in pairs.to_dict("records")]
-    columns, rows = _keys_part(keys, ranks_label(pairs))
+    keys = [(r["mesh_key"], r["seq_len"], r["method"], r["variant"]) for r in pairs.to_dict("records")]
+    columns, rows = _keys_part(keys, ranks_label(pairs), _mesh_labels(pairs))
     columns += [("", "Vocab"), ("", "Hardware")]
     for what in ("Iteration time (s)", "MFU (%)"):
         columns += [(what, "measured"), (what, "simulated"), (what, "measured / simulated")]
@@ -139,7 +149,7 @@ def real_vs_sim(df: pd.DataFrame) -> Table | None:
     return Table("real_vs_sim", "Measured against simulated",
                  "Runs with both a real and a sim record of the same config: iteration time and MFU as measured "
                  "and as simulated, and measured / simulated (1 means the cost model is exact).",
-                 _frame(columns, rows))
+                 _frame(columns, rows), blocks=3)
 
 
 def all_tables(df: pd.DataFrame) -> tuple[list[Table], list[str]]:
