@@ -30,17 +30,21 @@ def draw_replayed(record: dict, path: Path) -> Path:
     return Path(draw(sched, simulate(sched, costs), str(path), _title(record, what), unit="s"))
 
 
-def read_trace(path: Path, pp: int, iteration: int = 0) -> SimResult:
-    """The actions of one measured iteration of a trace, per rank, as (Action, start s, end s) on that rank's
-    clock (0 = its start of the first measured iteration); ValueError naming the file when it is not such a
-    trace."""
+def read_trace(path: Path, pipeline: list[int], iteration: int = 0) -> SimResult:
+    """The actions of one measured iteration of a trace on the global ranks of one pipeline (stage p at
+    pipeline[p]; a dp x pp x tp run's other ranks repeat its schedule), per stage, as (Action, start s, end s) on
+    that rank's clock (0 = its start of the first measured iteration); ValueError naming the file when it is not
+    such a trace."""
+    pp = len(pipeline)
+    stage = {rank: p for p, rank in enumerate(pipeline)}
     try:
         events = json.loads(Path(path).read_text())["traceEvents"]
         timeline = [[] for _ in range(pp)]
         for e in events:
-            if e.get("ph") == "X" and e.get("cat") == "action" and e["args"]["iteration"] == iteration:
-                rank = int(e["pid"])
-                timeline[rank].append((Action.parse(rank, e["name"]), e["ts"] / 1e6, (e["ts"] + e["dur"]) / 1e6))
+            if e.get("ph") == "X" and e.get("cat") == "action" and e["args"]["iteration"] == iteration \
+                    and int(e["pid"]) in stage:
+                p = stage[int(e["pid"])]
+                timeline[p].append((Action.parse(p, e["name"]), e["ts"] / 1e6, (e["ts"] + e["dur"]) / 1e6))
     except (OSError, ValueError, KeyError, TypeError, IndexError) as err:
         raise ValueError(f"{path}: not a trace of this run ({type(err).__name__}: {err})") from None
     if not all(timeline):
@@ -55,7 +59,7 @@ def draw_measured(record: dict, trace: Path, path: Path) -> Path:
 
     cfg = RunConfig.from_dict(record["config"])
     sched = build(cfg.method, cfg.pp, cfg.microbatches, cfg.n_chunks)
-    result = read_trace(trace, cfg.pp)
+    result = read_trace(trace, cfg.mesh.groups("pp")[0])  # the pipeline of replica 0, tensor offset 0
     return Path(draw(sched, result, str(path), _title(record, "measured, first measured iteration"), unit="s"))
 
 

@@ -331,7 +331,7 @@ def test_measured_timelines_come_from_the_traces_beside_the_records(tmp_path):
     ok = [r for r in fixture_records("real") if r["status"] == "ok"]
     for rec in ok:
         synthetic_trace(rec, folder / f"{rec['run_id']}.trace.json")
-    result = read_trace(folder / f"{ok[0]['run_id']}.trace.json", ok[0]["config"]["pp"])
+    result = read_trace(folder / f"{ok[0]['run_id']}.trace.json", list(range(ok[0]["config"]["pp"])))
     assert [t1 for _, _, t1 in result.timeline[0][:2]] == pytest.approx([1e-3, 2e-3])
     [readme] = build_reports(tmp_path / "results")
     out = readme.parent
@@ -341,4 +341,4 @@ def test_measured_timelines_come_from_the_traces_beside_the_records(tmp_path):
     assert "(timeline_real_vocab-2_measured.png)" in readme.read_text()
     (folder / f"{ok[0]['run_id']}.trace.json").write_text('{"traceEvents": 3}')
     with pytest.raises(ValueError, match="not a trace of this run"):
-        read_trace(folder / f"{ok[0]['run_id']}.trace.json", ok[0]["config"]["pp"])
+        read_trace(folder / f"{ok[0]['run_id']}.trace.json", list(range(ok[0]["config"]["pp"])))

@@ -14,11 +14,14 @@ from harness.report.findings import findings
 from harness.report.frame import STATUS_LABEL, records_frame, summary
 from harness.report.published import published_tables
 from harness.report.render import latex, markdown
+from harness.report.scaling import ASSUMPTIONS, scaling_tables
+from harness.report.scaling_figures import scaling_figures
 from harness.report.tables import Table, all_tables
 
 # what a rebuild writes; such files left from an earlier build (a backend no longer there) are removed
 GENERATED = re.compile(r"^(README\.md|tables\.md|runs\.csv|(mfu_memory|speedup_vs|real_vs_sim|published_vs_sim|"
-                       r"variant_effect|mfu_vs_vocab|memory_per_rank|bubble_per_rank|throughput_vs_gpus|timeline)"
+                       r"variant_effect|mfu_vs_vocab|memory_per_rank|bubble_per_rank|throughput_vs_gpus|timeline|"
+                       r"tp_mesh|weak_scaling|strong_scaling|paper_claims)"
                        r"\S*\.(tex|png|pdf))$")
 CSV_COLUMNS = ["run_id", "status", "backend", "hardware", "method", "gpus", "mesh", "dp", "pp", "tp", "tp_mode",
                "tp_depth", "seq_len", "vocab_size", "vocab", "model", "variant",
@@ -96,9 +99,9 @@ def _failure_md(run: dict) -> str:
 
 
 def readme(name: str, source: Path, df: pd.DataFrame, tables: list[Table], skipped: list[str],
-           figures: list[Figure], unreadable: list[str], notes: list[str] = ()) -> str:
+           figures: list[Figure], unreadable: list[str], notes: list[str] = (), claims: list[str] = ()) -> str:
     failures = [_failure_md(r) for r in df[df["status"] != "ok"].to_dict("records")]
-    lines = [f"# Report: {name}", "", findings(df), "", summary(df), ""]
+    lines = [f"# Report: {name}", "", findings(df, claims), "", summary(df), ""]
     if unreadable:
         lines += [f"**{len(unreadable)} record file(s) could not be read and are not in this report:**", "",
                   *[f"- {line}" for line in unreadable], ""]
@@ -108,6 +111,10 @@ def readme(name: str, source: Path, df: pd.DataFrame, tables: list[Table], skipp
     lines += [_table_md(t, "###") for t in tables]
     lines += [f"Not written: {s}" for s in skipped] + ([""] if skipped else [])
     lines += (["## Against published measurements", "", *[f"- {n}" for n in notes], ""] if notes else [])
+    if claims:
+        sim = (df["backend"] == "sim").any()
+        lines += ["## The 2.5-D paper's claims", "", *[f"- {n}" for n in claims],
+                  *([f"- {ASSUMPTIONS}"] if sim else []), ""]
     lines += ["## Figures", "", *[_figure_md(f) for f in figures], "", "## Runs that did not finish", ""]
     lines += failures or ["None: every run ended ok."]
     return "\n".join(lines) + "\n"
@@ -119,14 +126,15 @@ def build_experiment(name: str, records: list[dict], out: Path, source: Path, un
     df = records_frame(records)
     tables, skipped = all_tables(df)
     extra, notes = published_tables(df, name)
-    tables += extra
+    tp_tables, claims = scaling_tables(df)
+    tables += extra + tp_tables
     written = [_write(out / f"{t.name}.tex", latex(t)) for t in tables]
     written.append(_write(out / "tables.md", f"# Tables: {name}\n\n" + "\n".join(_table_md(t, "##") for t in tables)))
     written.append(_write(out / "runs.csv", df[CSV_COLUMNS].to_csv(index=False)))
-    figures = all_figures(df, out, source)
+    figures = all_figures(df, out, source) + scaling_figures(df, out)
     written += [p for f in figures for p in f.paths]
     written.append(_write(out / "README.md", readme(name, source, df, tables, skipped, figures, list(unreadable),
-                                                    notes)))
+                                                    notes, claims)))
     for path in out.iterdir():
         if path.is_file() and GENERATED.match(path.name) and path not in written:
             path.unlink()

@@ -24,7 +24,7 @@ def _idle(run: dict) -> tuple[int, float] | None:
 
 def group_findings(g: pd.DataFrame, group: str) -> list[str]:
     runs = ok_runs(g, "tokens_per_s")
-    if runs.empty:
+    if runs.empty or runs["method"].nunique() < 2:  # one method: nothing to compare methods by
         return []
     setup = runs.sort_values(["mesh_key", "seq_len"]).iloc[0]
     runs = runs[(runs["mesh_key"] == setup["mesh_key"]) & (runs["seq_len"] == setup["seq_len"])]
@@ -58,11 +58,16 @@ def group_findings(g: pd.DataFrame, group: str) -> list[str]:
     return out
 
 
-def findings(df: pd.DataFrame) -> str:
-    """The report's opening paragraph: the findings of the measured runs (else the first group), then NEXT."""
+def findings(df: pd.DataFrame, extra: list[str] = ()) -> str:
+    """The report's opening paragraph: the findings of the measured runs (else the first group), `extra` (the
+    tensor-parallel claims), then NEXT."""
     groups = list(df.groupby("group", sort=False))
     groups.sort(key=lambda kv: kv[0] != "real")
-    lines = next((found for name, g in groups if (found := group_findings(g, name))), [])
+    lines = next((found for name, g in groups if (found := group_findings(g, name))), []) + list(extra)
+    ok = df[df["status"] == "ok"]
+    if not lines and not ok.empty:
+        lines.append(f"Every run here uses {', '.join(sorted(set(ok['method'])))}; the tables compare the runs by "
+                     f"mesh (dp x pp x tp, whose product is the device count).")
     failed = int((df["status"] != "ok").sum())
     if failed:
         lines.append(f"{failed} run(s) did not finish; they are listed at the end.")
