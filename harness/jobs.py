@@ -11,7 +11,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from vp.checks import check_fault, check_memory, check_schedule_size, check_size, parse_fault
 from vp.config import RunConfig, check_config
-from vp.cost import PROFILES, Hardware, check_modelled
+from vp.cost import PROFILES, Hardware
 from vp.schedule.methods import get_method
 from vp.record import run_id
 
@@ -124,7 +124,6 @@ def check(job: Job, gpus_here: int) -> None:
         check_fault(job.run, job.fault)
     if cfg.backend == "sim":
         hardware_of(cfg)
-        check_modelled(job.run)
         return
     check_size(job.run, limits.tokens_per_microbatch, "raise limits.tokens_per_microbatch")
     world = job.run.world

@@ -6,7 +6,7 @@ vp.cost with the job's hardware profile, and the metrics from the same producer 
 """
 from functools import lru_cache
 
-from vp.cost import check_modelled, dp_allreduce_s, pass_costs, static_bytes, traffic
+from vp.cost import pass_costs, static_bytes, tail_s, traffic
 from vp.metrics import Metrics
 from vp.record import make_record, now
 from vp.schedule import build, simulate
@@ -19,12 +19,11 @@ def _schedule(method: str, pp: int, microbatches: int, chunks: int):
 
 def simulate_job(run, hw, experiment: str, labels: dict) -> dict:
     started = now()
-    check_modelled(run)
     sched = _schedule(run.method, run.pp, run.microbatches, run.n_chunks)
     result = simulate(sched, pass_costs(run, hw, sched))
     sent = [sum(channels.values()) for channels in traffic(run, sched)]
     metrics = Metrics.from_simulation(run, result, hw.peak_flops, static_bytes(run, hw, sched), sent,
-                                      hw.memory_bytes, dp_allreduce_s(run, hw, sched))
+                                      hw.memory_bytes, tail_s(run, hw, sched))
     peak = metrics.peak_memory_bytes
     over = [r for r, b in enumerate(peak) if b > hw.memory_bytes]
     status, error = "ok", None

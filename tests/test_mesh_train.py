@@ -7,6 +7,8 @@ from vp.config import RunConfig, check_config
 from vp.metrics import replica_sum
 from vp.reference import train_reference
 from vp.run import channels, train_rank
+from vp.cost import rank_params, traffic
+from vp.schedule import build
 from vp.schedule.methods import METHODS
 
 
@@ -30,32 +32,50 @@ def assert_reference_losses(results, cfg):
     torch.testing.assert_close(torch.tensor(replica_sum(results)), torch.tensor(ref), rtol=1e-5, atol=0)
 
 
+def assert_cost_model_counts(results, cfg):
+    """The cost model's bytes per channel (pipeline, vocabulary and tensor-parallel ones, from vp.tp.traffic's
+    closed form) and parameters per device are what each rank's Comm counted and its model holds."""
+    sched = build(cfg.method, cfg.pp, cfg.microbatches, cfg.n_chunks)
+    pipeline_rank = [cfg.mesh.coords(r.rank).p for r in results]
+    sent, params = traffic(cfg, sched), rank_params(cfg, sched)
+    assert [r.bytes_by_channel for r in results] == [sent[p] for p in pipeline_rank]
+    assert [r.parameters for r in results] == [params[p] for p in pipeline_rank]
+
+
 @pytest.mark.parametrize("method", list(METHODS))
 def test_every_method_on_pp2_x_tp2(pools, method):
     """Tensor-parallel (1-D) stages inside every schedule; the vocabulary-parallel methods split the vocabulary
     over the 4 pipeline x tensor ranks (shard p * tp + t)."""
     cfg = mesh_cfg(method, tp=2)
-    assert_reference_losses(pools(4).run(run_mesh, cfg), cfg)
+    results = pools(4).run(run_mesh, cfg)
+    assert_reference_losses(results, cfg)
+    assert_cost_model_counts(results, cfg)
 
 
 @pytest.mark.parametrize("method", list(METHODS))
 def test_every_method_on_dp2_x_pp2(pools, method):
     cfg = mesh_cfg(method, dp=2)
-    assert_reference_losses(pools(4).run(run_mesh, cfg), cfg)
+    results = pools(4).run(run_mesh, cfg)
+    assert_reference_losses(results, cfg)
+    assert_cost_model_counts(results, cfg)
 
 
 @pytest.mark.parametrize("method", ["baseline", "vocab-2"])
 def test_pp2_x_2d_grid(pools, method):
     """SUMMA stages on [2, 2, 1]: the micro-batch split over grid rows, the vocabulary over pp x grid columns."""
     cfg = mesh_cfg(method, tp=4, tp_mode="2d", micro_batch_size=2)
-    assert_reference_losses(pools(8).run(run_mesh, cfg), cfg)
+    results = pools(8).run(run_mesh, cfg)
+    assert_reference_losses(results, cfg)
+    assert_cost_model_counts(results, cfg)
 
 
 def test_pp2_x_25d_grid_with_vocabulary_parallelism(pools):
     """16 processes: 2.5-D [2, 2, 2] stages (the batch split over 4 token blocks, weights reduced over depth)
     in a vocab-2 pipeline, vocabulary shards over pipeline ranks x grid columns."""
     cfg = mesh_cfg("vocab-2", tp=8, tp_mode="2.5d", tp_depth=2, micro_batch_size=4, microbatches=2)
-    assert_reference_losses(pools(16).run(run_mesh, cfg), cfg)
+    results = pools(16).run(run_mesh, cfg)
+    assert_reference_losses(results, cfg)
+    assert_cost_model_counts(results, cfg)
 
 
 def test_vocabulary_shards_over_pp_x_tp_balance_memory(pools):

@@ -119,7 +119,8 @@ class Metrics:
     def from_simulation(cls, cfg, result, peak_flops: float, static_bytes: list, bytes_sent: list,
                         device_memory_bytes: float, tail_s: float = 0.0) -> "Metrics":
         """The run's metrics from a simulated iteration (vp.schedule.SimResult) with the cost model's figures;
-        tail_s: what follows the pipeline's flush on every rank (the data-parallel gradient all-reduce)."""
+        tail_s: what follows the pipeline's flush on every rank (the tensor-parallel grid's and the data-parallel
+        gradient all-reduces); the cost model's lists hold one device per pipeline rank."""
         t = result.makespan + tail_s
         sums: dict[tuple[str, int], list] = {}  # (kind, rank) -> [seconds, passes], in one walk over the timeline
         for r, timeline in enumerate(result.timeline):
@@ -132,8 +133,8 @@ class Metrics:
         kinds = [k for k in COMPUTE if any((k, r) in sums for r in ranks)]
         bubble = [1.0 - b / t for b in result.busy]
 
-        def per_rank(values: list) -> list:  # every replica's pipeline behaves alike: rank = replica * pp + p
-            return list(values) * cfg.dp
+        def per_rank(values: list) -> list:  # every replica's pipeline, and every device of a stage's tp group,
+            return [v for v in values for _ in range(cfg.tp)] * cfg.dp  # behaves alike: rank = (d pp + p) tp + t
 
         return cls(loss=None, iteration_time_s=t, iteration_times_s=[t],
                    pass_time_s={k: per_rank([sums[(k, r)][0] / sums[(k, r)][1] if (k, r) in sums else None
@@ -145,7 +146,7 @@ class Metrics:
                    bubble_fraction=per_rank(bubble), bubble_rate=statistics.fmean(bubble),
                    bytes_sent=per_rank(bytes_sent), device_memory_bytes=device_memory_bytes,
                    tail_s=per_rank([tail_s] * len(result.timeline)),
-                   **throughput(cfg, t, cfg.dp * len(result.timeline), peak_flops))
+                   **throughput(cfg, t, cfg.dp * len(result.timeline) * cfg.tp, peak_flops))
 
 
 def replica_sum(per_rank: list[RankMeasurement]) -> list | None:

@@ -2,14 +2,15 @@
 
   profiles  Hardware profiles (a100_80g, h100, h200) and their sources
   gemm      one GEMM's time from its shape (tiles, waves, alignment, roofline); elementwise work by bytes
+  tensor    one device's share of a stage under tensor parallelism; the tp collectives placed and timed
   passes    the work of each pass (F, B, W, S, T, IF, IB) as GEMM shapes and bytes, and its seconds
   network   NVLink inside a node, InfiniBand between nodes; ring/tree collectives and point-to-point messages
   traffic   what each communicating action sends (payloads) and each rank's bytes per channel (traffic)
-  memory    parameters, optimizer state and held activations per rank
+  memory    parameters, optimizer state and held activations per device
   costs     the simulator's Costs of a run, and the Costs a recorded run implies
 docs/cost-model.md describes the model, its parameters and the calibration against published measurements.
 """
-from vp.cost.costs import check_modelled, comm_times, dp_allreduce_s, pass_costs, probe_link, record_costs
+from vp.cost.costs import comm_times, dp_allreduce_s, pass_costs, probe_link, record_costs, tail_s
 from vp.cost.memory import layer_activation_bytes, layer_params, rank_params, static_bytes
 from vp.cost.network import fit_link
 from vp.cost.passes import pass_times, pass_work, work_seconds
@@ -19,6 +20,6 @@ from vp.schedule.actions import COMPUTE
 
 EFF_KINDS = COMPUTE  # the pass kinds a calibrated profile gives a speed multiplier
 
-__all__ = ["EFF_KINDS", "GiB", "PROFILES", "Hardware", "check_modelled", "comm_times", "dp_allreduce_s",
+__all__ = ["EFF_KINDS", "GiB", "PROFILES", "Hardware", "comm_times", "dp_allreduce_s",
            "fit_link", "layer_activation_bytes", "layer_params", "pass_costs", "pass_times", "pass_work", "payloads",
-           "probe_link", "rank_params", "record_costs", "static_bytes", "traffic", "work_seconds"]
+           "probe_link", "rank_params", "record_costs", "static_bytes", "tail_s", "traffic", "work_seconds"]

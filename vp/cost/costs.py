@@ -8,31 +8,33 @@ from vp.cost.memory import held_bytes, rank_params
 from vp.cost.network import ALL_REDUCE, OPS, Network, fit_link, groups
 from vp.cost.passes import pass_times
 from vp.cost.profiles import Hardware
+from vp.cost.tensor import Split, vocab_row_steps
+from vp.cost.tensor import seconds as tp_seconds
+from vp.cost.tensor import tail_s as tp_tail_s
 from vp.cost.traffic import payloads
 from vp.schedule import Costs, Schedule, build
 
 COLLECTIVE_KINDS = ("C0", "C1", "C2", "IF", "IB", "S", "T")
-
-
-def check_modelled(cfg: RunConfig) -> RunConfig:
-    """Refuse a run the cost model cannot time: it models data and pipeline parallelism, not a stage split over
-    a tensor-parallel group."""
-    if cfg.tp > 1:
-        raise ValueError(f"tp={cfg.tp}: the cost model times each stage on one device and does not model tensor "
-                         f"parallelism; use backend=sim with tp=1 (dp and pp are modelled), or backend=real")
-    return cfg
+ROOTED_KINDS = ("C0", "IF", "IB")  # along the pipeline axis (one tp offset); the rest over the vocabulary group
 
 
 def comm_times(cfg: RunConfig, hw: Hardware, sched: Schedule) -> dict:
-    """{kind: seconds} of each collective step (over the first replica's vocabulary group) and
-    {("P2P", src, dst): seconds} per pair of pipeline ranks that pass activations; "P2P" alone is the slowest
-    such pair. Message sizes come from payloads(), ranks sit on nodes as the mesh places them."""
+    """{kind: seconds} of each collective step and {("P2P", src, dst): seconds} per pair of pipeline ranks that
+    pass activations; "P2P" alone is the slowest such pair. Message sizes come from payloads(), ranks sit on
+    nodes as the mesh places them (vp.run.mesh_channels): C0, IF and IB along the first replica's pipeline (tp
+    offset 0), the others over its first vocabulary group (pipeline ranks x grid columns); with tp > 1 C0, IF
+    and IB include their root's step inside its stage's tp group (vp.cost.tensor.vocab_row_steps)."""
     net = Network.of(hw)
     sizes = payloads(cfg, sched)
-    vocab = groups(cfg.mesh, "vocab")[0]
-    out = {kind: sum(net.collective(OPS[op], vocab, nbytes) for op, nbytes in sizes[kind])
-           for kind in COLLECTIVE_KINDS}
     where = groups(cfg.mesh, "pp")[0]  # global rank of each pipeline rank
+    axis = {kind: where if kind in ROOTED_KINDS else groups(cfg.mesh, "vocab")[0] for kind in COLLECTIVE_KINDS}
+    out = {kind: sum(net.collective(OPS[op], axis[kind], nbytes) for op, nbytes in sizes[kind])
+           for kind in COLLECTIVE_KINDS}
+    if cfg.tp > 1 and sched.vocab_parallel:
+        for kind in ROOTED_KINDS:
+            root = {"C0": sched.last_rank}.get(kind, sched.first_rank)
+            steps = [c for c in vocab_row_steps(cfg, sched, root, Split.of(cfg)) if c.pass_kind == kind]
+            out[kind] += tp_seconds(cfg, net, steps, root, cfg.microbatches)
     (send,) = sizes["SF"]
     for st in range(sched.n_stages - 1):
         a, b = sched.where(st)[0], sched.where(st + 1)[0]
@@ -42,21 +44,31 @@ def comm_times(cfg: RunConfig, hw: Hardware, sched: Schedule) -> dict:
     return out
 
 
+def tail_s(cfg: RunConfig, hw: Hardware, sched: Schedule) -> float:
+    """Seconds after the pipeline's flush on the slowest device: its tensor-parallel group's once-per-iteration
+    all-reduces (grid: depth and token-block replicas' gradients, the loss), then the data-parallel one."""
+    net = Network.of(hw)
+    dp = dp_allreduce_per_rank(cfg, hw, sched)
+    return max(tp_tail_s(cfg, net, sched, p) + dp[p] for p in range(cfg.pp))
+
+
 def dp_allreduce_s(cfg: RunConfig, hw: Hardware, sched: Schedule) -> float:
-    """Seconds of the data-parallel gradient all-reduce after the pipeline's flush (the slowest rank's): one flat
-    fp32 buffer of each pipeline rank's parameters over its replicas' group."""
+    """Seconds of the data-parallel gradient all-reduce after the pipeline's flush (the slowest rank's)."""
+    return max(dp_allreduce_per_rank(cfg, hw, sched))
+
+
+def dp_allreduce_per_rank(cfg: RunConfig, hw: Hardware, sched: Schedule) -> list[float]:
+    """Per pipeline rank: one flat fp32 buffer of a device's parameters over its replicas' group."""
     if cfg.dp < 2:
-        return 0.0
+        return [0.0] * cfg.pp
     net = Network.of(hw)
     dp_groups = {g[0]: g for g in groups(cfg.mesh, "dp")}  # first member = the rank in replica 0
     where = groups(cfg.mesh, "pp")[0]
-    return max(net.collective(ALL_REDUCE, dp_groups[where[p]], 4.0 * n)
-               for p, n in enumerate(rank_params(cfg, sched)))
+    return [net.collective(ALL_REDUCE, dp_groups[where[p]], 4.0 * n) for p, n in enumerate(rank_params(cfg, sched))]
 
 
 def pass_costs(cfg: RunConfig, hw: Hardware, sched: Schedule) -> Costs:
-    """Seconds per action and bytes held per microbatch, for the simulator (times only for tp=1: check_modelled;
-    the memory of a tensor-parallel run is still its estimate)."""
+    """Seconds per action and bytes held per microbatch on one device of each stage, for the simulator."""
     return Costs(pass_times(cfg, hw, sched), comm_times(cfg, hw, sched), held_bytes(cfg, hw, sched))
 
 

@@ -1,7 +1,16 @@
-"""Memory per rank: parameters, gradients and optimizer state (bytes_per_param per parameter, plus a fixed
-overhead), and the activations a pass holds until the pass that frees it."""
+"""Memory per device: parameters, gradients and optimizer state (bytes_per_param per parameter, plus a fixed
+overhead), and the activations a pass holds until the pass that frees it, on one device of a stage's
+tensor-parallel group (vp.cost.tensor.Split; tp = 1: the whole stage). Lists are per pipeline rank: every device
+of a stage's group holds the same amount.
+
+Sharding per mode: 1-D splits the column-parallel weights and biases (qkv, fc1) and the row-parallel weights
+(proj, fc2) t ways and replicates the row-parallel biases and the LayerNorms (and the position embedding);
+a grid holds q x q weight blocks and 1/q of every vector (biases, LayerNorms, position embedding), replicated
+over rows and depth. Vocabulary rows: 1/columns of each matrix in the tensor-parallel group, 1/(pp columns)
+as vocabulary-parallel shards."""
 from vp.config import RunConfig
 from vp.cost.profiles import Hardware
+from vp.cost.tensor import Split
 from vp.schedule import Schedule
 
 
@@ -10,22 +19,34 @@ def layer_params(cfg: RunConfig) -> int:
     return 4 * h * h + 2 * h * f + 9 * h + f  # qkv, out, fc1, fc2 (with biases) and two LayerNorms
 
 
+def device_layer_params(cfg: RunConfig, split: Split) -> int:
+    """One device's parameters of a layer (tp = 1: layer_params)."""
+    h, f = cfg.hidden, cfg.ffn
+    if split.mode.grid:
+        return (4 * h * h + 2 * h * f) // split.q**2 + (9 * h + f) // split.q
+    return (4 * h * h + 2 * h * f + 3 * h + f) // split.tp + 6 * h  # proj and fc2 biases, two LayerNorms whole
+
+
 def layer_activation_bytes(cfg: RunConfig, hw: Hardware) -> float:
-    """Saved activations of one layer for one microbatch: 34 s b h bytes at 2 bytes/element (Korthikanti
-    et al., no recomputation, with flash attention so no s^2 term), scaled to the profile's element size."""
-    return 34 * cfg.seq_len * cfg.micro_batch_size * cfg.hidden * hw.act_bytes / 2
+    """Saved activations of one layer for one microbatch on one device: 34 s b h bytes at 2 bytes/element
+    (Korthikanti et al. 2022, no recomputation, with flash attention so no s^2 term), scaled to the profile's
+    element size; with tensor parallelism the device's share (grid 1/tp, 1-D (10 + 24/t)/34: Split)."""
+    share = Split.of(cfg).activation_share()
+    return 34 * cfg.seq_len * cfg.micro_batch_size * cfg.hidden * hw.act_bytes / 2 * share
 
 
 def rank_params(cfg: RunConfig, sched: Schedule) -> list[int]:
-    """Parameters held by each rank: its layers, its vocabulary shard(s) or whole vocabulary layers."""
-    v, h = cfg.padded_vocab_size, cfg.hidden
-    per_stage = [n * layer_params(cfg) for n in cfg.stage_layers]
-    per_stage[0] += cfg.seq_len * h
-    per_stage[-1] += 2 * h
+    """Parameters held by one device of each pipeline rank: its layers, its vocabulary shard(s) or its part of
+    the vocabulary layers."""
+    v, h, split = cfg.padded_vocab_size, cfg.hidden, Split.of(cfg)
+    vector = h // split.q if split.mode.grid else h  # the hidden columns of a vector parameter on one device
+    per_stage = [n * device_layer_params(cfg, split) for n in cfg.stage_layers]
+    per_stage[0] += cfg.seq_len * vector
+    per_stage[-1] += 2 * vector
     if not sched.vocab_parallel:
-        per_stage[0] += v * h
-        per_stage[-1] += v * h
-    out = [2 * (v // cfg.pp) * h if sched.vocab_parallel else 0 for _ in range(cfg.pp)]
+        per_stage[0] += split.vocab_rows(v) * h
+        per_stage[-1] += split.vocab_rows(v) * h
+    out = [2 * split.vocab_rows(v, cfg.pp) * h if sched.vocab_parallel else 0 for _ in range(cfg.pp)]
     for st, n in enumerate(per_stage):
         out[sched.where(st)[0]] += n
     return out
@@ -37,14 +58,16 @@ def static_bytes(cfg: RunConfig, hw: Hardware, sched: Schedule) -> list[float]:
 
 
 def held_bytes(cfg: RunConfig, hw: Hardware, sched: Schedule) -> dict:
-    """What F of each stage (and S) holds per microbatch until its B or W (or T) frees it."""
-    n, h, v = cfg.micro_batch_size * cfg.seq_len, cfg.hidden, cfg.padded_vocab_size
+    """What F of each stage (and S) holds per microbatch until its B or W (or T) frees it, on one device: the
+    output layer's fp32 softmax of its rows for its token block, and that block's whole-hidden input."""
+    split = Split.of(cfg)
+    n, h, v = cfg.micro_batch_size * cfg.seq_len // split.blocks, cfg.hidden, cfg.padded_vocab_size
     memory = {}
     for st, layers in enumerate(cfg.stage_layers):
         held = layers * layer_activation_bytes(cfg, hw)
         if not sched.vocab_parallel and st == sched.n_stages - 1:
-            held += n * v * 4 + n * h * hw.act_bytes  # fp32 softmax of the whole vocabulary and the layer input
+            held += n * split.vocab_rows(v) * 4 + n * h * hw.act_bytes  # fp32 softmax of its rows, the input
         memory[("F", st)] = held
     if sched.vocab_parallel:
-        memory[("S", None)] = n * (v // cfg.pp) * 4 + n * h * hw.act_bytes
+        memory[("S", None)] = n * split.vocab_rows(v, cfg.pp) * 4 + n * h * hw.act_bytes
     return memory

@@ -6,7 +6,7 @@ latency per ring step (the inter-node steps at the network's latency), and the b
 wire over the slowest link the group crosses (InfiniBand as soon as it spans two nodes); the payload is the
 tensor each rank hands to the collective (vp.cost.traffic.payloads):
   ring all-reduce  2(n-1) steps, 2(n-1)/n of the payload;  all-gather (n-1) steps, (n-1) payloads;
-  broadcast/reduce (n-1) pipelined steps, the payload once;
+  broadcast/reduce (n-1) pipelined steps, the payload once;  reduce-scatter (n-1) steps, (n-1)/n of its input;
   tree all-reduce  2((n/nodes - 1) intra + log2(nodes) inter) steps, twice the payload; the faster of ring and
                    tree is taken, as NCCL does.
 A point-to-point message takes one step's latency plus bytes over its link.
@@ -34,7 +34,8 @@ ALL_REDUCE = Op("all_reduce", lambda n: 2 * (n - 1), lambda n: 2 * (n - 1) / n, 
 ALL_GATHER = Op("all_gather", lambda n: n - 1, lambda n: n - 1.0, False)
 BROADCAST = Op("broadcast", lambda n: n - 1, lambda n: 1.0, False)
 REDUCE = Op("reduce", lambda n: n - 1, lambda n: 1.0, False)
-OPS = {op.name: op for op in (ALL_REDUCE, ALL_GATHER, BROADCAST, REDUCE)}  # by the names payloads() uses
+REDUCE_SCATTER = Op("reduce_scatter", lambda n: n - 1, lambda n: (n - 1) / n, False)  # payload: the whole input
+OPS = {op.name: op for op in (ALL_REDUCE, ALL_GATHER, BROADCAST, REDUCE, REDUCE_SCATTER)}  # by the names payloads() uses
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,9 @@ from dataclasses import dataclass, field
 
 from vp.config import RunConfig
 from vp.cost.gemm import Gemm, elementwise_time, gemm_time
+from vp.cost.network import Network
 from vp.cost.profiles import Hardware
+from vp.cost.tensor import ONE_DEVICE, Split, pass_comm_s
 from vp.schedule import Schedule
 
 
@@ -44,17 +46,24 @@ OUTPUT_GEMMS = ("logits", "grad_input", "grad_weight")  # in the order a vocabul
 
 @dataclass(frozen=True)
 class Shapes:
+    """A micro-batch's work on one device of a stage's tensor-parallel group (vp.cost.tensor.Split)."""
     tokens: int
     seq: int
     micro_batch: int
     hidden: int
     ffn: int
     act: int  # bytes per activation element
+    split: Split = ONE_DEVICE
 
     @classmethod
     def of(cls, cfg: RunConfig, hw: Hardware) -> "Shapes":
         return cls(cfg.micro_batch_size * cfg.seq_len, cfg.seq_len, cfg.micro_batch_size, cfg.hidden, cfg.ffn,
-                   hw.act_bytes)
+                   hw.act_bytes, Split.of(cfg))
+
+    @property
+    def block_tokens(self) -> int:
+        """Tokens of the device's token block (a grid splits the micro-batch's sequences d q ways)."""
+        return self.tokens // self.split.blocks
 
     def linears(self) -> list[tuple[int, int]]:
         """(in, out) of qkv, proj, fc1, fc2."""
@@ -66,21 +75,16 @@ class Shapes:
         return gemms * 2.0 * self.micro_batch * self.seq * self.seq * self.hidden / 2
 
     def layer(self, kind: str) -> Work:
-        n, h, f, a = self.tokens, self.hidden, self.ffn, self.act
-        if kind == "F":
-            return Work(tuple(Gemm(n, o, i, in_bytes=a, out_bytes=a) for i, o in self.linears()),
-                        self.attention(2), (18 + 2 * f / h) * n * h * a)
-        if kind == "B":
-            return Work(tuple(Gemm(n, i, o, in_bytes=a, out_bytes=a) for i, o in self.linears()),
-                        self.attention(5), (20 + 3 * f / h) * n * h * a)
-        assert kind == "W", kind
-        return Work(tuple(Gemm(i, o, n, in_bytes=a, out_bytes=4, accumulate=True) for i, o in self.linears()),
-                    0.0, (9 + f / h) * n * h * a)
+        """One device's share of a layer's pass: its GEMMs, attention and elementwise bytes (vp.cost.tensor)."""
+        n, h, f, a, sp = self.tokens, self.hidden, self.ffn, self.act, self.split
+        attention, elementwise = {"F": (2, 18 + 2 * f / h), "B": (5, 20 + 3 * f / h), "W": (0, 9 + f / h)}[kind]
+        return Work(sp.linear_gemms(kind, n, self.linears(), a), self.attention(attention) * sp.layer_share(),
+                    elementwise * n * h * a * sp.activation_share())
 
     def output(self, rows: int, names: tuple[str, ...], forward: bool) -> Work:
         """The named output-layer GEMMs on a shard of `rows` vocabulary rows, with the forward (S) or backward
-        (T) part of the cross entropy."""
-        n, h, a = self.tokens, self.hidden, self.act
+        (T) part of the cross entropy, on the device's token block (the whole hidden: a grid gathers it)."""
+        n, h, a = self.block_tokens, self.hidden, self.act
         gemm = {"logits": Gemm(n, rows, h, in_bytes=a, out_bytes=a),
                 "grad_input": Gemm(n, h, rows, in_bytes=a, out_bytes=4),
                 "grad_weight": Gemm(rows, h, n, in_bytes=a, out_bytes=4, accumulate=True)}
@@ -88,7 +92,7 @@ class Shapes:
         return Work(tuple(gemm[x] for x in names), 0.0, per_logit * n * rows)
 
     def input(self, forward: bool) -> Work:
-        return Work((), 0.0, (12 if forward else self.act + 8) * self.tokens * self.hidden)
+        return Work((), 0.0, (12 if forward else self.act + 8) * self.block_tokens * self.hidden)
 
 
 def pass_work(cfg: RunConfig, hw: Hardware, sched: Schedule) -> dict:
@@ -96,7 +100,7 @@ def pass_work(cfg: RunConfig, hw: Hardware, sched: Schedule) -> dict:
     eff_kind says whose calibrated multiplier applies: the whole output layer in a last stage counts as S
     (its forward part) and T (backward), the whole input layer in a first stage as IF and IB."""
     sh = Shapes.of(cfg, hw)
-    v, last = cfg.padded_vocab_size, sched.n_stages - 1
+    v, last = sh.split.vocab_rows(cfg.padded_vocab_size), sched.n_stages - 1  # the output rows of one device
     out = {}
     for st, layers in enumerate(cfg.stage_layers):
         for kind in ("F", "B", "W"):
@@ -109,7 +113,7 @@ def pass_work(cfg: RunConfig, hw: Hardware, sched: Schedule) -> dict:
             if not sched.vocab_parallel and st == last:
                 backward = OUTPUT_GEMMS[1:2] if sched.split_w else OUTPUT_GEMMS[1:]
                 head = {"F": ("S", sh.output(v, OUTPUT_GEMMS[:1], True)), "B": ("T", sh.output(v, backward, False)),
-                        "W": ("T", Work((Gemm(v, cfg.hidden, sh.tokens, in_bytes=sh.act, out_bytes=4,
+                        "W": ("T", Work((Gemm(v, cfg.hidden, sh.block_tokens, in_bytes=sh.act, out_bytes=4,
                                               accumulate=True),)))}[kind]
                 parts[head[0]] = head[1]
             if not sched.vocab_parallel and st == 0 and kind != "W":
@@ -118,7 +122,7 @@ def pass_work(cfg: RunConfig, hw: Hardware, sched: Schedule) -> dict:
     if sched.vocab_parallel:
         s_gemms, t_gemms = sched.vocab.s_gemms, sched.vocab.t_gemms
         assert s_gemms + t_gemms == len(OUTPUT_GEMMS), sched.vocab
-        rows = v // cfg.pp
+        rows = sh.split.vocab_rows(cfg.padded_vocab_size, cfg.pp)
         out.update({("S", None): {"S": sh.output(rows, OUTPUT_GEMMS[:s_gemms], True)},
                     ("T", None): {"T": sh.output(rows, OUTPUT_GEMMS[s_gemms:], False)},
                     ("IF", None): {"IF": sh.input(True)}, ("IB", None): {"IB": sh.input(False)}})
@@ -149,8 +153,15 @@ def work_seconds(hw: Hardware, parts: dict) -> Seconds:
 
 
 def pass_times(cfg: RunConfig, hw: Hardware, sched: Schedule) -> dict:
-    """Seconds of every pass: {(kind, stage or None): seconds}."""
+    """Seconds of every pass: {(kind, stage or None): seconds}, a stage's blocking tensor-parallel collectives
+    included (vp.cost.tensor.pass_comm_s)."""
     out = {}
     for key, parts in pass_work(cfg, hw, sched).items():
         out[key] = work_seconds(hw, parts).total(hw) if parts else 0.0
+    if cfg.tp > 1:
+        net = Network.of(hw)
+        for st in range(sched.n_stages):
+            for kind, s in pass_comm_s(cfg, net, sched, st).items():
+                if s:
+                    out[(kind, st)] += s
     return out

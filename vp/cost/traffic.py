@@ -1,7 +1,10 @@
 """What each communicating action sends (payloads: the one source of message sizes, pinned to the runtime's
-Comm counts by tests/test_runtime.py) and the bytes each rank sends per iteration on each channel."""
+Comm counts by tests/test_runtime.py and tests/test_mesh_train.py) and the bytes each device sends per
+iteration on each channel, the tensor-parallel ones (vp.cost.tensor, from vp.tp.traffic) included."""
 from vp.config import RunConfig
 from vp.cost.memory import rank_params
+from vp.cost.tensor import Split, rank_tp_collectives
+from vp.tp.traffic import by_channel
 from vp.schedule import Schedule
 from vp.schedule.rules import enters, p2p_peer, root_of
 
@@ -14,20 +17,23 @@ def payloads(cfg: RunConfig, sched: Schedule) -> dict[str, list[tuple[str, float
     ([n, h+1]); C1 the shard statistics [3, n] fp32 (all-gather) and, where S precomputed it (Algorithm 2), grad X
     [n, h] fp32 (all-reduce); C2 grad X; IF the partial embeddings of the fp32 shards; IB the first stage's
     embedding gradient in the compute dtype; the naive algorithm's S the max [n] and (sum, target) [2, n], its
-    T grad X."""
-    n, h = cfg.micro_batch_size * cfg.seq_len, cfg.hidden
-    act = n * h * (4 if cfg.dtype == "fp32" else 2)
+    T grad X. With tensor parallelism each device sends its own part: n is its token block's tokens (a grid
+    splits the micro-batch d q ways), and a stage's activation holds its hidden columns (grid: h/q)."""
+    split = Split.of(cfg)
+    n, h = cfg.micro_batch_size * cfg.seq_len // split.blocks, cfg.hidden
+    item = 4 if cfg.dtype == "fp32" else 2
+    act, whole = n * split.hidden_share(h) * item, n * h * item  # a stage's activation; IB's whole hidden
     grad32 = 4 * n * h
     return {"SF": [("send", act)], "SB": [("send", act)], "C0": [("broadcast", 4 * n * (h + 1))],
             "C1": [("all_gather", 12 * n)] + ([("all_reduce", grad32)] if sched.vocab.grad_x_in_s else []),
-            "C2": [("all_reduce", grad32)], "IF": [("reduce", grad32)], "IB": [("broadcast", act)],
+            "C2": [("all_reduce", grad32)], "IF": [("reduce", grad32)], "IB": [("broadcast", whole)],
             "S": [("all_reduce", 4 * n), ("all_reduce", 8 * n)] if sched.vocab.synchronous else [],
             "T": [("all_reduce", grad32)] if sched.vocab.synchronous else []}
 
 
 def traffic(cfg: RunConfig, sched: Schedule) -> list[dict[str, float]]:
-    """Bytes each rank sends per iteration on each channel, counted as the runtime's Comm counts them: a send
-    or a collective's tensor on every member, a broadcast on its root only."""
+    """Bytes one device of each pipeline rank sends per iteration on each channel, counted as the runtime's Comm
+    counts them: a send or a collective's tensor on every member, a broadcast on its root only."""
     sizes = payloads(cfg, sched)
     out = []
     for r, acts in enumerate(sched.ranks):
@@ -43,6 +49,8 @@ def traffic(cfg: RunConfig, sched: Schedule) -> list[dict[str, float]]:
             for op, nbytes in sizes[a.kind]:
                 if op != "broadcast" or root_of(sched, channel) == r:
                     sent[channel] = sent.get(channel, 0.0) + nbytes
+        for channel, nbytes in by_channel(rank_tp_collectives(cfg, sched, r)).items():
+            sent[channel] = sent.get(channel, 0.0) + nbytes
         if cfg.dp > 1:  # the gradient all-reduce over the replicas, one flat fp32 buffer
             sent["dp"] = 4.0 * rank_params(cfg, sched)[r]
         out.append(dict(sorted(sent.items())))

@@ -17,13 +17,16 @@ Per transformer layer (n = micro-batch tokens, m = n/(dq) tokens per grid device
         per iteration the DEP all-reduce of the 4 W-blocks and the batch all-reduce of the biases and LayerNorm
         vectors, (9h + ffn)/q elements
 Outside the layers (stage_collectives): the vocabulary layers, the final LayerNorm, the position embedding's and
-vocabulary shards' gradients, and the iteration loss summed over token blocks.
+vocabulary shards' gradients, and the iteration loss summed over token blocks, placed on a pipeline's first and
+last stages. Each collective names the pass that issues it (the cost model times it inside that pass, blocking)
+or the iteration (once, after the flush).
 """
 from dataclasses import dataclass
 
 from vp.tp.modes import TensorMode
 
 OPS = ("all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter")
+ITERATION = "iteration"  # a collective issued once per iteration, after the pipeline's flush
 
 
 @dataclass(frozen=True)
@@ -34,6 +37,7 @@ class Collective:
     elements: float  # what one call hands to Comm (all_gather: this device's part; reduce_scatter: the whole input)
     calls: float  # calls per device per iteration
     itemsize: int = 4
+    pass_kind: str = ITERATION  # the pass that issues it (F, B, W), or ITERATION: once, after the flush
 
     def counted_bytes(self) -> float:
         """Bytes vp.comm.Comm counts on one device, per iteration."""
@@ -87,42 +91,56 @@ def _keep(cols: list[Collective]) -> list[Collective]:
 
 
 def layer_collectives(s: Shape) -> list[Collective]:
-    """One transformer layer, per device and iteration."""
-    mb, h, n = s.microbatches, s.hidden, s.tokens
+    """One transformer layer, per device and iteration, each collective tagged with the pass that issues it
+    (W: the weight-gradient half of the backward, which runs inside B when a schedule does not split it)."""
+    mb, h, n, size = s.microbatches, s.hidden, s.tokens, s.itemsize
     if not s.mode.grid:
-        return _keep([Collective("tp", "all_reduce", s.tp, n * h, 4 * mb, s.itemsize)])
+        return _keep([Collective("tp", "all_reduce", s.tp, n * h, 2 * mb, size, "F"),  # after proj, fc2
+                      Collective("tp", "all_reduce", s.tp, n * h, 2 * mb, size, "B")])  # before qkv, fc1
     q, d = s.q, s.depth
     cols = []
     for k_in, n_out in s.linears():
         x_block, w_block = n * k_in / q, k_in * n_out / q**2
-        cols += [Collective("row", "broadcast", q, x_block, 2 * q * mb, s.itemsize),  # ab, atb
-                 Collective("col", "broadcast", q, w_block, 2 * q * mb, s.itemsize),  # ab, abt
-                 Collective("row", "reduce", q, x_block, q * mb, s.itemsize),  # abt
-                 Collective("col", "reduce", q, w_block, q * mb, s.itemsize)]  # atb
-    cols.append(Collective("row", "all_reduce", q, 2 * n, 2 * 2 * mb, s.itemsize))  # 2 LayerNorms, fwd + bwd
+        cols += [Collective("row", "broadcast", q, x_block, q * mb, size, "F"),  # ab: Y = X W
+                 Collective("col", "broadcast", q, w_block, q * mb, size, "F"),
+                 Collective("col", "broadcast", q, w_block, q * mb, size, "B"),  # abt: grad X = grad Y W^T
+                 Collective("row", "reduce", q, x_block, q * mb, size, "B"),
+                 Collective("row", "broadcast", q, x_block, q * mb, size, "W"),  # atb: grad W = X^T grad Y
+                 Collective("col", "reduce", q, w_block, q * mb, size, "W")]
+    cols += [Collective("row", "all_reduce", q, 2 * n, 2 * mb, size, "F"),  # 2 LayerNorms: sums of x and x^2
+             Collective("row", "all_reduce", q, 2 * n, 2 * mb, size, "B")]
     weights = sum(k_in * n_out for k_in, n_out in s.linears()) / q**2
-    cols.append(Collective("dep", "all_reduce", d, weights, 1, s.itemsize))
-    cols.append(Collective("batch", "all_reduce", q * d, (9 * h + s.ffn) / q, 1, s.itemsize))
+    cols.append(Collective("dep", "all_reduce", d, weights, 1, size))
+    cols.append(Collective("batch", "all_reduce", q * d, (9 * h + s.ffn) / q, 1, size))
     return _keep(cols)
 
 
-def stage_collectives(s: Shape) -> list[Collective]:
-    """Everything but the transformer layers of a one-stage model: input embedding, final LayerNorm, output layer
-    and loss, the gradients of the position embedding and vocabulary shards, the iteration loss."""
-    mb, h, n, v = s.microbatches, s.hidden, s.tokens, s.padded_vocab_size
+def stage_collectives(s: Shape, first: bool = True, last: bool = True, vocab_layers: bool = True,
+                      loss: bool = True) -> list[Collective]:
+    """Everything but the transformer layers, per device and iteration: on the first stage the input embedding
+    (vocab_layers) and the position embedding's gradient, on the last the final LayerNorm and the output layer
+    with its loss (vocab_layers), and where the iteration's loss is known (loss) its sum over token blocks.
+    The defaults: a one-stage model that holds its vocabulary layers."""
+    mb, h, n, v, size = s.microbatches, s.hidden, s.tokens, s.padded_vocab_size, s.itemsize
+    embed, output = first and vocab_layers, last and vocab_layers
     if not s.mode.grid:
-        return _keep([Collective("row", "all_reduce", s.tp, n * h, 2 * mb, s.itemsize),  # embedding fwd, grad X
-                      Collective("row", "all_reduce", s.tp, n, mb, s.itemsize),  # max of the logits
-                      Collective("row", "all_reduce", s.tp, 2 * n, mb, s.itemsize)])  # sum exp, target logit
+        return _keep([Collective("row", "all_reduce", s.tp, n * h, mb * embed, size, "F"),  # embedding
+                      Collective("row", "all_reduce", s.tp, n * h, mb * output, size, "B"),  # output grad X
+                      Collective("row", "all_reduce", s.tp, n, mb * output, size, "F"),  # max of the logits
+                      Collective("row", "all_reduce", s.tp, 2 * n, mb * output, size, "F")])  # sum exp, target
     q, d = s.q, s.depth
     return _keep([
-        Collective("row", "reduce_scatter", q, n * h, 2 * mb, s.itemsize),  # embedding fwd, output layer grad X
-        Collective("row", "all_gather", q, n * h / q, 2 * mb, s.itemsize),  # embedding grad, output layer X
-        Collective("row", "all_reduce", q, n, mb, s.itemsize),  # max of the logits
-        Collective("row", "all_reduce", q, 2 * n, mb, s.itemsize),  # sum exp, target logit
-        Collective("row", "all_reduce", q, 2 * n, 2 * mb, s.itemsize),  # final LayerNorm fwd + bwd
-        Collective("batch", "all_reduce", q * d, (2 * v * h / q) + (s.seq_len * h + 2 * h) / q, 1, s.itemsize),
-        Collective("batch", "all_reduce", q * d, 1, 1, 8),  # the iteration loss (fp64)
+        Collective("row", "reduce_scatter", q, n * h, mb * embed, size, "F"),  # embedding fwd
+        Collective("row", "all_gather", q, n * h / q, mb * embed, size, "B"),  # embedding grad
+        Collective("row", "all_gather", q, n * h / q, mb * output, size, "F"),  # output layer X
+        Collective("row", "reduce_scatter", q, n * h, mb * output, size, "B"),  # output layer grad X
+        Collective("row", "all_reduce", q, n, mb * output, size, "F"),  # max of the logits
+        Collective("row", "all_reduce", q, 2 * n, mb * output, size, "F"),  # sum exp, target logit
+        Collective("row", "all_reduce", q, 2 * n, mb * last, size, "F"),  # final LayerNorm fwd
+        Collective("row", "all_reduce", q, 2 * n, mb * last, size, "B"),  # final LayerNorm bwd
+        Collective("batch", "all_reduce", q * d, (embed + output) * v * h / q + first * s.seq_len * h / q
+                   + last * 2 * h / q, 1, size),  # vocabulary rows, position embedding, final LayerNorm
+        Collective("batch", "all_reduce", q * d, 1, int(loss), 8),  # the iteration loss (fp64)
     ])
 
 

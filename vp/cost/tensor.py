@@ -1,0 +1,172 @@
+"""Tensor parallelism in the cost model: one device's share of a stage's work under each mode (vp.tp.modes), and
+what the tensor-parallel layers send, from vp.tp.traffic's closed form (the one source, which `vp.bench tp`
+checks against measured counts), placed on the mesh's groups and timed on the two-level network.
+
+Compute, per device of a stage's tp group (tp = 1 is 1-D with t = 1: the whole stage):
+  1-D   Megatron: qkv and fc1 column-parallel (N/t), proj and fc2 row-parallel (K/t), every device on all n
+        tokens; attention on heads/t; elementwise work as the activations split (Korthikanti et al. 2022,
+        without sequence parallelism: 24 s b h of 34 divide by t, the 10 s b h of LayerNorms, residuals and
+        dropout masks do not)
+  grid  SUMMA on [q, q, d]: per linear q steps of one GEMM on m = n/(dq) tokens x K/q x N/q blocks
+        (F: m x N/q x K/q; B: m x K/q x N/q; W: K/q x N/q x m); attention on heads/q of n/(dq) tokens;
+        elementwise work on the device's 1/tp share
+Communication: layer_collectives and stage_collectives of vp.tp.traffic, each tagged with the pass that issues
+it; the runtime issues them blocking inside the pass, so a pass takes its compute plus their seconds, serial.
+Collectives issued once per iteration (the depth and batch all-reduces) run after the flush, like dp's.
+"""
+from dataclasses import dataclass, replace
+
+from vp.config import RunConfig
+from vp.cost.gemm import Gemm
+from vp.cost.network import OPS, Network, groups
+from vp.schedule import Schedule
+from vp.tp.modes import TensorMode, get_mode
+from vp.tp.traffic import ITERATION, Collective, Shape, layer_collectives, stage_collectives
+
+COLUMN_PARALLEL = (True, False, True, False)  # qkv, proj, fc1, fc2 in 1-D: column-, row-, column-, row-parallel
+# a layer's saved activations, s b h bytes at 2 bytes per element (Korthikanti et al. 2022, flash attention):
+# 1-D without sequence parallelism divides SPLIT_SBH by t and keeps REPLICATED_SBH on every device
+SPLIT_SBH, REPLICATED_SBH = 24, 10
+
+
+@dataclass(frozen=True)
+class Split:
+    """How a stage's work divides over its tensor-parallel group: one device's share."""
+    mode: TensorMode
+    tp: int
+    depth: int
+
+    @classmethod
+    def of(cls, cfg: RunConfig) -> "Split":
+        return cls(get_mode(cfg.tp_mode), cfg.tp, cfg.mesh.depth)
+
+    @property
+    def q(self) -> int:
+        """Grid side; 1-D: the number of devices (which split heads, ffn and the vocabulary)."""
+        return self.mode.side(self.tp, self.depth)
+
+    @property
+    def blocks(self) -> int:
+        """Token blocks of a micro-batch (d q on a grid, 1 in 1-D)."""
+        return self.mode.batch_blocks(self.tp, self.depth)
+
+    def hidden_share(self, hidden: int) -> int:
+        """The hidden columns one device holds of an activation passed between stages (grid: h/q)."""
+        return hidden // self.q if self.mode.grid else hidden
+
+    def linear_gemms(self, kind: str, tokens: int, linears: list[tuple[int, int]], a: int) -> tuple[Gemm, ...]:
+        """One device's GEMMs of the linears (K, N) in pass kind F (Y = X W), B (grad X) or W (grad W)."""
+        out = []
+        for (k_in, n_out), column in zip(linears, COLUMN_PARALLEL):
+            if self.mode.grid:
+                m, k_in, n_out, steps = tokens // self.blocks, k_in // self.q, n_out // self.q, self.q
+            else:
+                m, steps = tokens, 1
+                k_in, n_out = (k_in, n_out // self.tp) if column else (k_in // self.tp, n_out)
+            gemm = {"F": Gemm(m, n_out, k_in, in_bytes=a, out_bytes=a), "B": Gemm(m, k_in, n_out, in_bytes=a, out_bytes=a),
+                    "W": Gemm(k_in, n_out, m, in_bytes=a, out_bytes=4, accumulate=True)}[kind]
+            out += [gemm] * steps
+        return tuple(out)
+
+    def layer_share(self) -> float:
+        """One device's share of a layer's attention FLOPs (heads/t, or heads/q of n/(dq) tokens)."""
+        return 1.0 / self.tp
+
+    def activation_share(self) -> float:
+        """One device's share of a layer's saved activations and elementwise traffic."""
+        if self.mode.grid:
+            return 1.0 / self.tp
+        return (REPLICATED_SBH + SPLIT_SBH / self.tp) / (REPLICATED_SBH + SPLIT_SBH)
+
+    def vocab_rows(self, padded_vocab: int, shards: int = 1) -> int:
+        """Rows of the output layer one device holds: the vocabulary over `shards` pipeline ranks x its columns."""
+        return padded_vocab // (shards * self.q)
+
+
+ONE_DEVICE = Split(get_mode("1d"), 1, 1)  # tp = 1: the whole stage on one device
+
+
+def tp_shape(cfg: RunConfig) -> Shape:
+    return Shape(get_mode(cfg.tp_mode), cfg.tp, cfg.tp_depth, cfg.hidden, cfg.ffn, cfg.seq_len, cfg.micro_batch_size,
+                 cfg.microbatches, cfg.padded_vocab_size, 4 if cfg.dtype == "fp32" else 2)
+
+
+def stage_tp_collectives(cfg: RunConfig, sched: Schedule, stage: int) -> list[Collective]:
+    """What one device of a stage's tp group sends per iteration inside the stage (loss and vocabulary shards
+    aside: rank_tp_collectives)."""
+    if cfg.tp < 2:
+        return []
+    shape, layers = tp_shape(cfg), cfg.stage_layers[stage]
+    cols = [replace(c, calls=c.calls * layers) for c in layer_collectives(shape)]
+    return cols + stage_collectives(shape, first=stage == 0, last=stage == sched.n_stages - 1,
+                                    vocab_layers=not sched.vocab_parallel, loss=False)
+
+
+def loss_rank(sched: Schedule) -> int:
+    """The pipeline rank that knows the iteration's loss: T's rank 0 with vocabulary parallelism, else the rank
+    of the last stage (vp.runtime.executor)."""
+    return 0 if sched.vocab_parallel else sched.last_rank
+
+
+def rank_tp_collectives(cfg: RunConfig, sched: Schedule, rank: int) -> list[Collective]:
+    """Everything one device of pipeline rank `rank` sends on tensor-parallel channels per iteration: its stages,
+    the loss summed over token blocks, and with vocabulary parallelism the within-stage halves of C0, IF, IB
+    (channels C0.row, IF.row, IB.row, at their roots) and the gradient of the vocabulary shards a grid
+    replicates over its token blocks."""
+    if cfg.tp < 2:
+        return []
+    shape, split = tp_shape(cfg), Split.of(cfg)
+    cols = [c for st in range(sched.n_stages) if sched.where(st)[0] == rank
+            for c in stage_tp_collectives(cfg, sched, st)]
+    cols += stage_collectives(shape, first=False, last=False, vocab_layers=False, loss=rank == loss_rank(sched))
+    if sched.vocab_parallel:
+        cols += vocab_row_steps(cfg, sched, rank, split)
+    return [c for c in cols if c.group > 1 and c.calls and c.elements]
+
+
+def vocab_row_steps(cfg: RunConfig, sched: Schedule, rank: int, split: Split) -> list[Collective]:
+    """The vocabulary passes' steps inside a stage's tp group (vp.runtime.executor.launch): the root of C0
+    gathers X's hidden over its grid row, the root of IF sums the embedding over the row (1-D: all-reduce,
+    grid: reduce-scatter of the fp32 [n, h]), the root of IB gathers the gradient's hidden; every device
+    all-reduces its shards' gradients over its token blocks (grid)."""
+    mb, q, h = cfg.microbatches, split.q, cfg.hidden
+    n = cfg.micro_batch_size * cfg.seq_len // split.blocks
+    act = 4 if cfg.dtype == "fp32" else 2
+    first, last = rank == sched.first_rank, rank == sched.last_rank
+    rows = split.vocab_rows(cfg.padded_vocab_size, cfg.pp)
+    if not split.mode.grid:
+        return [Collective("IF.row", "all_reduce", q, n * h, mb * first, 4, "IF")]
+    return [Collective("C0.row", "all_gather", q, n * h / q, mb * last, act, "C0"),
+            Collective("IF.row", "reduce_scatter", q, n * h, mb * first, 4, "IF"),
+            Collective("IB.row", "all_gather", q, n * h / q, mb * first, act, "IB"),
+            Collective("batch", "all_reduce", split.blocks, 2 * rows * h, 1, 4)]
+
+
+def _group(cfg: RunConfig, channel: str, rank: int) -> tuple[int, ...]:
+    """The global ranks of a channel's group around the first device of pipeline rank `rank` (replica 0)."""
+    axis = "row" if "." in channel else channel  # C0.row, IF.row, IB.row: a grid row (1-D: the tp group)
+    me = cfg.mesh.rank(0, rank, 0)
+    return next(g for g in groups(cfg.mesh, axis) if me in g)
+
+
+def seconds(cfg: RunConfig, net: Network, cols: list[Collective], rank: int, per: int = 1) -> float:
+    """Seconds of the collectives on a device of pipeline rank `rank`, divided by `per` (microbatches)."""
+    return sum(c.calls / per * net.collective(OPS[c.op], _group(cfg, c.channel, rank), c.elements * c.itemsize)
+               for c in cols)
+
+
+def pass_comm_s(cfg: RunConfig, net: Network, sched: Schedule, stage: int) -> dict[str, float]:
+    """{F, B, W: seconds per microbatch} of a stage's blocking tensor-parallel collectives (W's in B when the
+    schedule does not split the weight gradient)."""
+    rank = sched.where(stage)[0]
+    out = {"F": 0.0, "B": 0.0, "W": 0.0}
+    for c in stage_tp_collectives(cfg, sched, stage):
+        if c.pass_kind != ITERATION:
+            kind = c.pass_kind if sched.split_w or c.pass_kind != "W" else "B"
+            out[kind] += seconds(cfg, net, [c], rank, cfg.microbatches)
+    return out
+
+
+def tail_s(cfg: RunConfig, net: Network, sched: Schedule, rank: int) -> float:
+    """Seconds of a device's once-per-iteration tensor-parallel collectives after the flush."""
+    return seconds(cfg, net, [c for c in rank_tp_collectives(cfg, sched, rank) if c.pass_kind == ITERATION], rank)
