@@ -39,10 +39,12 @@ report: venv  ## rebuild every report from results/
 	$(PY) -m harness.report $(ARGS)
 
 PAPER_HW ?= a100_paper
-paper-tables: venv  ## the paper's grids predicted with the cost model (hardware=a100_paper), and their reports
+paper-tables: venv  ## the papers' grids predicted with the cost model (paper_1f1b, paper_vhalf, vp_tp, tp_scaling), and their reports
 	$(PY) -m harness.sweep experiment=paper_1f1b backend=sim hardware=$(PAPER_HW) logger=off report=false $(ARGS)
 	$(PY) -m harness.sweep experiment=paper_vhalf backend=sim hardware=$(PAPER_HW) logger=off report=false $(ARGS)
-	$(PY) -m harness.report --experiment paper_1f1b paper_vhalf
+	$(PY) -m harness.sweep experiment=vp_tp backend=sim hardware=$(PAPER_HW) logger=off report=false $(ARGS)
+	$(PY) -m harness.sweep experiment=tp_scaling backend=sim logger=off report=false $(ARGS)
+	$(PY) -m harness.report --experiment paper_1f1b paper_vhalf vp_tp tp_scaling
 
 paper-artifact: venv  ## a100_paper against the published artifact MFU, and the vocabulary-padding effect
 	$(PY) -m harness.sweep experiment=paper_artifact backend=sim hardware=$(PAPER_HW) logger=off report=false $(ARGS)

@@ -129,7 +129,7 @@ def check(job: Job, gpus_here: int) -> None:
     world = job.run.world
     if cfg.cluster.name == "local":
         if world > cfg.cluster.max_local_ranks:
-            raise ValueError(f"run.dp x run.pp = {world} local processes but cluster.max_local_ranks="
+            raise ValueError(f"run.dp x run.pp x run.tp = {world} local processes but cluster.max_local_ranks="
                              f"{cfg.cluster.max_local_ranks}; use cluster=slurm, backend=sim, or raise "
                              f"cluster.max_local_ranks")
         if job.run.device == "cuda" and gpus_here < world:
@@ -144,7 +144,7 @@ def check(job: Job, gpus_here: int) -> None:
                          "(sinfo lists the partitions)")
     per_node = cfg.cluster.tasks_per_node or cfg.cluster.gpus_per_node or world
     if world % per_node:
-        raise ValueError(f"the world of {world} tasks (run.dp x run.pp) does not split over nodes of "
+        raise ValueError(f"the world of {world} tasks (run.dp x run.pp x run.tp) does not split over nodes of "
                          f"cluster.tasks_per_node={per_node}; set cluster.tasks_per_node to a divisor of {world}")
     if job.run.device == "cuda" and not cfg.cluster.gpus_per_node:
         raise ValueError("run.device=cuda but cluster.gpus_per_node=0; set cluster.gpus_per_node or "

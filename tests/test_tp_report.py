@@ -125,3 +125,47 @@ def test_the_claims_table_puts_the_papers_ratios_beside_the_records(tp_report):
     readme = (out / "README.md").read_text()
     assert "## The 2.5-D paper's claims" in readme and "the paper reports 1.45x" in readme
     assert "Simulated ratios are the cost model's predictions" in readme
+
+
+def sweep(tmp_path, *overrides):
+    """harness.sweep in this process, as @hydra.main runs it; returns (exit code, log lines)."""
+    lines = []
+    with initialize_config_dir(CONF, version_base="1.3"):
+        code = run([f"results_dir={tmp_path}/results", f"reports_dir={tmp_path}/reports", "logger=off",
+                    f"cluster.folder={tmp_path}/submitit", *overrides], log=lines.append)
+    return code, lines
+
+
+@pytest.mark.parametrize("overrides,jobs", [
+    (["experiment=tp_scaling", "backend=sim"], 30),  # 9 weak + 6 strong setups x A100, H100
+    (["experiment=tp_scaling", "backend=sim", "hardware=h100", "run.tp_mode=2.5d"], 5),
+    (["experiment=vp_tp", "backend=sim"], 24),  # 4 meshes x 2 vocabularies x 3 methods
+    (["experiment=tp_smoke"], 4),
+])
+def test_tp_experiments_plan_their_jobs(tmp_path, overrides, jobs):
+    code, lines = sweep(tmp_path, *overrides, "dry_run=true")
+    assert code == 0 and lines[0].startswith(f"experiment {overrides[0].split('=')[1]}: {jobs} jobs, 0 done")
+    assert len(lines) == 1 + jobs and not list(tmp_path.rglob("*.json"))
+
+
+SMALL = ["model=tiny", "run.seq_len=16", "vocab=2k", "grid.product.method=[baseline]", "run.pp=1"]
+
+
+@pytest.mark.parametrize("overrides,message", [
+    (["run.tp=3", "run.tp_mode=2d"], "tp=3 is not q*q*1 for tp_mode=2d; a [q, q, 1] grid needs tp = q*q*1, e.g. 1 or 4"),
+    (["run.tp=4", "run.tp_depth=2"], "tp_depth=2 needs tp_mode=2.5d (depth of a [q, q, d] grid); drop tp_depth or "
+                                     "set tp_mode=2.5d"),
+    (["run.tp_mode=2d"], "tp_mode=2d needs tensor parallelism, but tp=1; set tp"),
+    (["run.tp=8", "run.tp_mode=2.5d", "run.tp_depth=2", "run.micro_batch_size=2"],
+     "micro_batch_size=2 is not divisible by d*q=4 of tp_mode=2.5d"),
+    (["run.tp=2", "vocab.pad_multiple=3"], "pad_multiple=3 is not divisible by the 2 vocabulary shards"),
+    (["run.tp=16", "model.heads=16"], "run.dp x run.pp x run.tp = 16 local processes but cluster.max_local_ranks=8"),
+    (["run.tp=16"], "heads=4 is not divisible by tp=16 (tp_mode=1d); use a multiple of 16"),
+    (["run.tp=4", "cluster=slurm", "cluster.partition=p", "cluster.tasks_per_node=3"],
+     "the world of 4 tasks (run.dp x run.pp x run.tp) does not split over nodes of cluster.tasks_per_node=3"),
+])
+def test_invalid_tensor_parallel_axes_are_refused_before_submission(tmp_path, capsys, overrides, message):
+    code, _ = sweep(tmp_path, *SMALL, *overrides)
+    err = capsys.readouterr().err
+    assert code == 2 and "sweep refused, nothing was submitted" in err and message in err, err
+    assert not [p for p in tmp_path.rglob("*") if p.is_file()]

@@ -24,12 +24,15 @@ from harness.report.tables import MESH, Table, _frame, _num, memory_unit, slug
 MESH_FIELDS = ("tp", "tp_mode", "tp_depth", "pad_multiple", "padded_vocab_size", *NOT_SEMANTIC)
 MODE_NAMES = {"1d": "1-D", "2d": "2-D", "2.5d": "2.5-D"}
 # what a simulated ratio rests on (docs/cost-model.md)
-ASSUMPTIONS = ("Simulated ratios are the cost model's predictions (docs/cost-model.md), not measurements: each "
-               "device's share of the GEMMs is timed by its shape on the hardware profile, each tensor mode's "
-               "collectives per layer come from their closed forms over the profile's intra-node network, and "
-               "communication does not overlap computation. The paper's hardware, model sizes and its definition "
-               "of efficiency are not known (only its abstracts are), so the ratios compare shapes of scaling, "
-               "not testbeds.")
+ASSUMPTIONS = ("Simulated ratios are the cost model's predictions (vp/cost/tensor.py, docs/cost-model.md), not "
+               "measurements: each device's share of a stage's GEMMs is timed by its shape on the hardware profile; "
+               "each mode's collectives per layer come from the closed form of vp.tp.traffic (the one `vp.bench tp` "
+               "checks against measured counts), timed on a two-level network (8 GPUs per node on NVLink, "
+               "InfiniBand between nodes, so a 64-device group spans 8 nodes), issued blocking inside the passes "
+               "and never overlapped with compute (Colossal-AI overlaps SUMMA's broadcasts); 2.5-D's depth "
+               "all-reduce runs once per iteration. The paper's hardware, model sizes and definition of "
+               "efficiency are not known (only its abstracts are), so the ratios compare the modes under this "
+               "model, not the paper's testbed.")
 
 
 @dataclass(frozen=True)
@@ -138,7 +141,8 @@ def mesh_table(g: pd.DataFrame, group: str) -> Table:
 
 
 def scaling_table(runs: pd.DataFrame, group: str, kind: str) -> Table | None:
-    runs = runs[runs["series"] == kind].sort_values(["tp_mode", "model_key", "gpus"], kind="stable")
+    runs = runs[runs["series"] == kind].assign(mode_rank=lambda d: [list(MODE_NAMES).index(m) for m in d["tp_mode"]])
+    runs = runs.sort_values(["mode_rank", "gpus", "model_key"], kind="stable")
     if runs.empty or runs["gpus"].nunique() < 2:
         return None
     scale, unit = memory_unit(runs)
@@ -190,12 +194,15 @@ def claims_table(runs: pd.DataFrame) -> tuple[Table | None, list[str]]:
     rows, notes = [], []
     for c in CLAIMS:
         row = [f"{c.faster} / {c.than}", c.kind, f"{c.paper:.2f}x"]
+        found = []
         for group, g in groups:
             ratio, what = claim_ratio(g, c)
             row.append(f"{ratio:.2f}x" if ratio is not None else (MISSING if what == "not run" else what))
             if ratio is not None:
-                notes.append(f"{group}: {c.faster} reaches {ratio:.2f}x the tokens/s of {c.than} ({c.kind} scaling, "
-                             f"model {what}); the paper reports {c.paper:.2f}x ({c.source}).")
+                found.append(f"{ratio:.2f}x on {group}")
+        if found:
+            notes.append(f"{c.faster} over {c.than} ({c.kind} scaling, tokens/s): {', '.join(found)}; the paper "
+                         f"reports {c.paper:.2f}x ({c.source}).")
         rows.append(row)
     return Table("paper_claims", "The 2.5-D paper's claims beside these runs",
                  "Each claim of arXiv 2105.14500 (abstracts) as a ratio of throughputs of two tensor-parallel "
@@ -206,8 +213,8 @@ def claims_table(runs: pd.DataFrame) -> tuple[Table | None, list[str]]:
 
 def scaling_tables(df: pd.DataFrame) -> tuple[list[Table], list[str]]:
     """The tensor-parallel tables of an experiment and the claim sentences (empty for pure pipelines)."""
-    meshed = df[df["gpus"] != df["pp"]]
-    tables = [mesh_table(g, group) for group, g in meshed.groupby("group", sort=False)]
+    # every run of a group that has a run on a mesh other than a pure pipeline (its tp = 1 runs for reference)
+    tables = [mesh_table(g, group) for group, g in df.groupby("group", sort=False) if (g["gpus"] != g["pp"]).any()]
     runs = with_efficiency(tensor_runs(df))
     if runs.empty:
         return tables, []
