@@ -2,49 +2,33 @@
 world size and show the mesh; the weak-scaling efficiency and the 2.5-D paper's claims are computed from the
 records; the tp experiments plan the expected jobs; invalid tensor-parallel axes are refused before submission.
 
-The records here are built from the schema (RunConfig, vp.metrics.throughput, vp.record.make_record) with
-iteration times chosen by the test, so every expected number is computed from them, not typed in."""
-import json
-import re
+The report's records come from the real simulator: `harness.sweep experiment=tp_scaling backend=sim
+hardware=a100_80g` (15 runs), plus one pipeline x tensor run (harness.sim.simulate_job) and one hand-made OOM record
+on h100 (the schema's failure record); every expected number is computed from the records, not typed in."""
 from pathlib import Path
 
 import pytest
 from hydra import initialize_config_dir
 
+from harness.records import failure_record, load
 from harness.report import build_reports
+from harness.sim import simulate_job
 from harness.sweep import run
 from vp.config import RunConfig, check_config
-from vp.metrics import throughput
-from vp.record import make_record, write_atomic
+from vp.cost import PROFILES
+from vp.record import write_atomic
 
 ROOT = Path(__file__).parents[1]
 CONF = str(ROOT / "conf")
-PEAK = 312e12
 
 
-def sim_record(model: str, hidden: int, heads: int, tp: int, mode: str, depth: int, seconds: float,
-               status: str = "ok", hw: str = "a100_80g", pp: int = 1, method: str = "baseline") -> dict:
-    cfg = check_config(RunConfig(method=method, pp=pp, tp=tp, tp_mode=mode, tp_depth=depth, layers=16, hidden=hidden,
-                                 heads=heads, seq_len=512, vocab_size=32000, micro_batch_size=16,
-                                 microbatches=max(4, pp), device="cuda", dtype="bf16"))
-    world = cfg.world
-    metrics = {**throughput(cfg, seconds, world, PEAK), "iteration_time_s": seconds, "iteration_times_s": [seconds],
-               "peak_memory_bytes": [(1 + hidden / 1024) * 2**30] * world, "bubble_fraction": [0.0] * world}
-    rec = make_record(cfg.to_dict(), metrics if status == "ok" else None, {"hardware": {"name": hw}},
-                      status=status, error=None if status == "ok" else "simulated peak memory exceeds",
-                      experiment="tp_scaling", backend="sim", hardware={"name": hw})
-    rec["labels"] = {"model": model, "vocab": "32k", "hardware": hw}
-    return rec
-
-
-# (model, hidden, heads, tp, mode, depth, seconds): weak series per mode, and one strong model on 16 and 64
-RUNS = [("weak-p4", 2048, 16, 4, "1d", 1, 1.0), ("weak-p4", 2048, 16, 4, "2d", 1, 1.1),
-        ("weak-p8", 2816, 22, 8, "2.5d", 2, 1.2), ("weak-p16", 4096, 32, 16, "1d", 1, 1.5),
-        ("weak-p64", 8192, 64, 64, "1d", 1, 2.5), ("weak-p64", 8192, 64, 64, "2d", 1, 1.9),
-        ("weak-p64", 8192, 64, 64, "2.5d", 4, 1.4),
-        ("strong", 4096, 64, 16, "1d", 1, 0.8), ("strong", 4096, 64, 16, "2d", 1, 0.9),
-        ("strong", 4096, 64, 16, "2.5d", 4, 0.7), ("strong", 4096, 64, 64, "1d", 1, 0.5),
-        ("strong", 4096, 64, 64, "2d", 1, 0.45), ("strong", 4096, 64, 64, "2.5d", 4, 0.3)]
+def sweep(tmp_path, *overrides):
+    """harness.sweep in this process, as @hydra.main runs it; returns (exit code, log lines)."""
+    lines = []
+    with initialize_config_dir(CONF, version_base="1.3"):
+        code = run([f"results_dir={tmp_path}/results", f"reports_dir={tmp_path}/reports", "logger=off",
+                    f"cluster.folder={tmp_path}/submitit", *overrides], log=lines.append)
+    return code, lines
 
 
 def md_rows(text: str, title: str) -> list[dict]:
@@ -57,18 +41,25 @@ def md_rows(text: str, title: str) -> list[dict]:
 @pytest.fixture(scope="module")
 def tp_report(tmp_path_factory):
     root = tmp_path_factory.mktemp("tp")
-    recs = {spec: sim_record(*spec) for spec in RUNS}
-    recs[("oom",)] = sim_record("weak-p64", 8192, 64, 64, "2.5d", 4, 1.0, status="oom", hw="h100")
-    recs[("pipe",)] = sim_record("pipe", 2048, 16, 2, "1d", 1, 1.0, pp=4, method="vocab-2")  # 4 x 2 = 8 GPUs
-    for rec in recs.values():
-        write_atomic(root / "results" / "tp_scaling" / f"{rec['run_id']}.json", rec)
+    code, _ = sweep(root, "experiment=tp_scaling", "backend=sim", "hardware=a100_80g", "report=false")
+    assert code == 0
+    folder = root / "results" / "tp_scaling"
+    pipe = check_config(RunConfig(method="vocab-2", pp=4, tp=2, layers=16, hidden=2048, heads=16, seq_len=512,
+                                  vocab_size=32000, micro_batch_size=16, microbatches=4, device="cuda", dtype="bf16"))
+    rec = simulate_job(pipe, PROFILES["a100_80g"], "tp_scaling", {"model": "pipe", "vocab": "32k"})
+    write_atomic(folder / f"{rec['run_id']}.json", rec)
+    oom = pipe.with_(method="baseline", pp=1, tp=64, tp_mode="2.5d", tp_depth=4, hidden=8192, heads=64)
+    rec = failure_record(oom.to_dict(), "tp_scaling", "sim", {"model": "weak-p64", "vocab": "32k",
+                                                               "hardware": "h100"}, "oom", "simulated peak memory")
+    write_atomic(folder / f"{rec['run_id']}.json", rec)
     [readme] = build_reports(root / "results", root / "reports", ["tp_scaling"])
+    recs = {(r["labels"].get("hardware"), r["labels"]["model"], r["config"]["tp"], r["config"]["tp_mode"]): r
+            for r in load(root / "results", "tp_scaling")}
     return recs, readme.parent
 
 
-def tokens(recs, *spec) -> float:
-    [rec] = [r for k, r in recs.items() if k[:1] + k[3:6] == spec]
-    return rec["metrics"]["tokens_per_s"]
+def tokens(recs, model: str, tp: int, mode: str) -> float:
+    return recs[("a100_80g", model, tp, mode)]["metrics"]["tokens_per_s"]
 
 
 def test_tables_count_gpus_as_the_world_size_and_show_the_mesh(tp_report):
@@ -76,7 +67,7 @@ def test_tables_count_gpus_as_the_world_size_and_show_the_mesh(tp_report):
     tables = (out / "tables.md").read_text()
     mesh = md_rows(tables, "Throughput, MFU and memory per mesh, sim (a100_80g)")
     row = next(r for r in mesh if r["Mesh (dp x pp x tp)"] == "1x1x64 2.5d [4,4,4]" and "strong" in r["Model"])
-    assert row["GPUs"] == "64" and row["tokens/s total"] == f"{tokens(recs, 'strong', 64, '2.5d', 4):.4g}"
+    assert row["GPUs"] == "64" and row["tokens/s total"] == f"{tokens(recs, 'strong-h4096', 64, '2.5d'):.4g}"
     pipe = next(r for r in mesh if r["Method"] == "vocab-2")
     assert (pipe["GPUs"], pipe["Mesh (dp x pp x tp)"]) == ("8", "1x4x2 1d")  # dp x pp x tp, not pp
     mfu = md_rows(tables, "MFU and peak memory, sim (a100_80g)")
@@ -92,17 +83,16 @@ def test_weak_scaling_efficiency_is_mfu_relative_to_the_modes_smallest_run(tp_re
     recs, out = tp_report
     rows = md_rows((out / "tables.md").read_text(), "Weak scaling per tensor mode, sim (a100_80g)")
     by = {(r["Mode"], r["GPUs"]): r for r in rows}
-    assert set(by) == {("1-D", "4"), ("1-D", "16"), ("1-D", "64"), ("2-D", "4"), ("2-D", "64"), ("2.5-D", "8"),
-                       ("2.5-D", "64")}
-    mfu = {k[:1] + k[3:6]: r["metrics"]["mfu"] for k, r in recs.items() if len(k) > 1}
+    assert set(by) == {(m, p) for m in ("1-D", "2-D") for p in ("4", "16", "64")} | {("2.5-D", p) for p in
+                                                                                     ("8", "16", "64")}
+    mfu = {k[1:]: r["metrics"]["mfu"] for k, r in recs.items() if k[0] == "a100_80g"}
     for mode, name, base in (("1d", "1-D", 4), ("2d", "2-D", 4), ("2.5d", "2.5-D", 8)):
-        depth = 4 if mode == "2.5d" else 1
-        expected = mfu[("weak-p64", 64, mode, depth)] / mfu[(f"weak-p{base}", base, mode, 2 if base == 8 else 1)]
+        expected = mfu[("weak-p64", 64, mode)] / mfu[(f"weak-p{base}", base, mode)]
         assert by[(name, "64")]["weak-scaling efficiency"] == f"{expected:.3f}"
         assert by[(name, str(base))]["weak-scaling efficiency"] == "1.000"
     strong = md_rows((out / "tables.md").read_text(), "Strong scaling per tensor mode, sim (a100_80g)")
     row = next(r for r in strong if (r["Mode"], r["GPUs"]) == ("2.5-D", "64"))
-    speedup = tokens(recs, "strong", 64, "2.5d", 4) / tokens(recs, "strong", 16, "2.5d", 4)
+    speedup = tokens(recs, "strong-h4096", 64, "2.5d") / tokens(recs, "strong-h4096", 16, "2.5d")
     assert row["strong-scaling efficiency"] == f"{speedup / 4:.3f}"
     for stem in ("weak_scaling_sim_a100_80g", "strong_scaling_sim_a100_80g"):
         assert (out / f"{stem}.png").is_file() and (out / f"{stem}.pdf").is_file()
@@ -112,28 +102,18 @@ def test_the_claims_table_puts_the_papers_ratios_beside_the_records(tp_report):
     recs, out = tp_report
     rows = md_rows((out / "tables.md").read_text(), "The 2.5-D paper's claims beside these runs")
     by = {(r["Claim"], r["Series"]): r for r in rows}
-    fast = ("2.5d", 4)
-    expected = {("2.5-D [4,4,4] / 2-D [8,8,1]", "weak"): ("1.45x", "weak-p64", ("2d", 1)),
-                ("2.5-D [4,4,4] / 1-D 64", "strong"): ("1.38x", "strong", ("1d", 1)),
-                ("2.5-D [4,4,4] / 2-D [8,8,1]", "strong"): ("1.53x", "strong", ("2d", 1))}
+    expected = {("2.5-D [4,4,4] / 2-D [8,8,1]", "weak"): ("1.45x", "weak-p64", "2d"),
+                ("2.5-D [4,4,4] / 1-D 64", "strong"): ("1.38x", "strong-h4096", "1d"),
+                ("2.5-D [4,4,4] / 2-D [8,8,1]", "strong"): ("1.53x", "strong-h4096", "2d")}
     assert set(by) == set(expected)
     for key, (paper, model, slow) in expected.items():
-        ratio = tokens(recs, model, 64, *fast) / tokens(recs, model, 64, *slow)
+        ratio = tokens(recs, model, 64, "2.5d") / tokens(recs, model, 64, slow)
         assert by[key]["Paper"] == paper and by[key]["sim (a100_80g) simulated"] == f"{ratio:.2f}x"
     # on h100 only the weak [4,4,4] run exists, and it ran out of memory
     assert by[("2.5-D [4,4,4] / 2-D [8,8,1]", "weak")]["sim (h100) simulated"] == "–"
     readme = (out / "README.md").read_text()
     assert "## The 2.5-D paper's claims" in readme and "the paper reports 1.45x" in readme
     assert "Simulated ratios are the cost model's predictions" in readme
-
-
-def sweep(tmp_path, *overrides):
-    """harness.sweep in this process, as @hydra.main runs it; returns (exit code, log lines)."""
-    lines = []
-    with initialize_config_dir(CONF, version_base="1.3"):
-        code = run([f"results_dir={tmp_path}/results", f"reports_dir={tmp_path}/reports", "logger=off",
-                    f"cluster.folder={tmp_path}/submitit", *overrides], log=lines.append)
-    return code, lines
 
 
 @pytest.mark.parametrize("overrides,jobs", [
