@@ -14,10 +14,13 @@ SUMMARY = ("iteration_time_s", "tokens_per_s", "mfu", "model_flops", "peak_flops
 
 
 def run_name(record: dict) -> str:
-    """'vocab-2 pp2 small V64k seq256' (+ ' sim a100_80g' for a prediction)."""
+    """'vocab-2 pp2 small V64k seq256' (+ ' sim a100_80g' for a prediction); a mesh other than a pure pipeline
+    names its dp and tp: 'vocab-2 dp2 pp4 tp4 2d ...'."""
     cfg, labels = record["config"], record.get("labels") or {}
     vocab = labels.get("vocab") or cfg["vocab_size"]
-    name = f"{cfg['method']} pp{cfg['pp']} {labels.get('model', '')} V{vocab} seq{cfg['seq_len']}".replace("  ", " ")
+    dp, tp = cfg.get("dp", 1), cfg.get("tp", 1)
+    mesh = (f"dp{dp} " if dp > 1 else "") + f"pp{cfg['pp']}" + (f" tp{tp} {cfg.get('tp_mode', '1d')}" if tp > 1 else "")
+    name = f"{cfg['method']} {mesh} {labels.get('model', '')} V{vocab} seq{cfg['seq_len']}".replace("  ", " ")
     return name + (f" sim {labels['hardware']}" if record.get("backend") == "sim" and labels.get("hardware") else "")
 
 
@@ -40,8 +43,9 @@ def per_rank_rows(record: dict) -> tuple[list[str], list[list]]:
     def at(values, r):
         return values[r] if values and r < len(values) else None
 
+    ranks = len(m.get("peak_memory_bytes") or []) or record["config"]["pp"]  # every rank of dp x pp x tp
     rows = [[r, at(m.get("peak_memory_bytes"), r), at(m.get("bubble_fraction"), r),
-             *[at(m["pass_time_s"][k], r) for k in kinds]] for r in range(record["config"]["pp"])]
+             *[at(m["pass_time_s"][k], r) for k in kinds]] for r in range(ranks)]
     return columns, rows
 
 

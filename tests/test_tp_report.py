@@ -132,7 +132,8 @@ SMALL = ["model=tiny", "run.seq_len=16", "vocab=2k", "grid.product.method=[basel
 
 
 @pytest.mark.parametrize("overrides,message", [
-    (["run.tp=3", "run.tp_mode=2d"], "tp=3 is not q*q*1 for tp_mode=2d; a [q, q, 1] grid needs tp = q*q*1, e.g. 1 or 4"),
+    (["run.tp=3", "run.tp_mode=2d"], "tp=3 is not q*q*1 for tp_mode=2d; a [q, q, 1] grid needs tp = q*q*1, "
+                                     "e.g. 1 or 4"),
     (["run.tp=4", "run.tp_depth=2"], "tp_depth=2 needs tp_mode=2.5d (depth of a [q, q, d] grid); drop tp_depth or "
                                      "set tp_mode=2.5d"),
     (["run.tp_mode=2d"], "tp_mode=2d needs tensor parallelism, but tp=1; set tp"),
