@@ -11,7 +11,8 @@ Compute, per device of a stage's tp group (tp = 1 is 1-D with t = 1: the whole s
         (F: m x N/q x K/q; B: m x K/q x N/q; W: K/q x N/q x m); attention on heads/q of n/(dq) tokens;
         elementwise work on the device's 1/tp share
 Communication: layer_collectives and stage_collectives of vp.tp.traffic, each tagged with the pass that issues
-it; the runtime issues them blocking inside the pass, so a pass takes its compute plus their seconds, serial.
+it; a pass takes its compute plus their seconds, serial (1-D's all-reduces block; the grid's prefetched SUMMA
+broadcasts could hide behind its GEMMs, which the model does not credit: docs/cost-model.md).
 Collectives issued once per iteration (the depth and batch all-reduces) run after the flush, like dp's.
 """
 from dataclasses import dataclass, replace
