@@ -85,15 +85,15 @@ def test_grid_rows_share_a_node_and_columns_cross_nodes():
     assert {c.channel for c in cols} >= {"row", "col", "batch"}
 
 
-def test_blocking_tp_collectives_add_to_their_pass_and_grid_reductions_to_the_tail():
+def test_tp_collectives_add_to_their_pass_and_grid_reductions_to_the_tail():
     cfg, sched = gpt(16, "2d", method="vhalf", pp=2, layers=8), build("vhalf", 2, 4, 2)
     comm = pass_comm_s(cfg, Network.of(A100), sched, 0)
-    assert comm["F"] > 0 and comm["B"] > 0 and comm["W"] > 0
-    no_comm = {k: t for k, t in pass_costs(cfg, A100, sched).compute.items()}
-    assert tail_s(cfg, A100, sched) > 0
-    assert all(c.pass_kind != ITERATION or c.channel in ("dep", "batch")
-               for c in rank_tp_collectives(cfg, sched, 0))
-    assert no_comm[("F", 0)] > comm["F"]
+    assert comm["F"] > 0 and comm["B"] > 0 and comm["W"] > 0  # SUMMA's ab in F, abt in B, atb in W
+    assert pass_costs(cfg, A100, sched).compute[("F", 0)] > comm["F"]
+    once = [c for c in rank_tp_collectives(cfg, sched, 0) if c.pass_kind == ITERATION]
+    assert {c.channel for c in once} == {"batch"} and tail_s(cfg, A100, sched) > 0  # [4,4,1]: no depth
+    deep = gpt(8, "2.5d", 2, method="vhalf", pp=2, layers=8)
+    assert {c.channel for c in rank_tp_collectives(deep, sched, 0) if c.pass_kind == ITERATION} == {"dep", "batch"}
     assert tail_s(gpt(8), A100, build("baseline", 1, 4, 1)) == 0.0  # 1-D replicates nothing it must reduce
 
 
@@ -111,3 +111,20 @@ def test_sim_record_time_is_a_direct_simulator_call(tp, mode, depth, method):
     assert m["devices"] == cfg.world and len(m["peak_memory_bytes"]) == cfg.world
     assert m["mfu"] == pytest.approx(m["model_flops"] / (t * cfg.world * A100.peak_flops), rel=1e-12)
     assert Split.of(cfg).tp == tp
+
+
+def test_a_grid_hides_part_of_its_summa_steps_behind_its_gemms_and_1d_hides_nothing():
+    """The runtime prefetches step t+1's blocks during step t's GEMM: of G GEMM and C step-collective seconds a
+    pass takes max(G, C) + min(G, C)/q; 1-D's all-reduces block."""
+    net, sched = Network.of(A100), build("baseline", 1, 4, 1)
+    for cfg, hidden in ((gpt(16, "2d"), True), (gpt(8), False)):
+        serial = pass_comm_s(cfg, net, sched, 0)
+        gemm = {"F": 1e-3, "B": 1e9, "W": 0.0}  # F: GEMMs shorter than the steps; B: far longer
+        overlapped = pass_comm_s(cfg, net, sched, 0, gemm)
+        if not hidden:
+            assert overlapped == serial
+            continue
+        q = 4
+        assert overlapped["F"] == pytest.approx(serial["F"] - (1 - 1 / q) * 1e-3)
+        summa_b = serial["B"] - overlapped["B"]  # with G >> C every step collective but the first's 1/q hides
+        assert 0 < summa_b < serial["B"]

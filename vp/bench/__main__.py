@@ -4,6 +4,7 @@ python -m vp.bench vocab     S+T of one vocabulary shard against the single-devi
 python -m vp.bench pipeline  real 2-rank CPU runs of a vocabulary-heavy GPT, against baseline and the simulator
 python -m vp.bench tp        tensor-parallel grids: bytes per layer measured against the closed form, time
 python -m vp.bench peer      the same GPT under torch.distributed.pipelining and under this project (vp/bench/peer.py)
+python -m vp.bench tpsim     the cost model's 1-D, 2-D and 2.5-D at the 2.5-D paper's scale (vp/bench/tpsim.py)
 """
 import argparse
 import json
@@ -153,8 +154,14 @@ def main(argv=None) -> int:
     q.add_argument("--json", action="store_true", help="print a list of one object per runner")
     t = sub.add_parser("tp")
     t.add_argument("--json", action="store_true", help="print a list of row objects")
+    ts = sub.add_parser("tpsim", help="simulated 1-D, 2-D and 2.5-D weak and strong scaling to 64 devices")
+    ts.add_argument("--json", action="store_true", help="print the rows and ratios as JSON")
     args = ap.parse_args(argv)
-    if args.what == "tp":
+    if args.what == "tpsim":
+        from vp.bench.tpsim import run as run_tpsim
+
+        run_tpsim(args.json)
+    elif args.what == "tp":
         from vp.bench.tp import run
 
         run(args.json)

@@ -84,7 +84,7 @@ def record_costs(record: dict) -> tuple[Schedule, Costs]:
     pass_s = record["metrics"].get("pass_time_s") or {}
     compute = {}
     for st in range(sched.n_stages):
-        rank = sched.where(st)[0]
+        rank = cfg.mesh.rank(0, sched.where(st)[0], 0)  # the stage's first device in replica 0
         for kind in ("F", "B", "W"):
             per_rank = pass_s.get(kind) or []
             if rank < len(per_rank) and per_rank[rank] is not None:
@@ -103,6 +103,6 @@ def record_costs(record: dict) -> tuple[Schedule, Costs]:
 def probe_link(probe: list[list[float]], cfg: RunConfig) -> Hardware:
     """One machine's ranks on one flat link measured by a run's probe: every step costs the probe's latency."""
     latency, bandwidth = fit_link(probe)
-    return Hardware("link_probe", 1.0, gpus_per_node=cfg.dp * cfg.pp, link_latency=latency,
+    return Hardware("link_probe", 1.0, gpus_per_node=cfg.world, link_latency=latency,
                     link_bandwidth=bandwidth, ib_latency=latency, ib_bandwidth=bandwidth, collective_latency=0.0,
                     act_bytes=4 if cfg.dtype == "fp32" else 2)

@@ -153,15 +153,19 @@ def work_seconds(hw: Hardware, parts: dict) -> Seconds:
 
 
 def pass_times(cfg: RunConfig, hw: Hardware, sched: Schedule) -> dict:
-    """Seconds of every pass: {(kind, stage or None): seconds}, a stage's blocking tensor-parallel collectives
-    included (vp.cost.tensor.pass_comm_s)."""
+    """Seconds of every pass: {(kind, stage or None): seconds}, a stage's tensor-parallel collectives included
+    (vp.cost.tensor.pass_comm_s: serial, less what a grid's prefetching SUMMA loop hides behind its GEMMs)."""
     out = {}
     for key, parts in pass_work(cfg, hw, sched).items():
         out[key] = work_seconds(hw, parts).total(hw) if parts else 0.0
     if cfg.tp > 1:
-        net = Network.of(hw)
-        for st in range(sched.n_stages):
-            for kind, s in pass_comm_s(cfg, net, sched, st).items():
+        net, sh = Network.of(hw), Shapes.of(cfg, hw)
+        for st, layers in enumerate(cfg.stage_layers):
+            gemm = {k: layers * sum(gemm_time(hw, g) for g in sh.layer(k).gemms) / hw.eff(k) for k in ("F", "B", "W")}
+            if not sched.split_w:  # the weight gradient runs in B, at B's speed
+                gemm["B"] += gemm["W"] * hw.eff("W") / hw.eff("B")
+                gemm["W"] = 0.0
+            for kind, s in pass_comm_s(cfg, net, sched, st, gemm).items():
                 if s:
                     out[(kind, st)] += s
     return out

@@ -11,7 +11,8 @@ Compute, per device of a stage's tp group (tp = 1 is 1-D with t = 1: the whole s
         (F: m x N/q x K/q; B: m x K/q x N/q; W: K/q x N/q x m); attention on heads/q of n/(dq) tokens;
         elementwise work on the device's 1/tp share
 Communication: layer_collectives and stage_collectives of vp.tp.traffic, each tagged with the pass that issues
-it; the runtime issues them blocking inside the pass, so a pass takes its compute plus their seconds, serial.
+it; a pass takes its compute plus their seconds (1-D's all-reduces block the next GEMM), less what a grid's
+SUMMA loop hides: the runtime prefetches step t+1's blocks during step t's GEMM (pass_comm_s).
 Collectives issued once per iteration (the depth and batch all-reduces) run after the flush, like dp's.
 """
 from dataclasses import dataclass, replace
@@ -23,6 +24,7 @@ from vp.schedule import Schedule
 from vp.tp.modes import TensorMode, get_mode
 from vp.tp.traffic import ITERATION, Collective, Shape, layer_collectives, stage_collectives
 
+SUMMA_OPS = ("broadcast", "reduce")  # a grid linear's per-step collectives (vp/tp/summa.py)
 COLUMN_PARALLEL = (True, False, True, False)  # qkv, proj, fc1, fc2 in 1-D: column-, row-, column-, row-parallel
 # a layer's saved activations, s b h bytes at 2 bytes per element (Korthikanti et al. 2022, flash attention):
 # 1-D without sequence parallelism divides SPLIT_SBH by t and keeps REPLICATED_SBH on every device
@@ -155,15 +157,27 @@ def seconds(cfg: RunConfig, net: Network, cols: list[Collective], rank: int, per
                for c in cols)
 
 
-def pass_comm_s(cfg: RunConfig, net: Network, sched: Schedule, stage: int) -> dict[str, float]:
-    """{F, B, W: seconds per microbatch} of a stage's blocking tensor-parallel collectives (W's in B when the
-    schedule does not split the weight gradient)."""
+def pass_comm_s(cfg: RunConfig, net: Network, sched: Schedule, stage: int,
+                summa_gemm_s: dict[str, float] | None = None) -> dict[str, float]:
+    """{F, B, W: seconds per microbatch} a stage's tensor-parallel collectives add to its passes (W's in B when
+    the schedule does not split the weight gradient). Given a grid pass's SUMMA GEMM seconds G and its step
+    collectives' seconds C (broadcasts and reduces), the part the runtime hides is taken off: vp/tp/summa.py
+    starts step t+1's broadcasts before step t's GEMM and reduces asynchronously, so over q steps the pass takes
+    c + (q-1) max(g, c) + g = max(G, C) + min(G, C)/q instead of G + C, a credit of (1 - 1/q) min(G, C).
+    1-D's all-reduces block the next GEMM: no credit."""
     rank = sched.where(stage)[0]
-    out = {"F": 0.0, "B": 0.0, "W": 0.0}
+    out, summa = {"F": 0.0, "B": 0.0, "W": 0.0}, {"F": 0.0, "B": 0.0, "W": 0.0}
     for c in stage_tp_collectives(cfg, sched, stage):
         if c.pass_kind != ITERATION:
             kind = c.pass_kind if sched.split_w or c.pass_kind != "W" else "B"
-            out[kind] += seconds(cfg, net, [c], rank, cfg.microbatches)
+            s = seconds(cfg, net, [c], rank, cfg.microbatches)
+            out[kind] += s
+            if c.op in SUMMA_OPS:
+                summa[kind] += s
+    if summa_gemm_s and Split.of(cfg).mode.grid:
+        q = Split.of(cfg).q
+        for kind, gemm in summa_gemm_s.items():
+            out[kind] -= (1 - 1 / q) * min(gemm, summa[kind])
     return out
 
 
