@@ -26,13 +26,14 @@ MODE_NAMES = {"1d": "1-D", "2d": "2-D", "2.5d": "2.5-D"}
 # what a simulated ratio rests on (docs/cost-model.md)
 ASSUMPTIONS = ("Simulated ratios are the cost model's predictions (vp/cost/tensor.py, docs/cost-model.md), not "
                "measurements: each device's share of a stage's GEMMs is timed by its shape on the hardware profile; "
-               "each mode's collectives per layer come from the closed form of vp.tp.traffic (the one `vp.bench tp` "
-               "checks against measured counts), timed on a two-level network (8 GPUs per node on NVLink, "
-               "InfiniBand between nodes, so a 64-device group spans 8 nodes), issued blocking inside the passes "
-               "and never overlapped with compute (Colossal-AI overlaps SUMMA's broadcasts); 2.5-D's depth "
-               "all-reduce runs once per iteration. The paper's hardware, model sizes and definition of "
-               "efficiency are not known (only its abstracts are), so the ratios compare the modes under this "
-               "model, not the paper's testbed.")
+               "each mode's collectives come from the closed form of vp.tp.traffic (the one `vp.bench tp` checks "
+               "against measured counts), timed on a two-level network (8 GPUs per node on NVLink, InfiniBand "
+               "between nodes, so the COL and DEP groups of a 64-device grid and a 1-D group of 16 or 64 cross "
+               "nodes); 1-D's all-reduces block the next GEMM, a grid's SUMMA steps overlap with its GEMMs as the "
+               "runtime prefetches them (only the first step's share is exposed), LayerNorm statistics and the "
+               "vocabulary layers' collectives stay serial, 2.5-D's depth all-reduce runs once per iteration. "
+               "The paper's hardware, model sizes and definition of efficiency are not known (only its abstracts "
+               "are), so the ratios compare the modes under this model, not the paper's testbed.")
 
 
 @dataclass(frozen=True)
