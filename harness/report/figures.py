@@ -92,8 +92,8 @@ def _per_rank(g: pd.DataFrame, out: Path, column: str, scale: float, ylabel: str
 
 def memory_per_rank(g: pd.DataFrame, group: str, out: Path) -> Figure:
     fig = Figure(f"Peak memory per rank, {group}",
-                 "peak memory of every pipeline rank, one panel per setup and method, one line per vocabulary: "
-                 "without vocabulary parallelism the first and last ranks hold more.")
+                 "peak memory of every rank (global rank of dp x pp x tp), one panel per setup and method, one line "
+                 "per vocabulary: without vocabulary parallelism the first and last pipeline stages hold more.")
     scale, unit = memory_unit(g)
     return _per_rank(g, out, "peak_memory_bytes", scale, f"peak memory ({unit})", f"memory_per_rank_{slug(group)}",
                      fig)
