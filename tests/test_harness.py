@@ -347,7 +347,8 @@ def test_killed_rank_is_recorded_failed_and_a_failed_forced_rerun_keeps_the_ok_r
     recs = {r["config"]["method"]: r for r in records(tmp_path)}
     assert recs["vocab-2"]["status"] == "failed" and recs["vocab-2"]["metrics"] == {}
     err = recs["vocab-2"]["error"]  # the culprit first, then what every rank reported
-    assert err.startswith("rank 1: ended without a Python error") and "rank 0 failed at iteration 0" in err
+    assert err.startswith("rank 1: ended without a Python error (killed, crashed or hung) in iteration 0, step ")
+    assert err.split(";")[0].endswith("(F2)") and "rank 0 failed at iteration 0" in err
     assert recs["baseline"]["status"] == "ok"
     assert any("failed in" in line for line in lines) and "1 failed, 1 ok" in lines[-1]
     ok = (tmp_path / "results" / "smoke" / f"{recs['baseline']['run_id']}.json").read_text()
