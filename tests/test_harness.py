@@ -181,7 +181,7 @@ SMALL = [*TINY, "grid.product.vocab=[2k]", "grid.product.method=[baseline,vocab-
     # the fault spec, checked against the schedule
     (["fault={method: vocab-2, at: '7:F2'}"], "fault rank 7 does not exist: dp=1 x pp=2 has ranks 0..1"),
     (["fault={method: vocab-2, at: '1:F99'}"], "fault action 'F99' is not executed by rank 1 of method=vocab-2"),
-    (["fault={method: vocab-2, at: '1:F2:explode'}"], "fault '1:F2:explode': use RANK:ACTION[:exit|raise|hang]"),
+    (["fault={method: vocab-2, at: '1:F2:explode'}"], "fault '1:F2:explode': use RANK:ACTION[:exit|raise|hang|oom]"),
     (["fault={method: vocab-2}"], "fault.at is not set"),
     # outputs and launchers
     (["results_dir=/proc/nope"], "results_dir=/proc/nope/smoke: cannot write in /proc"),

@@ -19,7 +19,7 @@ class RunConfig:
     method: str = "vocab-2"
     pp: int = 2
     dp: int = 1  # data-parallel replicas; each runs `microbatches` of one global batch of dp x microbatches
-    tp: int = 1  # tensor-parallel devices per stage (vp.tp); tp > 1 runs one stage (pp=1)
+    tp: int = 1  # tensor-parallel devices per pipeline stage (vp.tp); world = dp x pp x tp
     tp_mode: str = "1d"  # 1d (Megatron) | 2d (SUMMA [q, q, 1]) | 2.5d (SUMMA [q, q, tp_depth])
     tp_depth: int = 1  # 2.5d only: d of the [q, q, d] grid, tp = q * q * d
     chunks: int | None = None  # model chunks per rank; only interleaved takes a value (default 2)

@@ -33,7 +33,7 @@ def parse_args(argv=None):
     ap.add_argument("--method", default=d.method)
     ap.add_argument("--pp", type=int, default=d.pp)
     ap.add_argument("--dp", type=int, default=d.dp, help="data-parallel replicas (microbatches are per replica)")
-    ap.add_argument("--tp", type=int, default=d.tp, help="tensor-parallel devices per stage (needs --pp 1)")
+    ap.add_argument("--tp", type=int, default=d.tp, help="tensor-parallel devices per pipeline stage (world = dp x pp x tp)")
     ap.add_argument("--tp-mode", default=d.tp_mode, help="1d (Megatron), 2d or 2.5d (SUMMA grid)")
     ap.add_argument("--tp-depth", type=int, default=d.tp_depth, help="2.5d: depth d, tp = q*q*d")
     ap.add_argument("--chunks", type=int, default=None)
