@@ -22,7 +22,7 @@ from vp.cost.gemm import Gemm
 from vp.cost.network import OPS, Network, groups
 from vp.schedule import Schedule
 from vp.tp.modes import TensorMode, get_mode
-from vp.tp.traffic import ITERATION, Collective, Shape, layer_collectives, stage_collectives
+from vp.tp.traffic import GRAD_ITEMSIZE, ITERATION, Collective, Shape, layer_collectives, stage_collectives
 
 SUMMA_OPS = ("broadcast", "reduce")  # a grid linear's per-step collectives (vp/tp/summa.py)
 COLUMN_PARALLEL = (True, False, True, False)  # qkv, proj, fc1, fc2 in 1-D: column-, row-, column-, row-parallel
@@ -141,7 +141,7 @@ def vocab_row_steps(cfg: RunConfig, sched: Schedule, rank: int, split: Split) ->
     return [Collective("C0.row", "all_gather", q, n * h / q, mb * last, act, "C0"),
             Collective("IF.row", "reduce_scatter", q, n * h, mb * first, 4, "IF"),
             Collective("IB.row", "all_gather", q, n * h / q, mb * first, act, "IB"),
-            Collective("batch", "all_reduce", split.blocks, 2 * rows * h, 1, 4)]
+            Collective("batch", "all_reduce", split.blocks, 2 * rows * h, 1, GRAD_ITEMSIZE)]
 
 
 def _group(cfg: RunConfig, channel: str, rank: int) -> tuple[int, ...]:

@@ -28,6 +28,7 @@ from vp.tp.modes import TensorMode
 
 OPS = ("all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter")
 ITERATION = "iteration"  # a collective issued once per iteration, after the pipeline's flush
+GRAD_ITEMSIZE = 4  # gradients of the fp32 parameters (mixed precision computes in the run's dtype under autocast)
 
 
 @dataclass(frozen=True)
@@ -111,8 +112,8 @@ def layer_collectives(s: Shape) -> list[Collective]:
     cols += [Collective("row", "all_reduce", q, 2 * n, 2 * mb, size, "F"),  # 2 LayerNorms: sums of x and x^2
              Collective("row", "all_reduce", q, 2 * n, 2 * mb, size, "B")]
     weights = sum(k_in * n_out for k_in, n_out in s.linears()) / q**2
-    cols.append(Collective("dep", "all_reduce", d, weights, 1, size))
-    cols.append(Collective("batch", "all_reduce", q * d, (9 * h + s.ffn) / q, 1, size))
+    cols.append(Collective("dep", "all_reduce", d, weights, 1, GRAD_ITEMSIZE))
+    cols.append(Collective("batch", "all_reduce", q * d, (9 * h + s.ffn) / q, 1, GRAD_ITEMSIZE))
     return _keep(cols)
 
 
@@ -140,7 +141,7 @@ def stage_collectives(s: Shape, first: bool = True, last: bool = True, vocab_lay
         Collective("row", "all_reduce", q, 2 * n, mb * last, size, "F"),  # final LayerNorm fwd
         Collective("row", "all_reduce", q, 2 * n, mb * last, size, "B"),  # final LayerNorm bwd
         Collective("batch", "all_reduce", q * d, (embed + output) * v * h / q + first * s.seq_len * h / q
-                   + last * 2 * h / q, 1, size),  # vocabulary rows, position embedding, final LayerNorm
+                   + last * 2 * h / q, 1, GRAD_ITEMSIZE),  # vocabulary rows, position embedding, final LayerNorm
         Collective("batch", "all_reduce", q * d, 1, int(loss), 8),  # the iteration loss (fp64)
     ])
 
