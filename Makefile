@@ -50,7 +50,7 @@ paper-artifact: venv  ## a100_paper against the published artifact MFU, and the 
 	$(PY) -m harness.report --experiment paper_artifact vocab_padding
 
 calibrate-paper: venv  ## refit conf/hardware/a100_paper.yaml to the published artifact MFU, then paper-artifact
-	$(PY) -m harness.calibrate --published paper_artifact --name a100_paper
+	$(PY) -m harness.calibrate --published paper_artifact --name a100_paper --overwrite-builtin
 	$(MAKE) paper-artifact
 
 bench: venv  ## vocabulary-layer and pipeline benchmarks (printed, never asserted)

@@ -1,8 +1,11 @@
-"""python -m harness.calibrate --results results/smoke [--name NAME] [--out conf/hardware/NAME.yaml]
-python -m harness.calibrate --published paper_artifact --name a100_paper [--base a100_80g]
+"""python -m harness.calibrate --results results/smoke [--name NAME] [--out DIR/hardware/NAME.yaml]
+python -m harness.calibrate --published paper_artifact --name a100_paper --overwrite-builtin [--base a100_80g]
 
 Fits a hardware profile so that backend=sim predicts a sweep, and writes it as a config of the `hardware`
-group (backend=sim hardware=NAME uses it).
+group (backend=sim hardware=NAME uses it): by default to the user's profile folder,
+$VP_HARNESS_CONFIG/hardware/NAME.yaml (else $XDG_CONFIG_HOME/vp-harness/..., else ~/.config/vp-harness/...),
+which conf/config.yaml puts on Hydra's config search path; or to --out. A name of a built-in profile
+(conf/hardware/) is refused unless --overwrite-builtin says to refit the built-in (make calibrate-paper does).
 
 --results: from real records of one machine. The cost model says what each pass computes (vp.cost.pass_work:
 GEMM shapes, attention, elementwise bytes); the measured pass times give one speed multiplier per pass kind for
@@ -22,12 +25,12 @@ from pathlib import Path
 import numpy as np
 from omegaconf import OmegaConf
 
+from harness import profiles
 from harness.records import load
 from vp.config import RunConfig
 from vp.cost import EFF_KINDS, PROFILES, Hardware, fit_link, pass_work, work_seconds
 from vp.schedule import build
 
-ROOT = Path(__file__).parents[1]
 
 
 def cpu_profile(name: str, peak: float, **fields) -> Hardware:
@@ -121,11 +124,10 @@ def _machine_memory() -> float:
 
 
 def write_profile(hw: Hardware, path: Path, source: str) -> Path:
+    """The profile as a config of the hardware group, written whole (temporary file, then rename)."""
     body = OmegaConf.to_yaml({"name": hw.name, "profile": hw.to_dict()})
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(f"# @package hardware\n# Calibrated by `python -m harness.calibrate` from {source}.\n"
-                    f"# Use it with: python -m harness.sweep backend=sim hardware={hw.name} ...\n{body}")
-    return path
+    return profiles.write_atomic(path, f"# @package hardware\n# Calibrated by `python -m harness.calibrate` from "
+                                       f"{source}.\n# Use it with: {profiles.usage(path, hw.name)}\n{body}")
 
 
 def main(argv=None) -> int:
@@ -135,12 +137,22 @@ def main(argv=None) -> int:
     what.add_argument("--results", help="a folder of records of one machine, e.g. results/smoke")
     what.add_argument("--published", help="a published MFU table: harness/published/NAME.csv with the experiment "
                                           "conf/experiment/NAME.yaml, e.g. paper_artifact")
-    ap.add_argument("--name", default="calibrated")
+    ap.add_argument("--name", default=None, help="the profile's name, hardware=NAME (default: the stem of --out, "
+                                                 "else 'calibrated')")
     ap.add_argument("--base", default="a100_80g", help="the built-in profile the fit starts from (--published, or "
                                                        f"--results of GPU runs): {', '.join(PROFILES)}")
-    ap.add_argument("--out", default=None, help="default conf/hardware/NAME.yaml")
+    ap.add_argument("--out", default=None, help="an explicit file NAME.yaml (default: "
+                                                "<user config folder>/hardware/NAME.yaml, on the sweep's search path)")
+    ap.add_argument("--overwrite-builtin", action="store_true",
+                    help="allow --name to be a built-in profile of conf/hardware/ and replace that file")
     args = ap.parse_args(argv)
-    out = Path(args.out or ROOT / "conf" / "hardware" / f"{args.name}.yaml")
+    name = args.name or (Path(args.out).stem if args.out else "calibrated")
+    try:
+        out = profiles.destination(name, args.out, args.overwrite_builtin)
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    args.name = name
     if args.published:
         from harness.published.calibrate import calibrate_published
 
@@ -159,6 +171,7 @@ def main(argv=None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     out = write_profile(hw, out, args.results)
+    print(f"use it with: {profiles.usage(out, hw.name)}")
     print(f"wrote {out}: peak {hw.peak_flops:.3g} FLOP/s, GEMM speed multiplier "
           + ", ".join(f"{k} {v:.3f}" for k, v in hw.efficiency.items())
           + f", elementwise {hw.mem_bandwidth / 1e9:.2f} GB/s, pass overhead {hw.pass_overhead_s * 1e3:.3f} ms, "

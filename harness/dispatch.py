@@ -51,7 +51,7 @@ def _record_failure_if_missing(job, cfg, handle, error: str, started: str, timed
     """After a job ended: keep the record its rank 0 wrote, or write one naming the culprit rank from the
     tracebacks the ranks left in the job folder, stamped with the time they failed, or NCCL's words in their logs
     (vp.failure.explain), or from what submitit or SLURM said."""
-    from vp.failure import RankEnd, classify, explain, log_evidence, read_error
+    from vp.failure import RankEnd, classify, explain, log_evidence, read_error, with_progress
 
     if status_of(job.path) is not None and _written_since(job.path, started):
         return status_of(job.path), ""
@@ -64,11 +64,14 @@ def _record_failure_if_missing(job, cfg, handle, error: str, started: str, timed
             at, text = read_error(err)
             ends.append(RankEnd(r, text, "raised an error", at))
         elif log.exists() and (evidence := log_evidence(log.read_text(errors="replace"))):
-            ends.append(RankEnd(r, evidence, "ended without a Python error", log.stat().st_mtime))
+            ends.append(RankEnd(r, evidence, with_progress("ended without a Python error",
+                                                            folder / f"progress-{handle.job_id}-{r}.txt"),
+                                log.stat().st_mtime))
     if ends:  # a rank without trace is a cause too, after every cause with a time (vp.failure.explain)
         silent = sorted(set(range(job.run.world)) - {e.rank for e in ends})
-        status, message = explain(ends + [RankEnd(r, None, "ended without a Python error (killed, crashed or hung)")
-                                          for r in silent])
+        status, message = explain(ends + [RankEnd(r, None, with_progress(
+            "ended without a Python error (killed, crashed or hung)", folder / f"progress-{handle.job_id}-{r}.txt"))
+            for r in silent])
     else:
         message = error or "the job ended without writing a record"
         status = classify(message)

@@ -11,6 +11,7 @@ import os
 import re
 import shutil
 import sys
+import warnings
 from pathlib import Path
 
 import hydra
@@ -26,6 +27,8 @@ from harness import dispatch, jobs as J, schema
 from harness.records import finish_run
 
 schema.register()
+# conf/config.yaml's search path names the user's profile folder (harness.profiles), which most users never create
+warnings.filterwarnings("ignore", r"provider=hydra\.searchpath in main, path=.* is not available\.", UserWarning)
 
 # keys that -m may sweep: a job's axes; everything else is a setting of the whole sweep
 JOB_ROOTS = ("model", "vocab", "method", "hardware", "run")
@@ -113,7 +116,13 @@ def _describe(err: Exception, overrides: list[str]) -> str:
             return schema.unknown_key_message(path, name, _schema_for(path, overrides))
     options = [line.strip() for line in text[1:] if line.strip() and not line.strip().startswith(("provider=",
                                                                                                  "Config search"))]
-    return first + (f" ({' '.join(options)})" if options else "")
+    hint = ""
+    if first.startswith("In 'config': Could not find 'hardware/"):
+        from harness.profiles import user_conf_dir
+
+        hint = (f"; calibrated profiles are read from {user_conf_dir() / 'hardware'} (python -m harness.calibrate "
+                f"--name NAME writes there)")
+    return first + (f" ({' '.join(options)})" if options else "") + hint
 
 
 def compose_checked(overrides: list[str]) -> DictConfig:

@@ -48,7 +48,7 @@ def run_task(spec: dict) -> dict | None:
     import torch
 
     from vp.config import RunConfig
-    from vp.failure import write_error
+    from vp.failure import PROGRESS_ENV, write_error
     from vp.hostenv import cpu_threads
     from vp.run import run_rank
 
@@ -59,6 +59,7 @@ def run_task(spec: dict) -> dict | None:
     cfg = RunConfig.from_dict(spec["config"])
     path = Path(spec["path"])
     init = rendezvous(spec, env)
+    os.environ[PROGRESS_ENV] = str(Path(spec["folder"]) / f"progress-{env.job_id}-{rank}.txt")
     try:
         record = run_rank(cfg, rank, world, init, local_rank, fault=spec.get("fault"), experiment=spec["experiment"],
                           trace_path=spec.get("trace"))

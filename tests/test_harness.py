@@ -91,6 +91,13 @@ def test_a_value_for_a_grid_axis_replaces_the_axis(tmp_path):
     code, lines = sweep(tmp_path, "dry_run=true", "experiment=paper_1f1b", "backend=sim", "model=10b")
     assert code == 0 and ": 64 jobs" in lines[0]  # one of the three setups: model=10b (with its 16 ranks)
     assert all("model=10b run.pp=16" in line for line in lines[1:])
+    code, lines = sweep(tmp_path, "dry_run=true", "~grid")  # no grid: the base config is the one job
+    assert code == 0 and ": 1 jobs" in lines[0] and "(base config)" in lines[1]
+    # end to end through the command line: the one job runs and is the only record
+    out = cli("backend=sim", "logger=off", "report=false", f"results_dir={tmp_path}/e2e", "method=vocab-1", "vocab=8k")
+    assert out.returncode == 0 and "1 jobs, 0 done, 1 to run" in out.stdout, out.stderr
+    [rec] = [json.loads(p.read_text()) for p in (tmp_path / "e2e" / "smoke").glob("*.json")]
+    assert rec["config"]["method"] == "vocab-1" and rec["config"]["vocab_size"] == 8000
 
 
 def test_multirun_sweeps_exactly_the_given_values_end_to_end(tmp_path):
@@ -340,7 +347,8 @@ def test_killed_rank_is_recorded_failed_and_a_failed_forced_rerun_keeps_the_ok_r
     recs = {r["config"]["method"]: r for r in records(tmp_path)}
     assert recs["vocab-2"]["status"] == "failed" and recs["vocab-2"]["metrics"] == {}
     err = recs["vocab-2"]["error"]  # the culprit first, then what every rank reported
-    assert err.startswith("rank 1: ended without a Python error") and "rank 0 failed at iteration 0" in err
+    assert err.startswith("rank 1: ended without a Python error (killed, crashed or hung) in iteration 0, step ")
+    assert err.split(";")[0].endswith("(F2)") and "rank 0 failed at iteration 0" in err
     assert recs["baseline"]["status"] == "ok"
     assert any("failed in" in line for line in lines) and "1 failed, 1 ok" in lines[-1]
     ok = (tmp_path / "results" / "smoke" / f"{recs['baseline']['run_id']}.json").read_text()
@@ -468,3 +476,41 @@ def test_make_declares_only_targets_that_have_rules():
         assert out.returncode == 0 and out.stdout.strip(), (target, out.stderr)
     helped = subprocess.run(["make", "help"], capture_output=True, text=True, cwd=ROOT, timeout=60).stdout
     assert all(target in helped for target in declared if target != "help")
+
+
+def test_make_venv_reinstalls_torch_when_another_build_is_asked_for(tmp_path):
+    """The stamp names the requested torch: another TORCH reinstalls it (--force-reinstall), the same one is a
+    no-op. A stand-in python records what pip was asked to do."""
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    log = tmp_path / "pip.log"
+    fake = venv / "bin" / "python"
+    fake.write_text(f"#!/bin/sh\necho \"$*\" >> {log}\n")
+    fake.chmod(0o755)
+    make = ["make", "--no-print-directory", "venv", f"VENV={venv}"]
+    assert subprocess.run([*make, "TORCH=torch==1.0"], cwd=ROOT, capture_output=True, timeout=60).returncode == 0
+    first = log.read_text()
+    assert "install" in first and "torch==1.0" in first and "--force-reinstall" not in first
+    assert subprocess.run([*make, "TORCH=torch==1.0"], cwd=ROOT, capture_output=True, timeout=60).returncode == 0
+    assert log.read_text() == first  # up to date
+    assert subprocess.run([*make, "TORCH=torch==2.0"], cwd=ROOT, capture_output=True, timeout=60).returncode == 0
+    assert "--force-reinstall torch==2.0" in log.read_text()[len(first):]
+    assert len(list(venv.glob(".torch-*"))) == 1
+
+
+def test_docs_and_code_cite_only_files_that_are_in_the_repository():
+    """Every Markdown file a doc, a module or a test names exists (the repository's docs stand alone)."""
+    import re
+
+    named = re.compile(r"(?<![\w/.-])((?:[\w-]+/)*[\w-]+\.md)\b")
+    # written by a run (reports/...), a placeholder (NAME.md) or in the paper's own artifact repository
+    elsewhere = re.compile(r"reports/|tables\.md|NAME\.md|artifact/README\.md")
+    sources = [ROOT / "README.md", ROOT / "Makefile", *ROOT.glob("docs/*.md"), *ROOT.glob("conf/**/*.yaml"),
+               *[p for d in ("vp", "harness", "hydra_plugins", "scripts") for p in (ROOT / d).rglob("*.py")]]
+    missing = []
+    for src in sources:
+        for ref in named.findall(src.read_text()):
+            bases = (ROOT, src.parent, ROOT / "docs")
+            if not elsewhere.search(ref) and not any((base / ref).exists() for base in bases):
+                missing.append(f"{src.relative_to(ROOT)}: {ref}")
+    assert not missing, missing

@@ -123,17 +123,11 @@ def emulated_mesh(rank, world, cfg, form):
         comm.close()
 
 
-TP_QUEUE_DEADLOCK = pytest.mark.xfail(strict=True, reason=(
-    "tensor-parallel collectives inside F and B share the rank's one queue with C0, which receivers enter early "
-    "(C0 slack): on pp 2 x tp 2, stage 0's F3 all-reduce waits behind C0:3, whose root waits for F3's output; the "
-    "cross-group order covers the schedule's collectives, not those inside compute passes"))
-
-
 @pytest.mark.parametrize("world,form,mesh,communicators", [
     (4, "lazy", dict(dp=2, microbatches=4), 10),  # vocab-2's 9, and the dp group
     (4, "lazy", dict(tp=2), None),
     (8, "lazy", dict(tp=4, tp_mode="2d", micro_batch_size=2), None),
-    pytest.param(4, "queue", dict(tp=2, timeout_s=5.0), None, marks=TP_QUEUE_DEADLOCK),
+    (4, "queue", dict(tp=2, timeout_s=20.0), None),
 ])
 def test_eager_creation_covers_every_channel_given_to_make_groups(pools, world, form, mesh, communicators):
     """The data- and tensor-parallel channels are created eagerly too (nothing lazily), and the mesh trains like

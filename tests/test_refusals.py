@@ -29,7 +29,7 @@ def vp(module: str, *args, cwd=ROOT, timeout=120):
      "--max-memory-gb"),
     (["--inject-fault", "5:F2"], "fault rank 5 does not exist: dp=1 x pp=2 has ranks 0..1"),
     (["--inject-fault", "1:F9"], "fault action 'F9' is not executed by rank 1 of method=vocab-2"),
-    (["--inject-fault", "1:F2:boom"], "use RANK:ACTION[:exit|raise|hang]"),
+    (["--inject-fault", "1:F2:boom"], "use RANK:ACTION[:exit|raise|hang|oom]"),
     (["--trace", "/missing/dir/t.json"], "--trace /missing/dir/t.json: the folder /missing/dir does not exist"),
     (["--trace", "t.txt"], "--trace t.txt: the suffix must be one of .json"),
 ])

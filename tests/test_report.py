@@ -118,6 +118,8 @@ def test_failures_are_listed_with_the_first_line_of_their_error(built):
             first = rec["error"].splitlines()[0]
             assert re.search(rf"`{rec['run_id']}` .*\*\*{LABEL[rec['status']]}\*\*: {re.escape(first)}$", failures,
                              re.M)
+            [line] = [x for x in failures.splitlines() if x.startswith(f"- `{rec['run_id']}` ")]
+            assert f", {rec['config']['method']}, vocabulary " in line  # named, not only by its hash
     assert "at rank 1, step 7" not in readme  # only the first line of an error
 
 

@@ -36,6 +36,23 @@ def test_every_generator_validates_over_the_grid(method):
         validate(build(method, pp, m, chunks))
 
 
+@pytest.mark.parametrize("method", [m for m, spec in METHODS.items() if spec.vocab.parallel])
+def test_every_rank_enters_c0_after_its_own_forward(method):
+    """C0(k)'s root needs every stage's F(k); a tensor-parallel F communicates, so on one queue (NCCL with
+    serialised kernels) a rank that entered C0(k) before its own F(k) would deadlock."""
+    for _, pp, m in (c for c in grid() if c[0] == method):
+        chunks = 3 if METHODS[method].family.chunks == 0 and pp % 2 else None
+        s = build(method, pp, m, chunks)
+        for r, acts in enumerate(s.ranks):
+            seen = set()
+            for a in acts:
+                if a.kind == "F" and s.stage(r, a.chunk) < s.n_stages - 1:
+                    seen.add((a.mb, a.chunk))
+                if a.kind == "C0":
+                    need = {(a.mb, c) for c in range(s.chunks) if s.stage(r, c) < s.n_stages - 1}
+                    assert need <= seen, f"{method} pp={pp} m={m}: rank {r} enters C0:{a.mb} before its F{a.mb}"
+
+
 @pytest.mark.parametrize("pp,m", [(2, 4), (4, 8), (4, 16), (8, 32), (5, 7)])
 def test_1f1b_bubble_and_memory_closed_forms(pp, m):
     r = simulate(build("baseline", pp, m))

@@ -1,6 +1,7 @@
 """backend=sim and calibration: one simulator behind both, the paper's trend, OOM, and a fit that reproduces
 the pass times it was fitted on."""
 import json
+import os
 import subprocess
 import sys
 from dataclasses import replace
@@ -101,23 +102,86 @@ def test_calibrated_profile_reproduces_the_pass_times_it_was_fitted_on():
             assert got[key] == pytest.approx(seconds, rel=1e-6), key
 
 
+def _sim_sweep(tmp_path, name, *extra, env=None):
+    return subprocess.run([sys.executable, "-m", "harness.sweep", "backend=sim", f"hardware={name}", "logger=off",
+                           "report=false", f"results_dir={tmp_path}/out-{name}", "grid.product.vocab=[8k]",
+                           "grid.product.method=[vocab-2]", *extra], capture_output=True, text=True, cwd=ROOT, env=env)
+
+
 def test_calibrate_cli_writes_a_profile_the_sweep_can_use(tmp_path):
+    """By default to the user's profile folder, which the sweep's config search path reads; or to an explicit
+    --out, found through hydra.searchpath. Whole files only: no temporary file is left beside them."""
     truth = cpu_profile("truth", 1e11, mem_bandwidth=8e9)
     results = tmp_path / "results" / "calib"
     results.mkdir(parents=True)
     for rec in synthetic_records(truth, CALIB[:4]):
         (results / f"{rec['run_id']}.json").write_text(json.dumps(rec))
+    env = {**os.environ, "VP_HARNESS_CONFIG": str(tmp_path / "user")}
     conf = tmp_path / "conf" / "hardware"
-    out = subprocess.run([sys.executable, "-m", "harness.calibrate", "--results", str(results), "--name", "mybox",
-                          "--out", str(conf / "mybox.yaml")], capture_output=True, text=True, cwd=ROOT)
-    assert out.returncode == 0, out.stderr
-    sweep = subprocess.run([sys.executable, "-m", "harness.sweep", "backend=sim", "hardware=mybox", "logger=off",
-                            "report=false", f"results_dir={tmp_path}/out", f"hydra.searchpath=[file://{tmp_path}/conf]",
-                            "grid.product.vocab=[8k]", "grid.product.method=[vocab-2]"],
-                           capture_output=True, text=True, cwd=ROOT)
-    assert sweep.returncode == 0, sweep.stderr
-    rec = json.loads(next((tmp_path / "out" / "smoke").glob("*.json")).read_text())
-    assert rec["labels"]["hardware"] == "mybox" and rec["env"]["hardware"]["peak_flops"] == pytest.approx(1e11)
+    conf.mkdir(parents=True)
+    for args, written in ((["--name", "mybox"], tmp_path / "user" / "hardware" / "mybox.yaml"),
+                          (["--out", str(conf / "otherbox.yaml")], conf / "otherbox.yaml")):
+        out = subprocess.run([sys.executable, "-m", "harness.calibrate", "--results", str(results), *args],
+                             capture_output=True, text=True, cwd=ROOT, env=env)
+        assert out.returncode == 0 and f"wrote {written}:" in out.stdout, out.stderr
+        assert [p.name for p in written.parent.iterdir()] == [written.name]
+    assert "hydra.searchpath=[file://" in out.stdout  # --out: how the sweep finds it
+    for name, extra in (("mybox", []), ("otherbox", [f"hydra.searchpath=[file://{tmp_path}/conf]"])):
+        sweep = _sim_sweep(tmp_path, name, *extra, env=env)
+        assert sweep.returncode == 0, sweep.stderr
+        rec = json.loads(next((tmp_path / f"out-{name}" / "smoke").glob("*.json")).read_text())
+        assert rec["labels"]["hardware"] == name and rec["env"]["hardware"]["peak_flops"] == pytest.approx(1e11)
+    gone = _sim_sweep(tmp_path, "mybox", env={**env, "VP_HARNESS_CONFIG": str(tmp_path / "elsewhere")})
+    assert gone.returncode == 2 and f"calibrated profiles are read from {tmp_path}/elsewhere/hardware" in gone.stderr
     bad = subprocess.run([sys.executable, "-m", "harness.calibrate", "--results", str(tmp_path / "none")],
                          capture_output=True, text=True, cwd=ROOT)
     assert bad.returncode == 2 and "is not a folder of records" in bad.stderr
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--name", "a100_80g"], "--name a100_80g is a built-in profile (conf/hardware/a100_80g.yaml) and calibrating "
+                             "would replace it; pick another --name, or pass --overwrite-builtin"),
+    (["--name", "h100", "--out", "h100.yaml"], "--name h100 is a built-in profile"),
+    (["--out", "a100_paper.yaml"], "--name a100_paper is a built-in profile"),
+    (["--name", "../../x"], "--name '../../x': a profile name is a letter then letters, digits, _ or -"),
+    (["--name", "mybox", "--overwrite-builtin"], "--overwrite-builtin: mybox is not a built-in profile"),
+    (["--out", str(ROOT / "conf" / "hardware" / "mybox.yaml")], "conf/hardware/ holds the built-in profiles"),
+    (["--name", "mybox", "--out", "other.yaml"], "the file must be named mybox.yaml"),
+    (["--out", "mybox.yml"], "the suffix must be one of .yaml"),
+    (["--out", "missing/mybox.yaml"], "the folder"),
+])
+def test_calibrate_refuses_built_in_names_and_bad_destinations_before_any_work(tmp_path, monkeypatch, capsys,
+                                                                                args, message):
+    from harness.calibrate import main
+
+    builtins = {p: p.read_bytes() for p in (ROOT / "conf" / "hardware").glob("*.yaml")}
+    monkeypatch.setenv("VP_HARNESS_CONFIG", str(tmp_path / "user"))
+    monkeypatch.chdir(tmp_path)
+    for what in (["--results", str(ROOT / "tests" / "fixtures")], ["--published", "paper_artifact"]):
+        assert main([*what, *args]) == 2
+        err = capsys.readouterr().err
+        assert message in err and "Traceback" not in err, err
+    assert not list(tmp_path.iterdir())
+    assert {p: p.read_bytes() for p in (ROOT / "conf" / "hardware").glob("*.yaml")} == builtins
+
+
+def test_a_failed_write_leaves_the_old_profile_whole(tmp_path, monkeypatch):
+    from harness import profiles
+
+    path = tmp_path / "hardware" / "mybox.yaml"
+    profiles.write_atomic(path, "old\n")
+
+    def crash(src, dst):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(profiles.os, "replace", crash)
+    with pytest.raises(OSError):
+        profiles.write_atomic(path, "new\n")
+    assert path.read_text() == "old\n" and [p.name for p in path.parent.iterdir()] == ["mybox.yaml"]
+
+
+def test_only_the_flag_lets_a_calibration_refit_a_built_in():
+    from harness.profiles import destination
+
+    assert destination("a100_paper", None, overwrite_builtin=True) == ROOT / "conf" / "hardware" / "a100_paper.yaml"
+    assert "--overwrite-builtin" in (ROOT / "Makefile").read_text().split("calibrate-paper:")[1].splitlines()[1]

@@ -23,6 +23,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from vp.failure import Progress
 from vp.nccl import Emulation, Pending, Watchdog, connect, create
 
 PIPELINE_CHANNELS = ("fwd+", "fwd-", "bwd+", "bwd-", "C0", "C1", "C2", "IF", "IB", "naive", "step")
@@ -134,6 +135,7 @@ class Comm:
         NCCL's rules on gloo (vp.nccl), with a watchdog of timeout_s as the only timeout."""
         self.groups, self.device, self.emulate = dict(groups), device, emulate
         self.watchdog = Watchdog(rank, timeout_s) if emulate else None
+        self.progress = Progress.from_env()  # the launcher's note of what this rank does (vp.failure)
         self.calls, self.bytes_sent, self.barriers = Counter(), Counter(), Counter()  # keyed (channel, op)
         self._streams: dict[str, CommStream] = {}
         self.created: set[tuple] = set()  # communicators: ("group", channel) or ("pair", channel, a, b), a < b
@@ -182,6 +184,8 @@ class Comm:
         """What this rank does now (iteration, step, action), for the watchdog's report."""
         if self.watchdog is not None:
             self.watchdog.where = where
+        if self.progress is not None:
+            self.progress.note(where)
 
     # -- bookkeeping --------------------------------------------------------------------------------
     def _count(self, channel: str, op: str, t: torch.Tensor, sends: bool = True):

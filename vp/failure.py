@@ -3,8 +3,10 @@ failure came first in time (not the one that printed last, nor one its peers' wa
 
 Evidence of a rank, best first: the traceback it wrote (error file, stamped with the time of the failure), else
 what NCCL or Python's fault handler left in its log (a watchdog timeout, a CUDA out-of-memory, a fatal signal),
-else only how it ended (exit code or signal) and when the launcher saw it end.
+else only how it ended (exit code or signal) and when the launcher saw it end, with the action it was in (the
+progress note every rank keeps, so that a rank killed or exited without a word is still named with its action).
 """
+import os
 import re
 import time
 from dataclasses import dataclass
@@ -23,6 +25,36 @@ LOG_EVIDENCE = ("Watchdog caught collective operation timeout", "Cuda failure", 
                 "Fatal Python error")
 
 _EXCEPTION_LINE = re.compile(r"^\s*[A-Za-z_][\w.]*(Error|Exception|Failure|Timeout|Interrupt|Exit)\b.*:")
+
+
+PROGRESS_ENV = "VP_PROGRESS_FILE"  # set by a launcher: the file a rank keeps its progress note in
+PROGRESS_BYTES = 160
+
+
+class Progress:
+    """What a rank is doing (iteration, step, action), overwritten in place at each action (one pwrite of a fixed
+    size), for the launcher to read when the rank died without a traceback."""
+
+    def __init__(self, path: str):
+        self.fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+
+    @classmethod
+    def from_env(cls) -> "Progress | None":
+        path = os.environ.get(PROGRESS_ENV)
+        return cls(path) if path else None
+
+    def note(self, where: str) -> None:
+        os.pwrite(self.fd, where.encode()[:PROGRESS_BYTES].ljust(PROGRESS_BYTES), 0)
+
+
+def with_progress(how: str, path: Path) -> str:
+    """How a rank ended, with the action its progress note names ("exited with code 17 in iteration 0, step 18
+    (F2)"); unchanged when it left no note."""
+    try:
+        where = path.read_bytes().decode(errors="replace").strip()
+    except OSError:
+        return how
+    return f"{how} in {where}" if where else how
 
 
 def write_error(path: Path, text: str, at: float | None = None) -> None:

@@ -50,6 +50,7 @@ def _local_worker(cfg_dict, rank, world, init_method, workdir, fault, trace_path
     log = open(Path(workdir) / f"log-{rank}.txt", "w")
     os.dup2(log.fileno(), 2)
     faulthandler.enable()
+    os.environ[failure.PROGRESS_ENV] = str(Path(workdir) / f"progress-{rank}.txt")
     torch.set_num_threads(cpu_threads(world, env={}))  # the ranks share this machine's (or task's) CPUs
     try:
         record = rank_fn(RunConfig.from_dict(cfg_dict), rank, world, init_method, local_rank=rank, fault=fault,
@@ -117,6 +118,7 @@ def _rank_end(workdir: str, rank: int, exitcode: int, killed: bool, seen: float 
     """A failed rank's evidence: its stamped traceback, else NCCL's or the fault handler's words in its log."""
     how = ("stopped after the others failed" if killed else
            f"killed by signal {-exitcode}" if exitcode < 0 else f"exited with code {exitcode}")
+    how = failure.with_progress(how, Path(workdir) / f"progress-{rank}.txt")
     error_file, log = Path(workdir) / f"error-{rank}.txt", Path(workdir) / f"log-{rank}.txt"
     if error_file.exists():
         at, text = failure.read_error(error_file)

@@ -5,7 +5,8 @@ Vocabulary passes are placed in time (the paper's approach of inserting passes i
 schedule): the stage passes are simulated with unit costs, and the vocabulary passes are grouped into units,
 each with a target time on that timeline:
   C0(k)                the end of the last stage's F(k): its rank broadcasts X(k) right away; the other ranks,
-                       which only receive, enter it as early as the collective order lets them
+                       which only receive, enter it as early as the collective order lets them, but after their
+                       own F(k) (a tensor-parallel F communicates: on one queue it must not wait behind C0(k))
   S(k) + C1(k)         the end of the last stage's F(k); the receiving ranks one stage pass later, so that the
                        broadcast C0(k) runs under that pass (the official 1F1B placement)
   T(k) + C2(k)         where S(k+1) goes (a step holds T of k-1, then S of k); where the last stage's B(k) waits
@@ -107,6 +108,19 @@ def _start_of_pass_before(s: Schedule, times: dict, where: tuple[int, int]) -> d
     return out
 
 
+def _after_inputs(s: Schedule, acts: list[Action], u: _Unit) -> int:
+    """The earliest position of unit u on a rank: after the rank's own passes that the unit's root needs before
+    it can enter (C0(k): the rank's F(k) of every stage before the last). Entered any earlier, the collective
+    would sit on the rank's queue ahead of a pass that communicates (a tensor-parallel stage's all-reduces),
+    which the root waits for: a deadlock on one queue."""
+    needs = {k for kind, k in u.actions if kind == "C0"}
+    if not needs:
+        return 0
+    last = s.n_stages - 1
+    return max((i + 1 for i, a in enumerate(acts)
+                if a.kind == "F" and a.mb in needs and s.stage(a.rank, a.chunk) < last), default=0)
+
+
 def insert_vocab_passes(s: Schedule) -> Schedule:
     """Place S/T/IF/IB and C0/C1/C2 into a schedule of stage passes (see the module docstring)."""
     base = simulate(lower(replace(s, vocab=VOCAB["local"])))
@@ -121,6 +135,7 @@ def insert_vocab_passes(s: Schedule) -> Schedule:
             delay = 0.0 if r == u.root else u.receivers
             if delay is not None:
                 pos = max(pos, bisect_left(starts, u.key[0] + delay))
+            pos = max(pos, _after_inputs(s, acts, u))
             at.setdefault(pos, []).extend(Action(r, kind, k) for kind, k in u.actions)
         seq = []
         for i, a in enumerate(acts):

@@ -11,7 +11,7 @@ Input layer: every rank looks up IF(k) for the first stage ahead of its F(k) (1.
 output-layer step, then one after each output-layer step from microbatch p-1 on), and IB(k) after each
 output-layer step from microbatch p+1 on (p on an odd pipeline). The broadcast C0(k) starts on the last rank right
 after its F(k); every other rank enters it at the same place in the collective order, which is early for it
-(C0(0), which opens the group, as late as that order allows).
+(C0(0), which opens the group, as late as that order allows), but never before its own F(k).
 """
 
 
@@ -102,5 +102,17 @@ def _receivers_enter_c0(order: list[list[tuple[str, int, int]]]) -> list[list[tu
                     x = todo.pop(0)
                     seq.append(x)
                     todo += after.get(x, [])
-        out.append(seq)
+        out.append(_after_own_forward(seq))
     return out + [root]
+
+
+def _after_own_forward(seq: list[tuple[str, int, int]]) -> list[tuple[str, int, int]]:
+    """C0(k) moved after the rank's own F(k) where the order above put it earlier: the last rank's F(k) needs
+    that F(k), and a tensor-parallel F communicates, so on one queue it must not wait behind C0(k). Only stage
+    passes lie in between (the validator's cross-group order check would catch a collective)."""
+    out = list(seq)
+    for k in sorted({a[1] for a in seq if a[0] == "C0"}):
+        i, j = out.index(("C0", k, 0)), out.index(("F", k, 0))
+        if i < j:
+            out.insert(j, out.pop(i))
+    return out

@@ -1,7 +1,7 @@
 """Which device holds which block: slicing full tensors into a device's blocks and assembling them back.
 Pure tensor index maps (no communication); the layers cut their parameters with these, the tests check them.
 
-Grid [q, q, d], device P[r, c, k], token block j = k*q + r (TP.md):
+Grid [q, q, d], device P[r, c, k], token block j = k*q + r (docs/tensor-parallel.md):
   activation X [b, s, K]  ->  X[j-th of d*q sequence blocks, :, c-th of q hidden blocks]   [b/(dq), s, K/q]
   weight W [N, K] (nn.Linear's [out, in])  ->  the block B[r, c] of B = W^T               [K/q, N/q]
   vector v [N] (bias, LayerNorm)  ->  v[c-th block], the same on every (r, k)              [N/q]

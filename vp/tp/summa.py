@@ -1,4 +1,5 @@
-"""The three SUMMA products on one depth layer of a [q, q, d] grid, as q-step loops (TP.md; Optimus / Tesseract).
+"""The three SUMMA products on one depth layer of a [q, q, d] grid, as q-step loops (docs/tensor-parallel.md;
+Optimus / Tesseract).
 
 Blocks: device P[r, c, k] holds A[j, c] of an activation (j = k*q + r: its token block) and B[r, c] of a weight,
 C comes out in the same layout. ROW (index = column) and COL (index = row) are the device's grid row and column

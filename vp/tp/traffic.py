@@ -6,7 +6,8 @@ Comm counts, per call: every member of an all-reduce, reduce, all-gather (its ow
 whole input) its input; the root of a broadcast its block. In a q-step SUMMA loop every device is the root of
 one broadcast per channel. The wire model (ring / pipelined chain; per device, averaged over the group):
 all-reduce 2(p-1)/p n, broadcast and reduce (p-1)/p n, all-gather (p-1) n, reduce-scatter (p-1)/p n. Under it
-a SUMMA linear moves 3(q-1) X-blocks and 3(q-1) W-blocks per device (TP.md), 1-D 2(t-1)/t of [n, h] per all-reduce.
+a SUMMA linear moves 3(q-1) X-blocks and 3(q-1) W-blocks per device (docs/tensor-parallel.md), 1-D 2(t-1)/t of
+[n, h] per all-reduce.
 
 Per transformer layer (n = micro-batch tokens, m = n/(dq) tokens per grid device, linears (K, N) = (h, 3h),
 (h, h), (h, ffn), (ffn, h), X-block m K/q, W-block K N/q^2), per micro-batch unless "per iteration":
