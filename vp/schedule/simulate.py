@@ -23,6 +23,7 @@ keep their own channels, as in the default mode.
 """
 from collections import defaultdict
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from vp.schedule.actions import COLLECTIVES, P2P, Action, Schedule
 from vp.schedule.rules import enters, local_needs, members, p2p_peer, root_of, waits_on
@@ -93,10 +94,45 @@ class SimResult:
                 "bubble_fraction": self.bubble_fraction, "peak_activations": self.peak_activations}
 
 
+class _Step(NamedTuple):
+    """What the simulator needs of one action that depends on the schedule alone (not on costs)."""
+    action: Action
+    needs: tuple  # keys of `end` this action waits for on its own rank (rules.local_needs)
+    entry: object  # the collective instance it enters, or None (rules.enters)
+    waits: tuple  # the collective instances it waits on (rules.waits_on)
+    stage: int | None  # F, B, W: its stage; sends and receives: the peer
+    match: tuple | None  # sends and receives: the key a send and its receive share
+
+
+_PLANS: dict = {}  # schedule contents -> per-rank steps; a sweep simulates one schedule with many costs
+
+
+def _plan(s: Schedule) -> list[list[_Step]]:
+    key = (s.pp, s.placement, s.chunks, s.split_w, s.vocab, tuple(map(tuple, s.ranks)))
+    if key not in _PLANS:
+        if len(_PLANS) >= 16:
+            _PLANS.pop(next(iter(_PLANS)))
+        plan = []
+        for r, acts in enumerate(s.ranks):
+            steps = []
+            for a in acts:
+                needs = tuple((r, *n) for n in local_needs(s, a))
+                if a.kind in P2P:
+                    peer, match = p2p_peer(s, a)
+                    steps.append(_Step(a, needs, None, (), peer, match))
+                else:
+                    st = s.stage(r, a.chunk) if a.kind in ("F", "B", "W") else None
+                    steps.append(_Step(a, needs, enters(s, a), tuple(waits_on(s, a)), st, None))
+            plan.append(steps)
+        _PLANS[key] = plan
+    return _PLANS[key]
+
+
 def simulate(s: Schedule, costs: Costs | None = None, strict: bool = False) -> SimResult:
     """Run the schedule on the execution model above (strict: all of a rank's collectives on one queue)."""
     costs = costs or unit_costs(s)
     pp, ranks = s.pp, s.ranks
+    plan = _plan(s)
     idx, clock = [0] * pp, [0.0] * pp
     end: dict[tuple, float] = {}
     entered: dict[tuple, dict[int, float]] = defaultdict(dict)
@@ -148,19 +184,17 @@ def simulate(s: Schedule, costs: Costs | None = None, strict: bool = False) -> S
             return None
         return max(got.values()) + costs.comm.get(inst.kind, 0.0)
 
-    def ready_after_local(r, i, a):
+    def ready_after_local(r, i, a, needs):
         t = clock[r]
-        for need in local_needs(s, a):
-            key = (r, *need)
+        for key in needs:
             if key not in end:
                 raise ScheduleError(f"rank {r}, step {i} ({a.text()}): needs "
-                                    f"{Action(r, *need).text()} earlier on rank {r}\n" + s.grid((r, i), 6))
+                                    f"{Action(*key).text()} earlier on rank {r}\n" + s.grid((r, i), 6))
             t = max(t, end[key])
         return t
 
-    def step_p2p(r, i, a):
-        ready = ready_after_local(r, i, a)
-        peer, key = p2p_peer(s, a)
+    def step_p2p(r, i, a, needs, peer, key):
+        ready = ready_after_local(r, i, a, needs)
         if a.kind[0] == "S":
             posted[(r, peer, key)] = finish = ready
         else:
@@ -175,11 +209,10 @@ def simulate(s: Schedule, costs: Costs | None = None, strict: bool = False) -> S
 
     def step(r):
         i = idx[r]
-        a = ranks[r][i]
-        if a.kind in P2P:
-            return step_p2p(r, i, a)
-        ready = ready_after_local(r, i, a)
-        entry = enters(s, a)
+        a, needs, entry, waits, st, match = plan[r][i]
+        if match is not None:
+            return step_p2p(r, i, a, needs, st, match)
+        ready = ready_after_local(r, i, a, needs)
         if strict and entry and opened.setdefault(entry.group, entry) == entry:
             created = entered[entry] if entry.phase == "start" else lazy[entry]
             if r not in created:
@@ -192,7 +225,7 @@ def simulate(s: Schedule, costs: Costs | None = None, strict: bool = False) -> S
         if entry and entry.phase == "start" and r not in entered[entry]:
             enter(entry, r, ready)
         start = ready
-        for inst in waits_on(s, a):
+        for inst in waits:
             t = completion(inst, r)
             if t is None:
                 return False
@@ -202,7 +235,6 @@ def simulate(s: Schedule, costs: Costs | None = None, strict: bool = False) -> S
             timeline[r].append((a, start, start))
             clock[r], idx[r] = start, i + 1
             return True
-        st = s.stage(r, a.chunk) if a.kind in ("F", "B", "W") else None
         dur = costs.time(a.kind, st)
         finish = start + dur
         if a.kind in ("F", "S"):
