@@ -10,7 +10,8 @@ ARGS ?=
 # one stamp per requested torch: asking for another build makes it out of date
 TORCH_STAMP := $(VENV)/.torch-$(shell printf '%s' '$(TORCH)' | cksum | cut -d' ' -f1)
 
-.PHONY: help venv test sweep report paper-tables paper-artifact calibrate-paper bench gpu-check slurm-up slurm-down clean
+PHONY_SIM := sim-paper_1f1b sim-paper_vhalf sim-vp_tp sim-tp_scaling
+.PHONY: $(PHONY_SIM) help venv test sweep report paper-tables paper-artifact calibrate-paper bench gpu-check slurm-up slurm-down clean
 
 help:  ## this list
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z-]+:.*## / {printf "  make %-13s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -40,11 +41,14 @@ report: venv  ## rebuild every report from results/
 
 PAPER_HW ?= a100_paper
 paper-tables: venv  ## the papers' grids predicted with the cost model (paper_1f1b, paper_vhalf, vp_tp, tp_scaling), and their reports
-	$(PY) -m harness.sweep experiment=paper_1f1b backend=sim hardware=$(PAPER_HW) logger=off report=false $(ARGS)
-	$(PY) -m harness.sweep experiment=paper_vhalf backend=sim hardware=$(PAPER_HW) logger=off report=false $(ARGS)
-	$(PY) -m harness.sweep experiment=vp_tp backend=sim hardware=$(PAPER_HW) logger=off report=false $(ARGS)
-	$(PY) -m harness.sweep experiment=tp_scaling backend=sim logger=off report=false $(ARGS)
+	$(MAKE) --no-print-directory -j2 sim-paper_1f1b sim-paper_vhalf sim-vp_tp sim-tp_scaling
 	$(PY) -m harness.report --experiment paper_1f1b paper_vhalf vp_tp tp_scaling
+
+# one simulated sweep per experiment, two at a time (independent processes and result folders)
+sim-paper_1f1b sim-paper_vhalf sim-vp_tp: sim-%: venv
+	$(PY) -m harness.sweep experiment=$* backend=sim hardware=$(PAPER_HW) logger=off report=false $(ARGS)
+sim-tp_scaling: venv
+	$(PY) -m harness.sweep experiment=tp_scaling backend=sim logger=off report=false $(ARGS)
 
 paper-artifact: venv  ## a100_paper against the published artifact MFU, and the vocabulary-padding effect
 	$(PY) -m harness.sweep experiment=paper_artifact backend=sim hardware=$(PAPER_HW) logger=off report=false $(ARGS)
@@ -62,7 +66,7 @@ bench: venv  ## vocabulary-layer and pipeline benchmarks (printed, never asserte
 gpu-check: venv  ## the prepared check of the GPU path (docs/gpu-path.md; needs a CUDA torch: TORCH=...)
 	$(PY) -m harness.gpucheck $(ARGS)
 
-slurm-up:  ## start a single-node SLURM here (root; installs slurm-wlm and munge when missing)
+slurm-up:  ## start SLURM here with two emulated nodes (root; installs slurm-wlm and munge when missing)
 	bash scripts/slurm-up.sh
 
 slurm-down:  ## stop it

@@ -2,8 +2,10 @@
 a README that opens with the findings and indexes the rest; then <reports_dir>/README.md over every experiment
 folder there. Reads only records (and traces) on disk. A report belongs to its results: reports_dir defaults
 to the folder `reports` beside results_dir, and a report folder built from other results is never overwritten."""
+import multiprocessing
 import os
 import re
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import pandas as pd
@@ -70,10 +72,19 @@ def build_reports(results_dir: Path, reports_dir=None, experiments: list[str] | 
         raise ValueError(f"no records under {results_dir}/<experiment>/; run a sweep first (make sweep)")
     for name in read:
         check_report_target(reports_dir / name, results_dir / name)
-    written = [build_experiment(name, recs, reports_dir / name, results_dir / name, bad)
-               for name, (recs, bad) in read.items()]
+    jobs = [(name, recs, reports_dir / name, results_dir / name, bad) for name, (recs, bad) in read.items()]
+    workers = min(len(jobs), os.cpu_count() or 1, 4)
+    if workers > 1:  # experiments are independent; drawing their figures dominates, one process each
+        with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+            written = list(pool.map(_build_one, jobs))
+    else:
+        written = [_build_one(job) for job in jobs]
     write_index(reports_dir)
     return written
+
+
+def _build_one(job: tuple) -> Path:
+    return build_experiment(*job)
 
 
 def _write(path: Path, text: str) -> Path:
