@@ -10,8 +10,7 @@ ARGS ?=
 # one stamp per requested torch: asking for another build makes it out of date
 TORCH_STAMP := $(VENV)/.torch-$(shell printf '%s' '$(TORCH)' | cksum | cut -d' ' -f1)
 
-PHONY_SIM := sim-paper_1f1b sim-paper_vhalf sim-vp_tp sim-tp_scaling
-.PHONY: $(PHONY_SIM) help venv test sweep report paper-tables paper-artifact calibrate-paper bench gpu-check slurm-up slurm-down clean
+.PHONY: help venv test sweep report paper-tables paper-artifact calibrate-paper bench gpu-check slurm-up slurm-down clean
 
 help:  ## this list
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z-]+:.*## / {printf "  make %-13s %s\n", $$1, $$2}' $(MAKEFILE_LIST)

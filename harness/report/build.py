@@ -74,7 +74,9 @@ def build_reports(results_dir: Path, reports_dir=None, experiments: list[str] | 
         check_report_target(reports_dir / name, results_dir / name)
     jobs = [(name, recs, reports_dir / name, results_dir / name, bad) for name, (recs, bad) in read.items()]
     workers = min(len(jobs), os.cpu_count() or 1, 4)
-    if workers > 1:  # experiments are independent; drawing their figures dominates, one process each
+    if workers > 1 and sum(len(job[1]) for job in jobs) >= 100:
+        # experiments are independent and drawing their figures dominates: one process each, where that pays for
+        # starting the processes (a few seconds)
         with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
             written = list(pool.map(_build_one, jobs))
     else:
