@@ -71,8 +71,7 @@ def test_every_config_group_option_composes_to_its_file(group):
 
 @pytest.mark.parametrize("overrides,jobs", [
     ([], 10),
-    (["experiment=paper_1f1b", "backend=sim"], 192),
-    (["experiment=paper_1f1b", "cluster=slurm", "cluster.partition=gpu"], 192),
+    (["experiment=paper_1f1b", "cluster=slurm", "cluster.partition=gpu"], 192),  # backend=sim plans the same jobs
     (["experiment=paper_vhalf", "backend=sim"], 72),
     (["experiment=vocab_padding", "backend=sim"], 4),
 ])
@@ -235,7 +234,7 @@ def test_paper_grid_gives_redis_the_official_final_stage_layers(tmp_path):
     (remainders on the later stages, rank 0 never gains one); the other methods split layers evenly."""
     from harness.sweep import plan
 
-    overrides = [f"results_dir={tmp_path}/results", "experiment=paper_1f1b", "backend=sim", "logger=off"]
+    overrides = [f"results_dir={tmp_path}/results", "experiment=paper_1f1b", "backend=sim", "logger=off", "model=4b"]
     with initialize_config_dir(CONF, version_base="1.3"):
         _, jobs = plan(overrides)
     layers = {(j.run.method, j.run.vocab_size): j.run.stage_layers for j in jobs if j.run.pp == 8}
@@ -353,7 +352,7 @@ def test_killed_rank_is_recorded_failed_and_a_failed_forced_rerun_keeps_the_ok_r
     assert any("failed in" in line for line in lines) and "1 failed, 1 ok" in lines[-1]
     ok = (tmp_path / "results" / "smoke" / f"{recs['baseline']['run_id']}.json").read_text()
     code, lines = sweep(tmp_path, *grid, "method=baseline", "force=true", "fault={method: baseline, at: '0:B1:exit'}")
-    assert code == 0 and any("the earlier ok record is kept" in line for line in lines)
+    assert code == 0 and any("the earlier ok record is kept" in line for line in lines), lines
     assert (tmp_path / "results" / "smoke" / f"{recs['baseline']['run_id']}.json").read_text() == ok
 
 
