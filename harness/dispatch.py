@@ -47,13 +47,15 @@ def executor_for(job, cfg, folder: Path):
     return ex
 
 
-def _record_failure_if_missing(job, cfg, handle, error: str, started: str, timed_out: bool = False) -> tuple[str, str]:
+def _record_failure_if_missing(job, cfg, handle, error: str, started: str, before: tuple | None,
+                               timed_out: bool = False) -> tuple[str, str]:
     """After a job ended: keep the record its rank 0 wrote, or write one naming the culprit rank from the
     tracebacks the ranks left in the job folder, stamped with the time they failed, or NCCL's words in their logs
-    (vp.failure.explain), or from what submitit or SLURM said."""
+    (vp.failure.explain), or from what submitit or SLURM said. `before`: the record file's _signature when the job
+    was submitted (a forced rerun starts with the earlier record in place)."""
     from vp.failure import RankEnd, classify, explain, log_evidence, read_error, with_progress
 
-    if status_of(job.path) is not None and _written_since(job.path, started):
+    if status_of(job.path) is not None and _signature(job.path) != before:
         return status_of(job.path), ""
     kept = status_of(job.path) == "ok"  # a forced rerun that failed: the ok record of the earlier run stays
     folder = Path(_spec(job, cfg)["folder"])
@@ -110,10 +112,15 @@ def _tail(handle, lines: int = 30) -> str:
         return "(no log)"
 
 
-def _written_since(path: Path, started: str) -> bool:
-    from datetime import datetime
-
-    return path.stat().st_mtime >= datetime.fromisoformat(started).timestamp() - 1
+def _signature(path: Path) -> tuple | None:
+    """What tells a record file apart from the one there before: records are written by atomic rename, so a new
+    one has a new inode (and, mostly, a new mtime to the nanosecond). None: no file. A time window cannot tell:
+    a forced rerun that fails within a second of the earlier run's record would pass for having written it."""
+    try:
+        st = path.stat()
+    except FileNotFoundError:
+        return None
+    return st.st_ino, st.st_mtime_ns, st.st_size
 
 
 def _fmt(seconds: float) -> str:
@@ -142,7 +149,7 @@ def run_local(jobs, cfg, log=print) -> dict:
         elapsed = time.monotonic() - began
         eta = f", ETA {_fmt(elapsed / i * (total - i))}" if i else ""
         log(f"[{i}/{total} done{eta}] running {job.name} (run {job.run_id})")
-        started = now()
+        started, before = now(), _signature(job.path)
         t0 = time.monotonic()
         handle = executor_for(job, cfg, Path(spec["folder"])).submit(run_task, spec)
         error = ""
@@ -153,7 +160,8 @@ def run_local(jobs, cfg, log=print) -> dict:
             raise
         except Exception as err:  # noqa: BLE001 - the failure becomes the record's error text
             error = f"{type(err).__name__}: {err}"
-        status, note = _record_failure_if_missing(job, cfg, handle, error, started, "TIMEOUT" in str(handle.state))
+        status, note = _record_failure_if_missing(job, cfg, handle, error, started, before,
+                                                  "TIMEOUT" in str(handle.state))
         counts[status] = counts.get(status, 0) + 1
         log(f"    {status} in {_fmt(time.monotonic() - t0)}{note}")
     log(f"[{total}/{total} done in {_fmt(time.monotonic() - began)}] " +
@@ -167,8 +175,8 @@ def run_slurm(jobs, cfg, log=print) -> dict:
 
     started, handles = now(), []
     for job in jobs:
-        spec = _spec(job, cfg)
-        handles.append((job, executor_for(job, cfg, Path(spec["folder"])).submit(run_task, spec)))
+        spec, before = _spec(job, cfg), _signature(job.path)
+        handles.append((job, executor_for(job, cfg, Path(spec["folder"])).submit(run_task, spec), before))
         log(f"submitted {job.name} (run {job.run_id}) as SLURM job {handles[-1][1].job_id}")
     if not cfg.cluster.wait:
         log(f"{len(handles)} jobs submitted; rerun the same command later to resume what did not finish")
@@ -176,7 +184,7 @@ def run_slurm(jobs, cfg, log=print) -> dict:
     try:
         return _follow(handles, cfg, started, log)
     except KeyboardInterrupt:
-        ids = " ".join(str(h.job_id) for _, h in handles)
+        ids = " ".join(str(h.job_id) for _, h, _ in handles)
         log(f"stopped following; the SLURM jobs go on and write their records (scancel {ids} stops them). "
             f"Rerun the same command once they ended: finished runs are skipped")
         raise
@@ -187,13 +195,13 @@ def _follow(handles, cfg, started: str, log) -> dict:
     pending = list(handles)
     while pending:
         still = []
-        for job, handle in pending:
+        for job, handle, before in pending:
             state = _slurm_state(handle.job_id)
             if state is None or state in ACTIVE:
-                still.append((job, handle))
+                still.append((job, handle, before))
                 continue
             error = "" if state == "COMPLETED" else f"SLURM job {handle.job_id} ended {state}: " + _tail(handle)
-            status, _ = _record_failure_if_missing(job, cfg, handle, error, started, state == "TIMEOUT")
+            status, _ = _record_failure_if_missing(job, cfg, handle, error, started, before, state == "TIMEOUT")
             counts[status] = counts.get(status, 0) + 1
         pending = still
         line = f"[{total - len(pending)}/{total} done] " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))

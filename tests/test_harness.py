@@ -338,7 +338,7 @@ def test_local_sweep_interrupted_then_resumed(tmp_path):
         check_trace(r, out / f"{r['run_id']}.trace.json")
 
 
-def test_killed_rank_is_recorded_failed(tmp_path):
+def test_killed_rank_is_recorded_failed_and_a_failed_forced_rerun_keeps_the_ok_record(tmp_path):
     grid = [*TINY, "grid.product.vocab=[2k]", "grid.product.method=[vocab-2,baseline]", "run.iterations=2",
             "run.timeout_s=20"]
     code, lines = sweep(tmp_path, *grid, "fault={method: vocab-2, at: '1:F2:exit'}")
@@ -350,6 +350,15 @@ def test_killed_rank_is_recorded_failed(tmp_path):
     assert err.split(";")[0].endswith("(F2)") and "rank 0 failed at iteration 0" in err
     assert recs["baseline"]["status"] == "ok"
     assert any("failed in" in line for line in lines) and "1 failed, 1 ok" in lines[-1]
+    # a forced rerun that fails keeps the earlier ok record; the record was just written (as when the rerun follows
+    # within a second), so a check by modification time would take it for the rerun's own
+    path = tmp_path / "results" / "smoke" / f"{recs['baseline']['run_id']}.json"
+    ok = path.read_text()
+    os.utime(path)
+    code, lines = sweep(tmp_path, *grid, "grid.product.method=[baseline]", "force=true",
+                        "fault={method: baseline, at: '0:B1:exit'}")
+    assert code == 0 and any("the earlier ok record is kept" in line for line in lines), lines
+    assert path.read_text() == ok
 
 
 def _wandb_records(run_dir: Path, kind: str) -> list:
