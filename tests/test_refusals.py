@@ -1,13 +1,14 @@
 """vp's command lines refuse what cannot work before any process starts (exit code 2, the field and the fix,
 nothing written), and a local run stops with all its processes on Ctrl-C."""
 import os
-import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+
+from procs import ctrl_c, session_processes
 
 ROOT = Path(__file__).parents[1]
 TINY = ["--method", "vocab-2", "--pp", "2", "--layers", "2", "--hidden", "32", "--heads", "2", "--seq-len", "16",
@@ -63,31 +64,14 @@ def test_vp_schedule_size_limit_can_be_raised(tmp_path):
     assert out.returncode == 0 and (tmp_path / "t.svg").is_file()
 
 
-def _group(pgid: int) -> list[int]:
-    out = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                fields = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            if int(fields[3]) == pgid and fields[0] != "Z":
-                out.append(int(entry))
-    return out
-
-
 def test_ctrl_c_stops_a_local_run_and_all_its_processes_within_10_s(tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "vp.train", *TINY[:-4], "--iterations", "100000", "--warmup", "1"],
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     deadline = time.monotonic() + 120
-    while len(_group(proc.pid)) < 3 and time.monotonic() < deadline:  # the launcher and its 2 ranks
+    while len(session_processes(proc.pid)) < 3 and time.monotonic() < deadline:  # the launcher and its 2 ranks
         time.sleep(0.2)
     time.sleep(3)  # into training
-    assert proc.poll() is None and len(_group(proc.pid)) >= 3
-    os.killpg(proc.pid, signal.SIGINT)  # a terminal's Ctrl-C reaches the whole foreground group
-    stopped = time.monotonic()
-    code = proc.wait(timeout=30)
-    while _group(proc.pid) and time.monotonic() - stopped < 10:
-        time.sleep(0.1)
-    assert not _group(proc.pid), "processes left 10 s after Ctrl-C"
+    assert proc.poll() is None and len(session_processes(proc.pid)) >= 3
+    code, left = ctrl_c(proc)  # a terminal's Ctrl-C reaches the whole foreground group
+    assert not left, "processes left 10 s after Ctrl-C"
     assert code == 130 and "interrupted: every rank of this run was stopped" in proc.stderr.read()

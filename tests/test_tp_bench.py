@@ -3,7 +3,7 @@ grid of python -m vp.bench tp (tiny sizes): per layer (a 2-layer run minus a 1-l
 import pytest
 import torch
 
-from tp_util import BENCH_PLACEMENTS, GRIDS, place
+from tp_util import BENCH_PLACEMENTS, GRIDS, place, placed
 from vp.bench.tp import compare, grid_name, paper_rows
 from vp.config import RunConfig
 from vp.run import train_rank
@@ -34,10 +34,8 @@ def bytes_sent(rank, world, names):
 @pytest.fixture(scope="module")
 def measured(pools):
     out = {}
-    for names in BENCH_PLACEMENTS:
-        for res in pools(8).run(bytes_sent, names):
-            if res is not None:
-                out.setdefault(res[0], []).append(res[1])
+    for name, sent in placed(pools(8), bytes_sent, BENCH_PLACEMENTS):
+        out.setdefault(name, []).append(sent)
     return out
 
 

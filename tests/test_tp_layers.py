@@ -6,7 +6,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from tp_util import GRIDS, PLACEMENTS, TESTED, assemble, mesh_of, place, tagged_grads, unpermute_qkv
+from tp_util import GRIDS, PLACEMENTS, TESTED, assemble, mesh_of, place, placed, tagged_grads, unpermute_qkv
 from vp.config import padded_vocab_size
 from vp.model import Block, Linear, vocab_rows
 from vp.tp.attention import local_attention
@@ -137,12 +137,9 @@ def run_checks(rank, world, names):
 @pytest.fixture(scope="module")
 def results(pools):
     out = {}
-    for names in PLACEMENTS:
-        for res in pools(8).run(run_checks, names):
-            if res is not None:
-                name, coords, per_kind = res
-                for kind, value in per_kind.items():
-                    out.setdefault((name, kind), {})[coords] = value
+    for name, coords, per_kind in placed(pools(8), run_checks, PLACEMENTS):
+        for kind, value in per_kind.items():
+            out.setdefault((name, kind), {})[coords] = value
     return out
 
 

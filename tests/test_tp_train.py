@@ -8,7 +8,7 @@ import torch
 
 from test_runtime import assert_parameters_close
 from test_train_cli import train
-from tp_util import GRIDS, PLACEMENTS, TESTED, assemble, mesh_of, place, tagged_grads, unpermute_qkv
+from tp_util import GRIDS, PLACEMENTS, TESTED, assemble, mesh_of, place, placed, tagged_grads, unpermute_qkv
 from vp.config import RunConfig
 from vp.reference import train_reference
 from vp.run import build_rank_model
@@ -63,10 +63,8 @@ def train_grid(rank, world, names):
 @pytest.fixture(scope="module")
 def trained(pools):
     out = {}
-    for names in PLACEMENTS:
-        for res in pools(8).run(train_grid, names):
-            if res is not None:
-                out.setdefault(res[0], {})[res[1]] = res[2:]
+    for res in placed(pools(8), train_grid, PLACEMENTS):
+        out.setdefault(res[0], {})[res[1]] = res[2:]
     return out
 
 

@@ -46,6 +46,13 @@ def place(rank: int, world: int, names: list[str], pipeline: bool = False) -> tu
     return (*mine, Comm(make_groups(slices, rank), torch.device("cpu")))
 
 
+def placed(pool, fn, placements: list[list[str]]):
+    """Run fn(rank, world, names) on every rank of the pool once per placement; yield what the busy ranks return
+    (idle ranks return None)."""
+    for names in placements:
+        yield from (res for res in pool.run(fn, names) if res is not None)
+
+
 # -- assembling what the devices hold -----------------------------------------------------------------------
 def tag_of(module: nn.Module, pname: str, grid: bool) -> str:
     """How a parameter is laid out over the devices: grid_w (W^T blocks), cut0/cut1 (split over columns along

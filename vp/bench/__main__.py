@@ -8,7 +8,6 @@ python -m vp.bench tpsim     the cost model's 1-D, 2-D and 2.5-D at the 2.5-D pa
 """
 import argparse
 import json
-import statistics
 import sys
 import time
 
