@@ -15,7 +15,7 @@ from vp.cost import PROFILES, Hardware
 from vp.schedule.methods import get_method
 from vp.record import run_id
 
-from harness.records import status_of
+from harness.records import read
 
 
 @dataclass
@@ -34,8 +34,21 @@ class Job:
         return " ".join(self.overrides) or "(base config)"
 
     def status(self) -> str:
-        """'done' when an ok record exists, else 'todo' (a failed or unreadable record is run again)."""
-        return "done" if self.path is not None and status_of(self.path) == "ok" else "todo"
+        """'done' when an ok record exists; 'stale' when it is a simulated one predicted by other code (a changed
+        cost model or schedule: harness.sim.simulator_version); else 'todo' (a failed or unreadable record is run
+        again). Stale and todo jobs run."""
+        try:
+            rec = read(self.path) if self.path is not None and self.path.exists() else None
+        except ValueError:
+            rec = None
+        if rec is None or rec["status"] != "ok":
+            return "todo"
+        if rec.get("backend") == "sim":
+            from harness.sim import simulator_version
+
+            if (rec.get("env") or {}).get("simulator_version") != simulator_version():
+                return "stale"
+        return "done"
 
 
 def _value(v) -> str:

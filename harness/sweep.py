@@ -204,20 +204,22 @@ def run(overrides: list[str], log=_print) -> int:
     """The whole sweep; returns the exit code (2: refused before anything ran, 130: interrupted)."""
     try:
         cfg, jobs = plan(overrides)
-        todo = [j for j in jobs if cfg.force or j.status() != "done"]
+        todo = [j for j in jobs if cfg.force or j.status() != "done"]  # todo and stale
         if not cfg.dry_run:
             check_outputs(cfg, todo)
     except ValueError as err:
         print(f"sweep refused, nothing was submitted: {err}", file=sys.stderr)
         return 2
-    done = len(jobs) - len([j for j in jobs if j.status() != "done"])
+    states = [j.status() for j in jobs]
+    done, stale = states.count("done"), states.count("stale")
     where = f"cluster={cfg.cluster.name}" if cfg.backend == "real" else f"hardware={cfg.hardware.name}"
     log(f"experiment {cfg.experiment}: {len(jobs)} jobs, {done} done, {len(todo)} to run "
-        f"(backend={cfg.backend}, {where})")
+        f"(backend={cfg.backend}, {where})" +
+        (f"; {stale} simulated by other code (cost model or schedules changed since) run again" if stale else ""))
     if cfg.dry_run:
         width = max((len(j.name) for j in jobs), default=0)
         for j in jobs:
-            log(f"  {j.index:>4}  {j.run_id}  {j.status():<4}  {j.name:<{width}}")
+            log(f"  {j.index:>4}  {j.run_id}  {j.status():<5}  {j.name:<{width}}")
         return 0
     try:
         if cfg.backend == "sim":

@@ -32,6 +32,41 @@ def test_sim_sweep_writes_records_and_resumes_and_is_not_logged_unless_asked(tmp
     assert "4 jobs, 4 done, 4 to run" in lines[0]
 
 
+def test_simulated_records_of_other_code_are_stale_and_simulated_again(tmp_path, monkeypatch):
+    """A record predicted by other code (its simulator_version differs) is listed stale and simulated again into
+    the same file; the version is a hash of the sources, so any change to them changes it."""
+    from harness import sim
+
+    grid = ["experiment=paper_1f1b", "backend=sim", "grid.setups=[{model: 4b, run.pp: 8, vocab: 32k}]",
+            "grid.product={run.seq_len: [2048], method: [baseline, vocab-2]}"]
+    assert sweep(tmp_path, *grid)[0] == 0
+    paths = sorted((tmp_path / "results" / "paper_1f1b").glob("????????????.json"))
+    recs = [json.loads(p.read_text()) for p in paths]
+    assert [r["env"]["simulator_version"] for r in recs] == [sim.simulator_version()] * 2
+    recs[0]["env"]["simulator_version"] = "0123456789ab"
+    recs[0]["metrics"]["mfu"] = -1.0
+    paths[0].write_text(json.dumps(recs[0]))
+    code, lines = sweep(tmp_path, *grid, "dry_run=true")
+    assert "2 jobs, 1 done, 1 to run" in lines[0] and "1 simulated by other code" in lines[0]
+    assert sorted(line.split()[2] for line in lines[1:]) == ["done", "stale"]
+    assert sweep(tmp_path, *grid)[0] == 0
+    again = json.loads(paths[0].read_text())
+    assert again["env"]["simulator_version"] == sim.simulator_version() and again["metrics"]["mfu"] > 0
+    assert sorted((tmp_path / "results" / "paper_1f1b").glob("????????????.json")) == paths
+    source = tmp_path / "src"
+    source.mkdir()
+    (source / "a.py").write_text("x = 1\n")
+    monkeypatch.setattr(sim, "_SOURCES", (source,))
+    sim.simulator_version.cache_clear()
+    try:
+        first = sim.simulator_version()
+        (source / "a.py").write_text("x = 2\n")
+        sim.simulator_version.cache_clear()
+        assert sim.simulator_version() != first
+    finally:
+        sim.simulator_version.cache_clear()
+
+
 def test_concurrent_sweeps_keep_every_record(tmp_path):
     """Two sweeps at once writing into one results folder: every record is there and whole."""
     base = [sys.executable, "-m", "harness.sweep", "experiment=vocab_padding", "backend=sim", "logger=off",
