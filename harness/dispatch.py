@@ -5,7 +5,10 @@ cluster=local runs one job at a time (timings are not disturbed) and prints prog
 cluster=slurm submits every job with sbatch and, with cluster.wait=true, follows them to the end. A job
 that dies without writing its record (a killed rank, a time limit) gets a failure record here.
 """
+import signal
+import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 from omegaconf import OmegaConf
@@ -139,6 +142,23 @@ def _stop(handle, grace_s: float = 8.0) -> None:
             process.wait()
 
 
+@contextmanager
+def _sigint_held():
+    """Hold Ctrl-C while a job's controller is being started: a SIGINT then would leave the new controller (forked,
+    but not yet a handle here, and maybe not in the signalled process group) running on its own. Yields a list
+    that is non-empty when SIGINT came; the caller raises KeyboardInterrupt once it can stop the job."""
+    got = []
+    if threading.current_thread() is not threading.main_thread() or \
+            signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        yield got  # not ours to hold (another thread, or SIGINT ignored or handled by the caller)
+        return
+    signal.signal(signal.SIGINT, lambda *_: got.append(True))
+    try:
+        yield got
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def run_local(jobs, cfg, log=print) -> dict:
     """One job at a time; progress lines: done / total, the current run, elapsed and an ETA."""
     from vp.record import now
@@ -151,9 +171,12 @@ def run_local(jobs, cfg, log=print) -> dict:
         log(f"[{i}/{total} done{eta}] running {job.name} (run {job.run_id})")
         started, before = now(), _signature(job.path)
         t0 = time.monotonic()
-        handle = executor_for(job, cfg, Path(spec["folder"])).submit(run_task, spec)
+        with _sigint_held() as interrupted:
+            handle = executor_for(job, cfg, Path(spec["folder"])).submit(run_task, spec)
         error = ""
         try:
+            if interrupted:
+                raise KeyboardInterrupt
             handle.results()
         except KeyboardInterrupt:
             _stop(handle)

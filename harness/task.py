@@ -44,6 +44,9 @@ def node_address(node: str) -> str:
 
 
 def run_task(spec: dict) -> dict | None:
+    from vp.hostenv import die_with_parent
+
+    die_with_parent()  # the job's controller (submitit's, or slurmstepd) ended: so does this task
     import submitit
     import torch
 

@@ -21,10 +21,17 @@ def session_processes(sid: int) -> list[int]:
     return out
 
 
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()[:300]
+    except OSError:
+        return "(gone)"
+
+
 def ctrl_c(proc: subprocess.Popen, exit_s: float = 30, gone_s: float = 10) -> tuple[int | None, list[int]]:
     """SIGINT to the whole process group of proc (started with start_new_session), as a terminal's Ctrl-C.
     -> (proc's exit code, or None when it did not exit within exit_s; the processes of its session still alive
-    gone_s after the signal). Whatever is left is then killed."""
+    gone_s after the signal, as "pid: command line"). Whatever is left is then killed."""
     os.killpg(proc.pid, signal.SIGINT)
     sent = time.monotonic()
     try:
@@ -33,8 +40,8 @@ def ctrl_c(proc: subprocess.Popen, exit_s: float = 30, gone_s: float = 10) -> tu
         code = None
     while session_processes(proc.pid) and time.monotonic() - sent < gone_s:
         time.sleep(0.1)
-    left = session_processes(proc.pid)
-    for pid in left:
+    left = [f"{pid}: {_cmdline(pid)}" for pid in session_processes(proc.pid)]
+    for pid in session_processes(proc.pid):
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:

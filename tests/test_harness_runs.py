@@ -2,6 +2,7 @@
 forced rerun, W&B offline logging and traces."""
 import json
 import os
+import signal
 import struct
 import subprocess
 import sys
@@ -107,7 +108,7 @@ def test_local_sweep_interrupted_then_resumed(tmp_path):
         time.sleep(0.2)
     time.sleep(2)  # into the second run
     code, left = ctrl_c(proc)  # what a terminal's Ctrl-C does
-    assert not left, "processes left running 10 s after Ctrl-C"
+    assert not left, f"processes left running 10 s after Ctrl-C: {left}"
     assert code == 130 and "rerun the same command to resume" in proc.stderr.read()
     first = list(out.glob("????????????.json"))
     assert len(first) == 1, "the sweep should have been stopped after its first run"
@@ -122,6 +123,20 @@ def test_local_sweep_interrupted_then_resumed(tmp_path):
     for r in recs:  # every method reproduces the same loss curve, and wrote its measured timeline
         assert r["metrics"]["loss"] == pytest.approx(ref, rel=1e-5)
         check_trace(r, out / f"{r['run_id']}.trace.json")
+
+
+def test_ctrl_c_while_a_job_is_being_started_is_held_until_it_can_be_stopped():
+    """A SIGINT during submit (the job's controller forked, its handle not yet returned) is held and reported, so
+    the sweep stops that job instead of leaving it running; the handler is restored after."""
+    from harness.dispatch import _sigint_held
+
+    with _sigint_held() as interrupted:
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.1)  # Python runs the handler here: no KeyboardInterrupt inside the block
+    assert interrupted == [True] and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    with pytest.raises(KeyboardInterrupt):
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.1)
 
 
 def test_killed_rank_is_recorded_failed_and_a_failed_forced_rerun_keeps_the_ok_record(tmp_path):

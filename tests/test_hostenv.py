@@ -1,6 +1,9 @@
 """The launch environment, faked: torchrun and SLURM variables, per-task GPU binding, allocated CPUs, rendezvous
 ports, NCCL settings, device peaks by exact name, the torch floor."""
 import re
+import subprocess
+import sys
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -70,3 +73,27 @@ def test_the_torch_floor_covers_what_the_code_calls():
     code = "\n".join(p.read_text() for p in (ROOT / "vp").rglob("*.py"))
     if "group_src=" in code or "group_dst=" in code:  # added to torch.distributed in 2.6
         assert floor and (int(floor[1]), int(floor[2])) >= (2, 6), "raise the torch floor in pyproject.toml to 2.6"
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_process_that_dies_with_its_parent_is_gone_when_the_parent_ends(tmp_path):
+    """A middle process starts a child that calls die_with_parent and sleeps; when the middle one exits, the
+    child is killed (a submitit task whose controller died does not run on)."""
+    pid_file = tmp_path / "child.pid"
+    child = (f"import os, time; from vp.hostenv import die_with_parent; die_with_parent(); "
+             f"open({str(pid_file)!r}, 'w').write(str(os.getpid())); time.sleep(60)")
+    middle = (f"import subprocess, sys, time, pathlib; subprocess.Popen([sys.executable, '-c', {child!r}]); "
+              f"p = pathlib.Path({str(pid_file)!r})\nwhile not p.exists(): time.sleep(0.05)")
+    subprocess.run([sys.executable, "-c", middle], cwd=ROOT, timeout=60, check=True)
+    pid = int(pid_file.read_text())
+    deadline = time.monotonic() + 10
+    while Path(f"/proc/{pid}").exists() and "Z" not in _state(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not Path(f"/proc/{pid}").exists() or "Z" in _state(pid), "the child outlived its parent"
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "gone"

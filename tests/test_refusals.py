@@ -73,5 +73,5 @@ def test_ctrl_c_stops_a_local_run_and_all_its_processes_within_10_s(tmp_path):
     time.sleep(3)  # into training
     assert proc.poll() is None and len(session_processes(proc.pid)) >= 3
     code, left = ctrl_c(proc)  # a terminal's Ctrl-C reaches the whole foreground group
-    assert not left, "processes left 10 s after Ctrl-C"
+    assert not left, f"processes left 10 s after Ctrl-C: {left}"
     assert code == 130 and "interrupted: every rank of this run was stopped" in proc.stderr.read()

@@ -1,9 +1,13 @@
-"""What the launch environment gives one process: its device, its CPUs, its rendezvous port, NCCL's settings.
+"""What the launch environment gives one process: its device, its CPUs, its rendezvous port, NCCL's settings,
+and its tie to the process that started it.
 
 Read only at entry points (vp.launch, vp.run, harness.task), from the environment they are handed, so that
 tests can pass fake SLURM or torchrun variables.
 """
+import ctypes
 import os
+import signal
+import sys
 
 EPHEMERAL = (32768, 60999)  # Linux's default ip_local_port_range: ports the kernel hands to outgoing connections
 PORT_BASE = 10000  # job-derived rendezvous ports lie in [PORT_BASE, the ephemeral range's start)
@@ -69,3 +73,17 @@ def nccl_environment(env=os.environ) -> dict:
     added = {k: v for k, v in NCCL_ENV.items() if k not in env}
     env.update(added)
     return added
+
+
+def die_with_parent() -> None:
+    """Linux: this process gets SIGKILL when the process that started it ends (prctl PR_SET_PDEATHSIG), and exits
+    at once when that process ended before this call (it was adopted by init). A rank or task whose launcher died
+    (Ctrl-C while it was being started, a killed controller) so never runs on, waiting for peers that are gone."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)
+    except OSError:
+        return
+    if os.getppid() == 1:
+        os._exit(1)

@@ -1,5 +1,4 @@
 """Starting a run's dp x pp x tp processes on this machine and turning their failures into one clear error."""
-import ctypes
 import faulthandler
 import json
 import multiprocessing as mp
@@ -16,7 +15,7 @@ import torch
 from vp import failure
 from vp.config import RunConfig
 from vp.failure import RankEnd, classify  # noqa: F401 - classify: part of this module's interface (harness)
-from vp.hostenv import cpu_threads
+from vp.hostenv import cpu_threads, die_with_parent
 from vp.record import write_atomic
 
 KILL_GRACE_S = 10.0  # after one rank failed, how long the others get to fail on their own before a kill
@@ -44,7 +43,7 @@ def _local_worker(cfg_dict, rank, world, init_method, workdir, fault, trace_path
     # the parent stops the ranks (on Ctrl-C it kills them); a rank never handles SIGINT itself, and dies
     # with its parent
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    _die_with_parent()
+    die_with_parent()
     # this rank's stderr (Python's, and NCCL's from C++) goes to its log; a fatal signal (NCCL's watchdog aborts
     # the process) leaves every thread's Python stack there
     log = open(Path(workdir) / f"log-{rank}.txt", "w")
@@ -62,15 +61,6 @@ def _local_worker(cfg_dict, rank, world, init_method, workdir, fault, trace_path
         failure.write_error(Path(workdir) / f"error-{rank}.txt", text, getattr(err, "failed_at", None))
         print(text, file=sys.stderr, flush=True)
         os._exit(1)  # now: do not wait for communication threads that a dead peer keeps blocked
-
-
-def _die_with_parent() -> None:
-    """Linux: this process gets SIGKILL when the process that started it ends (prctl PR_SET_PDEATHSIG)."""
-    if sys.platform.startswith("linux"):
-        try:
-            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)
-        except OSError:
-            pass
 
 
 def launch_local(cfg: RunConfig, fault=None, trace_path: str | None = None, rank_fn=None) -> dict:
