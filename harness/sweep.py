@@ -134,6 +134,42 @@ def compose_checked(overrides: list[str]) -> DictConfig:
     return cfg
 
 
+class JobComposer:
+    """A job's config, as compose_checked(fixed + extra) gives it, composed by Hydra once per distinct choice of
+    config groups in `extra` (model=, vocab=, method=, ...): Hydra applies plain `key=value` overrides after it
+    has merged the defaults, with OmegaConf.update(cfg, key, value, merge=True), so a copy of the config of the
+    same group choices with the job's values applied the same way is the same config. A paper grid has half as
+    many group choices as jobs, and composing is most of planning. Anything else (+key, ~key, a value Hydra's
+    way would refuse) goes through compose_checked itself, whose error is the one to show."""
+
+    def __init__(self, fixed: list[str]):
+        from hydra.core.global_hydra import GlobalHydra
+
+        self.fixed, self.by_choice, self.parser = fixed, {}, OverridesParser.create()
+        self.groups = set(GlobalHydra.instance().config_loader().list_groups(""))
+
+    def __call__(self, extra: list[str]) -> DictConfig:
+        try:
+            parsed = self.parser.parse_overrides(extra)
+        except HydraException:
+            return compose_checked(self.fixed + extra)
+        chosen = tuple(o.input_line for o in parsed if o.key_or_group in self.groups)
+        values = [o for o in parsed if o.key_or_group not in self.groups]
+        if any(o.is_add() or o.is_delete() or o.is_force_add() or o.is_sweep_override() or o.package is not None
+               for o in parsed):
+            return compose_checked(self.fixed + extra)
+        try:
+            if chosen not in self.by_choice:
+                self.by_choice[chosen] = compose(config_name="config", overrides=self.fixed + list(chosen))
+            cfg = self.by_choice[chosen].copy()  # a deep copy, with its flags (struct)
+            for o in values:
+                OmegaConf.update(cfg, o.key_or_group, o.value(), merge=True)
+        except (HydraException, OmegaConfBaseException):
+            return compose_checked(self.fixed + extra)
+        schema.check(cfg)
+        return cfg
+
+
 def plan(overrides: list[str]) -> tuple[DictConfig, list[J.Job]]:
     """The sweep's settings and every job, composed and checked; ValueError on the first bad one."""
     fixed, sweeps, given = split_overrides(overrides)
@@ -148,11 +184,11 @@ def plan(overrides: list[str]) -> tuple[DictConfig, list[J.Job]]:
     named = [o for o in fixed if o.lstrip("+~").split("=", 1)[0] in J.axis_keys(grid)]
     results = Path(base.results_dir)
     gpus = _gpus_here(base)
-    out, seen = [], set()
+    out, seen, compose_job = [], set(), JobComposer(fixed)
     for i, extra in enumerate(extras):
         job = J.Job(i, named + extra, None)
         try:
-            job.cfg = compose_checked(fixed + extra)
+            job.cfg = compose_job(extra)
             J.check(job, gpus)
         except ValueError as err:
             raise ValueError(f"job {i} ({job.name}): {err}") from None

@@ -195,6 +195,32 @@ def test_a_report_folder_of_other_results_is_not_overwritten(tmp_path):
     assert code == 2 and readme.read_text() == before
 
 
+def test_jobs_composed_once_per_group_choice_equal_hydras_own_composition():
+    """harness.sweep.JobComposer (Hydra once per model/vocab/method choice, the job's values applied as Hydra
+    applies them) gives the config compose_checked(fixed + extra) gives (checked here on the first jobs of two
+    grids; every job of every experiment when it was written); what it cannot apply the same way gets Hydra's own
+    composition and error."""
+    from harness import jobs as J
+    from harness.sweep import JobComposer, compose_checked
+
+    with initialize_config_dir(CONF, version_base="1.3"):
+        # paper_1f1b: jobs i and i + 8 differ in run.seq_len alone (one group choice)
+        for fixed, pick in ((["experiment=vp_tp", "backend=sim"], range(8)),
+                            (["experiment=paper_1f1b", "backend=sim"], (0, 1, 8, 9, 16, 24))):
+            extras = [J.grid_overrides(compose_checked(fixed).get("grid"), {})[i] for i in pick]
+            compose_job = JobComposer(fixed)
+            for extra in extras:
+                fast, full = compose_job(extra), compose_checked(fixed + extra)
+                assert OmegaConf.to_yaml(fast) == OmegaConf.to_yaml(full), (fixed, extra)
+                assert OmegaConf.is_struct(fast) and OmegaConf.is_readonly(fast) == OmegaConf.is_readonly(full)
+            assert len(compose_job.by_choice) < len(extras)
+        compose_job = JobComposer(["experiment=smoke"])
+        with pytest.raises(ValueError, match="run.pp=two: .*run.pp takes a value of type int"):
+            compose_job(["model=tiny", "run.pp=two"])
+        with pytest.raises(ValueError, match="run.extra is not a field of run; its fields are pp, "):
+            compose_job(["model=tiny", "+run.extra=1"])
+
+
 def test_paper_grid_gives_redis_the_official_final_stage_layers(tmp_path):
     """paper_1f1b: redis leaves the official artifact's N = 4, 3, 2, 0 layers on the last of 8 stages for 32k..256k
     (remainders on the later stages, rank 0 never gains one); the other methods split layers evenly."""
