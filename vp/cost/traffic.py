@@ -36,8 +36,25 @@ def traffic(cfg: RunConfig, sched: Schedule) -> list[dict[str, float]]:
     counts them: a send or a collective's tensor on every member, a broadcast on its root only."""
     sizes = payloads(cfg, sched)
     out = []
-    for r, acts in enumerate(sched.ranks):
+    for r, counts in enumerate(sched.memo("sends", _sends)):
         sent: dict[str, float] = {}
+        for (channel, kind), n in counts.items():
+            for op, nbytes in sizes[kind]:
+                if op != "broadcast" or root_of(sched, channel) == r:
+                    sent[channel] = sent.get(channel, 0.0) + n * nbytes
+        for channel, nbytes in by_channel(rank_tp_collectives(cfg, sched, r)).items():
+            sent[channel] = sent.get(channel, 0.0) + nbytes
+        if cfg.dp > 1:  # the gradient all-reduce over the replicas, one flat fp32 buffer
+            sent["dp"] = 4.0 * rank_params(cfg, sched)[r]
+        out.append(dict(sorted(sent.items())))
+    return out
+
+
+def _sends(sched: Schedule) -> list[dict[tuple[str, str], int]]:
+    """Per rank: how many of its actions of each kind send on each channel (independent of sizes)."""
+    out = []
+    for r, acts in enumerate(sched.ranks):
+        counts: dict[tuple[str, str], int] = {}
         for a in acts:
             if a.kind in ("SF", "SB"):
                 peer, _ = p2p_peer(sched, a)
@@ -46,12 +63,6 @@ def traffic(cfg: RunConfig, sched: Schedule) -> list[dict[str, float]]:
                 channel = inst.group
             else:
                 continue
-            for op, nbytes in sizes[a.kind]:
-                if op != "broadcast" or root_of(sched, channel) == r:
-                    sent[channel] = sent.get(channel, 0.0) + nbytes
-        for channel, nbytes in by_channel(rank_tp_collectives(cfg, sched, r)).items():
-            sent[channel] = sent.get(channel, 0.0) + nbytes
-        if cfg.dp > 1:  # the gradient all-reduce over the replicas, one flat fp32 buffer
-            sent["dp"] = 4.0 * rank_params(cfg, sched)[r]
-        out.append(dict(sorted(sent.items())))
+            counts[(channel, a.kind)] = counts.get((channel, a.kind), 0) + 1
+        out.append(counts)
     return out

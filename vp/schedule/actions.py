@@ -103,6 +103,15 @@ class Schedule:
     def where(self, stage: int) -> tuple[int, int]:
         return rank_chunk_of(self.placement, self.pp, stage)
 
+    def memo(self, name: str, compute):
+        """compute(self), once per schedule object: what the simulator and the cost model derive from the actions
+        (a schedule is not changed once built, as the cached properties below assume; derive a changed one with
+        dataclasses.replace)."""
+        cache = self.__dict__.setdefault("_memo", {})
+        if name not in cache:
+            cache[name] = compute(self)
+        return cache[name]
+
     @cached_property
     def first_rank(self) -> int:
         return self.where(0)[0]

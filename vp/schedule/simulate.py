@@ -104,28 +104,26 @@ class _Step(NamedTuple):
     match: tuple | None  # sends and receives: the key a send and its receive share
 
 
-_PLANS: dict = {}  # schedule contents -> per-rank steps; a sweep simulates one schedule with many costs
-
-
 def _plan(s: Schedule) -> list[list[_Step]]:
-    key = (s.pp, s.placement, s.chunks, s.split_w, s.vocab, tuple(map(tuple, s.ranks)))
-    if key not in _PLANS:
-        if len(_PLANS) >= 16:
-            _PLANS.pop(next(iter(_PLANS)))
-        plan = []
-        for r, acts in enumerate(s.ranks):
-            steps = []
-            for a in acts:
-                needs = tuple((r, *n) for n in local_needs(s, a))
-                if a.kind in P2P:
-                    peer, match = p2p_peer(s, a)
-                    steps.append(_Step(a, needs, None, (), peer, match))
-                else:
-                    st = s.stage(r, a.chunk) if a.kind in ("F", "B", "W") else None
-                    steps.append(_Step(a, needs, enters(s, a), tuple(waits_on(s, a)), st, None))
-            plan.append(steps)
-        _PLANS[key] = plan
-    return _PLANS[key]
+    """Per rank, what each action needs, enters and waits on: once per schedule (a sweep simulates one schedule
+    with many costs)."""
+    return s.memo("simulator_plan", _make_plan)
+
+
+def _make_plan(s: Schedule) -> list[list[_Step]]:
+    plan = []
+    for r, acts in enumerate(s.ranks):
+        steps = []
+        for a in acts:
+            needs = tuple((r, *n) for n in local_needs(s, a))
+            if a.kind in P2P:
+                peer, match = p2p_peer(s, a)
+                steps.append(_Step(a, needs, None, (), peer, match))
+            else:
+                st = s.stage(r, a.chunk) if a.kind in ("F", "B", "W") else None
+                steps.append(_Step(a, needs, enters(s, a), tuple(waits_on(s, a)), st, None))
+        plan.append(steps)
+    return plan
 
 
 def simulate(s: Schedule, costs: Costs | None = None, strict: bool = False) -> SimResult:
@@ -194,13 +192,14 @@ def simulate(s: Schedule, costs: Costs | None = None, strict: bool = False) -> S
         return t
 
     def step_p2p(r, i, a, needs, peer, key):
-        ready = ready_after_local(r, i, a, needs)
         if a.kind[0] == "S":
-            posted[(r, peer, key)] = finish = ready
+            posted[(r, peer, key)] = finish = ready_after_local(r, i, a, needs)
+            ready = finish
         else:
             sent = posted.get((peer, r, key))
-            if sent is None:
+            if sent is None:  # asked again once the peer moved (most asks of a large schedule are these)
                 return False
+            ready = ready_after_local(r, i, a, needs)
             finish = max(ready, sent) + costs.p2p(peer, r)
         end[(r, a.kind, a.mb, a.chunk)] = finish
         timeline[r].append((a, ready, finish))
