@@ -40,16 +40,13 @@ report: venv  ## rebuild every report from results/
 
 PAPER_HW ?= a100_paper
 paper-tables: venv  ## the papers' grids predicted with the cost model (paper_1f1b, paper_vhalf, vp_tp, tp_scaling), and their reports
-	$(MAKE) --no-print-directory -j2 sim-paper_1f1b-2048 sim-paper_1f1b-4096 sim-paper_vhalf sim-vp_tp sim-tp_scaling
+	$(MAKE) --no-print-directory -j2 sim-paper_1f1b sim-paper_vhalf sim-vp_tp sim-tp_scaling
 	$(PY) -m harness.report --experiment paper_1f1b paper_vhalf vp_tp tp_scaling
 
-# simulated sweeps two at a time (independent processes; records are written atomically, so two sweeps may share
-# a results folder): paper_1f1b, the largest, as two halves by sequence length (a value for an axis replaces it)
-sim-paper_vhalf sim-vp_tp: sim-%: venv
+# one simulated sweep per experiment, two at a time (independent processes and result folders); paper_1f1b, the
+# largest, stays whole: its jobs share group choices in pairs (run.seq_len), which halves its composing
+sim-paper_1f1b sim-paper_vhalf sim-vp_tp: sim-%: venv
 	$(PY) -m harness.sweep experiment=$* backend=sim hardware=$(PAPER_HW) logger=off report=false $(ARGS)
-sim-paper_1f1b-2048 sim-paper_1f1b-4096: sim-paper_1f1b-%: venv
-	$(PY) -m harness.sweep experiment=paper_1f1b run.seq_len=$* backend=sim hardware=$(PAPER_HW) logger=off \
-		report=false $(ARGS)
 sim-tp_scaling: venv
 	$(PY) -m harness.sweep experiment=tp_scaling backend=sim logger=off report=false $(ARGS)
 
