@@ -52,7 +52,8 @@ def simulate_job(run, hw, experiment: str, labels: dict) -> dict:
         status = "oom"
         error = (f"simulated peak memory {max(peak) / 2**30:.1f} GiB on rank(s) {over} exceeds the "
                  f"{hw.memory_bytes / 2**30:.0f} GiB of {hw.name}")
-    env = {"simulator": "vp.schedule.simulate", "simulator_version": simulator_version(), "hardware": hw.to_dict(), "start": started, "end": now()}
+    env = {"simulator": "vp.schedule.simulate", "simulator_version": simulator_version(), "hardware": hw.to_dict(),
+           "start": started, "end": now()}
     rec = make_record(run.to_dict(), metrics.to_dict(), env, status=status, error=error, experiment=experiment,
                       backend="sim", hardware=hw.to_dict())
     rec["labels"] = labels

@@ -143,8 +143,6 @@ class JobComposer:
     way would refuse) goes through compose_checked itself, whose error is the one to show."""
 
     def __init__(self, fixed: list[str]):
-        from hydra.core.global_hydra import GlobalHydra
-
         self.fixed, self.by_choice, self.parser = fixed, {}, OverridesParser.create()
         self.groups = set(GlobalHydra.instance().config_loader().list_groups(""))
 
@@ -240,13 +238,13 @@ def run(overrides: list[str], log=_print) -> int:
     """The whole sweep; returns the exit code (2: refused before anything ran, 130: interrupted)."""
     try:
         cfg, jobs = plan(overrides)
-        todo = [j for j in jobs if cfg.force or j.status() != "done"]  # todo and stale
+        states = [j.status() for j in jobs]  # each reads the job's record
+        todo = [j for j, state in zip(jobs, states) if cfg.force or state != "done"]  # todo and stale
         if not cfg.dry_run:
             check_outputs(cfg, todo)
     except ValueError as err:
         print(f"sweep refused, nothing was submitted: {err}", file=sys.stderr)
         return 2
-    states = [j.status() for j in jobs]
     done, stale = states.count("done"), states.count("stale")
     where = f"cluster={cfg.cluster.name}" if cfg.backend == "real" else f"hardware={cfg.hardware.name}"
     log(f"experiment {cfg.experiment}: {len(jobs)} jobs, {done} done, {len(todo)} to run "
@@ -254,8 +252,8 @@ def run(overrides: list[str], log=_print) -> int:
         (f"; {stale} simulated by other code (cost model or schedules changed since) run again" if stale else ""))
     if cfg.dry_run:
         width = max((len(j.name) for j in jobs), default=0)
-        for j in jobs:
-            log(f"  {j.index:>4}  {j.run_id}  {j.status():<5}  {j.name:<{width}}")
+        for j, state in zip(jobs, states):
+            log(f"  {j.index:>4}  {j.run_id}  {state:<5}  {j.name:<{width}}")
         return 0
     try:
         if cfg.backend == "sim":
