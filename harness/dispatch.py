@@ -58,9 +58,10 @@ def _record_failure_if_missing(job, cfg, handle, error: str, started: str, befor
     was submitted (a forced rerun starts with the earlier record in place)."""
     from vp.failure import RankEnd, classify, explain, log_evidence, read_error, with_progress
 
-    if status_of(job.path) is not None and _signature(job.path) != before:
-        return status_of(job.path), ""
-    kept = status_of(job.path) == "ok"  # a forced rerun that failed: the ok record of the earlier run stays
+    found = status_of(job.path)
+    if found is not None and _signature(job.path) != before:
+        return found, ""
+    kept = found == "ok"  # a forced rerun that failed: the ok record of the earlier run stays
     folder = Path(_spec(job, cfg)["folder"])
     ends = []
     for r in range(job.run.world):
