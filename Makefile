@@ -32,8 +32,13 @@ $(TORCH_STAMP): pyproject.toml
 test: venv  ## the test suite (ARGS="-k name" to pick)
 	$(PY) -m pytest -q tests $(ARGS)
 
-sweep: venv  ## the first sweep: real CPU runs of experiment=smoke, then reports/smoke/
-	$(PY) -m harness.sweep experiment=smoke cluster=local $(ARGS)
+# make sweep: the CPU smoke sweep here; make sweep CLUSTER=slurm PARTITION=NAME: the GPU default experiment (gpu)
+# through SLURM; EXPERIMENT=NAME picks another
+CLUSTER ?= local
+PARTITION ?=
+EXPERIMENT ?= $(if $(filter slurm,$(CLUSTER)),gpu,smoke)
+sweep: venv  ## the first sweep: CPU runs of experiment=smoke here; CLUSTER=slurm PARTITION=NAME: experiment=gpu on a GPU cluster
+	$(PY) -m harness.sweep experiment=$(EXPERIMENT) cluster=$(CLUSTER) $(if $(PARTITION),cluster.partition=$(PARTITION)) $(ARGS)
 
 report: venv  ## rebuild every report from results/
 	$(PY) -m harness.report $(ARGS)

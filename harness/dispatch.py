@@ -13,6 +13,7 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from harness import slurm
 from harness.records import failure_record, finish_run, status_of, trace_path
 from harness.task import run_task
 
@@ -34,19 +35,20 @@ def executor_for(job, cfg, folder: Path):
         ex.update_parameters(timeout_min=int(cl.timeout_min), nodes=1, tasks_per_node=job.run.world,
                              gpus_per_node=job.run.world if job.run.device == "cuda" else 0)
         return ex
+    req = job.request  # harness.slurm.Request, checked against the partition by harness.jobs.check
+    assert req is not None and req.cpus_per_task is not None, "a SLURM job is planned with the partition's facts"
     ex = submitit.SlurmExecutor(folder=str(folder))
-    per_node = cl.tasks_per_node or cl.gpus_per_node or job.run.world
-    params = dict(partition=cl.partition, nodes=job.run.world // per_node, ntasks_per_node=per_node,
-                  cpus_per_task=cl.cpus_per_task, time=int(cl.time_min), setup=list(cl.setup),
+    params = dict(partition=cl.partition, nodes=req.nodes, ntasks_per_node=req.tasks_per_node,
+                  cpus_per_task=req.cpus_per_task, time=req.time_min, setup=list(cl.setup),
                   job_name=f"vp-{cfg.experiment}-{job.run_id}")
-    if cl.gpus_per_node:
-        params["gpus_per_node"] = cl.gpus_per_node
+    if req.gpus_per_node:
+        params["gpus_per_node"] = req.gpus_per_node
     for key in ("account", "qos"):
         if cl.get(key):
             params[key] = cl[key]
-    if cl.get("mem_gb"):
-        params["mem"] = f"{cl.mem_gb}GB"
-    ex.update_parameters(**params)
+    if req.mem_gb:
+        params["mem"] = f"{req.mem_gb}GB"
+    ex.update_parameters(**params)  # time=None: no --time, so SLURM applies the partition's limit
     return ex
 
 
@@ -92,18 +94,6 @@ def _record_failure_if_missing(job, cfg, handle, error: str, started: str, befor
 
 def _first_line(text: str) -> str:
     return next((line.strip() for line in text.splitlines() if line.strip()), "")[:300]
-
-
-def _slurm_state(job_id: str) -> str | None:
-    """The job's state from squeue (works without SLURM accounting, where sacct, and so submitit, cannot
-    tell a job that died); None while squeue does not answer."""
-    import subprocess
-
-    out = subprocess.run(["squeue", "-h", "-t", "all", "-j", str(job_id), "-o", "%T"], capture_output=True,
-                         text=True, timeout=30)
-    if out.returncode != 0 and "Invalid job id" not in out.stderr:
-        return None
-    return out.stdout.strip() or "GONE"
 
 
 ACTIVE = ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED", "RESIZING")
@@ -201,7 +191,8 @@ def run_slurm(jobs, cfg, log=print) -> dict:
     for job in jobs:
         spec, before = _spec(job, cfg), _signature(job.path)
         handles.append((job, executor_for(job, cfg, Path(spec["folder"])).submit(run_task, spec), before))
-        log(f"submitted {job.name} (run {job.run_id}) as SLURM job {handles[-1][1].job_id}")
+        log(f"submitted {job.name} (run {job.run_id}) as SLURM job {handles[-1][1].job_id}: "
+            f"{job.request.describe()}")
     if not cfg.cluster.wait:
         log(f"{len(handles)} jobs submitted; rerun the same command later to resume what did not finish")
         return {"submitted": len(handles)}
@@ -214,18 +205,40 @@ def run_slurm(jobs, cfg, log=print) -> dict:
         raise
 
 
-def _follow(handles, cfg, started: str, log) -> dict:
+def _follow(handles, cfg, started: str, log, poll=slurm.job_states, cancel=slurm.cancel,
+            running=slurm.running_jobs, clock=time.monotonic, sleep=time.sleep) -> dict:
+    """Poll squeue until every job ended; record those that ended without a record. A pending job's reason is
+    shown whenever it changes; a reason that cannot clear by itself (harness.slurm.stuck) that still holds after
+    cluster.pending_grace_s cancels the job, recorded failed with the reason."""
     counts, last, total = {}, None, len(handles)
-    pending = list(handles)
+    pending, shown, stuck_since = list(handles), {}, {}
+    grace = cfg.cluster.get("pending_grace_s", 60)
     while pending:
+        states = poll([h.job_id for _, h, _ in pending]) or {}
+        why_stuck = _StuckReasons(running)
         still = []
         for job, handle, before in pending:
-            state = _slurm_state(handle.job_id)
-            if state is None or state in ACTIVE:
-                still.append((job, handle, before))
-                continue
-            error = "" if state == "COMPLETED" else f"SLURM job {handle.job_id} ended {state}: " + _tail(handle)
-            status, _ = _record_failure_if_missing(job, cfg, handle, error, started, before, state == "TIMEOUT")
+            key, st = handle.job_id, states.get(str(handle.job_id))
+            if st is None or st.state in ACTIVE:
+                waiting = st is not None and st.state == "PENDING"
+                why = why_stuck(st.reason) if waiting else None
+                if waiting and shown.get(key) != st.reason and st.reason not in ("None", ""):
+                    shown[key] = st.reason
+                    note = f" ({why}; cancelled in {grace} s unless it clears)" if why else ""
+                    log(f"    SLURM job {key} ({job.name}) pending: {st.reason}{note}")
+                since = stuck_since.setdefault(key, clock()) if why else stuck_since.pop(key, None)
+                if why is None or clock() - since < grace:
+                    still.append((job, handle, before))
+                    continue
+                cancel(key)
+                error = (f"SLURM job {key} never started: it pended with reason {st.reason} ({why}) for "
+                         f"{clock() - since:.0f} s and was cancelled; fix the request or pick another partition "
+                         f"(docs/harness.md, SLURM)")
+                status, _ = _record_failure_if_missing(job, cfg, handle, error, started, before)
+                log(f"    cancelled SLURM job {key} ({job.name}): recorded {status} with its reason, {job.path}")
+            else:
+                error = "" if st.state == "COMPLETED" else f"SLURM job {key} ended {st.state}: " + _tail(handle)
+                status, _ = _record_failure_if_missing(job, cfg, handle, error, started, before, st.state == "TIMEOUT")
             counts[status] = counts.get(status, 0) + 1
         pending = still
         line = f"[{total - len(pending)}/{total} done] " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
@@ -233,5 +246,19 @@ def _follow(handles, cfg, started: str, log) -> dict:
             log(line)
             last = line
         if pending:
-            time.sleep(2)
+            sleep(2)
     return counts
+
+
+class _StuckReasons:
+    """harness.slurm.stuck for the reasons of one poll; this user's running jobs, which only a jobs-at-once limit
+    depends on, are asked of squeue once, when such a reason first shows."""
+
+    def __init__(self, running):
+        self.running, self.count = running, None
+
+    def __call__(self, reason: str) -> str | None:
+        if slurm.stuck(reason, running=1) is None and slurm.stuck(reason, running=0) is not None:
+            self.count = self.running() if self.count is None else self.count
+            return slurm.stuck(reason, self.count)
+        return slurm.stuck(reason, running=1)

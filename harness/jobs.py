@@ -4,6 +4,7 @@ axes put in), turn each job into a vp RunConfig, check everything before anythin
 A job's id is the hash of its semantic config (vp.record.run_id), so a rerun finds what is done.
 """
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from vp.schedule.methods import get_method
 from vp.record import run_id
 
 from harness.records import read
+from harness.slurm import Partition, Request, check_request, plan_request
 
 
 @dataclass
@@ -28,6 +30,7 @@ class Job:
     fault: tuple[int, str, str] | None = None
     run_id: str = ""
     path: Path | None = None
+    request: Request | None = None  # cluster=slurm: what the job asks of the partition
 
     @property
     def name(self) -> str:
@@ -125,8 +128,10 @@ def hardware_of(cfg: DictConfig) -> Hardware:
     return PROFILES[hw.name]
 
 
-def check(job: Job, gpus_here: int) -> None:
-    """Everything that can be known before submission; ValueError names the field and the fix."""
+def check(job: Job, gpus_here: int, partition: Callable[[], Partition | None] = lambda: None) -> None:
+    """Everything that can be known before submission; ValueError names the field and the fix. `partition()`: the
+    facts of cluster=slurm's partition (harness.slurm.query_partition, asked once per sweep; None where SLURM is
+    not here)."""
     cfg = job.cfg
     job.run = check_config(run_config(cfg))
     limits = cfg.limits
@@ -155,13 +160,15 @@ def check(job: Job, gpus_here: int) -> None:
     if OmegaConf.is_missing(cfg.cluster, "partition") or not cfg.cluster.partition:
         raise ValueError("cluster.partition is not set; run with cluster=slurm cluster.partition=NAME "
                          "(sinfo lists the partitions)")
-    per_node = cfg.cluster.tasks_per_node or cfg.cluster.gpus_per_node or world
-    if world % per_node:
+    given = cfg.cluster.tasks_per_node
+    if given and world % given:
         raise ValueError(f"the world of {world} tasks (run.dp x run.pp x run.tp) does not split over nodes of "
-                         f"cluster.tasks_per_node={per_node}; set cluster.tasks_per_node to a divisor of {world}")
-    if job.run.device == "cuda" and not cfg.cluster.gpus_per_node:
-        raise ValueError("run.device=cuda but cluster.gpus_per_node=0; set cluster.gpus_per_node or "
-                         "run.device=cpu")
+                         f"cluster.tasks_per_node={given}; set cluster.tasks_per_node to a divisor of {world} "
+                         f"(or null: chosen from the partition)")
+    facts = partition()
+    job.request = plan_request(world, job.run.tp, job.run.device == "cuda", cfg.cluster, facts)
+    if facts is not None:
+        check_request(job.request, facts)
 
 
 def finish(job: Job, results_dir: Path) -> Job:

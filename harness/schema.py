@@ -85,11 +85,18 @@ class LocalCluster:
 class SlurmCluster:
     name: str = MISSING
     partition: str = MISSING
-    gpus_per_node: int = ranged(0, 64, fix="0 for CPU-only nodes")
-    tasks_per_node: int | None = ranged(1, 1024, default=None, fix="null takes gpus_per_node (or pp on CPU nodes)")
-    cpus_per_task: int = ranged(1, 1024, fix="CPU cores per task")
+    # null: from the partition (harness.slurm: sinfo and scontrol), the value most of its nodes have
+    gpus_per_node: int | None = ranged(0, 64, default=None, fix="GPUs of a node; 0 for CPU-only nodes, null: from "
+                                                                "the partition")
+    tasks_per_node: int | None = ranged(1, 1024, default=None, fix="null: the whole run on one node where it fits, "
+                                                                   "else the fewest nodes that split it evenly")
+    cpus_per_task: int | None = ranged(1, 1024, default=None, fix="CPU cores per task; null: the node's CPUs per GPU "
+                                                                  "(1 on CPU-only nodes)")
     mem_gb: int | None = ranged(1, 1 << 20, default=None, fix="GB per node, or null for the partition's default")
-    time_min: int = ranged(1, 30 * 24 * 60, fix="the job's time limit in minutes")
+    time_min: int | None = ranged(1, 30 * 24 * 60, default=None, fix="the job's time limit in minutes; null: the "
+                                                                     "partition's")
+    pending_grace_s: int = ranged(0, 24 * 3600, default=60, fix="seconds a job may pend for a reason that cannot "
+                                                                "clear before it is cancelled")
     account: str | None = None
     qos: str | None = None
     setup: list[str] = field(default_factory=list)

@@ -23,7 +23,7 @@ from hydra.errors import HydraException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from harness import dispatch, jobs as J, schema
+from harness import dispatch, jobs as J, schema, slurm
 from harness.records import finish_run
 
 schema.register()
@@ -181,13 +181,13 @@ def plan(overrides: list[str]) -> tuple[DictConfig, list[J.Job]]:
     # a job is named by its own axes, including those the command line fixed (method=vocab-2 vocab=64k)
     named = [o for o in fixed if o.lstrip("+~").split("=", 1)[0] in J.axis_keys(grid)]
     results = Path(base.results_dir)
-    gpus = _gpus_here(base)
+    gpus, partition = _gpus_here(base), partition_facts(base)
     out, seen, compose_job = [], set(), JobComposer(fixed)
     for i, extra in enumerate(extras):
         job = J.Job(i, named + extra, None)
         try:
             job.cfg = compose_job(extra)
-            J.check(job, gpus)
+            J.check(job, gpus, partition)
         except ValueError as err:
             raise ValueError(f"job {i} ({job.name}): {err}") from None
         J.finish(job, results)
@@ -195,6 +195,25 @@ def plan(overrides: list[str]) -> tuple[DictConfig, list[J.Job]]:
             seen.add(job.run_id)
             out.append(job)
     return base, out
+
+
+def partition_facts(cfg):
+    """cluster=slurm's partition facts (harness.slurm.Partition), asked of SLURM once, when the first job needs
+    them; None where SLURM is not here (no sinfo), or, in a dry run, where it does not answer."""
+    got = []
+
+    def facts():
+        if not got:
+            name = cfg.cluster.partition
+            try:
+                got.append(slurm.query_partition(name) if slurm.slurm_here() else None)
+            except slurm.NoAnswer:
+                if not cfg.dry_run:
+                    raise
+                got.append(None)
+        return got[0]
+
+    return facts
 
 
 def _gpus_here(cfg) -> int:
@@ -227,9 +246,9 @@ def check_outputs(cfg: DictConfig, jobs: list[J.Job]) -> None:
         writable(reports, "reports_dir")
         check_report_target(reports / cfg.experiment, Path(cfg.results_dir) / cfg.experiment)
     if cfg.backend == "real" and cfg.cluster.name == "slurm" and jobs:
-        missing = [c for c in ("sbatch", "squeue") if shutil.which(c) is None]
+        missing = [c for c in slurm.COMMANDS if shutil.which(c) is None]
         if missing:
-            raise ValueError(f"cluster=slurm needs {' and '.join(missing)} on PATH; run on a SLURM login node, "
+            raise ValueError(f"cluster=slurm needs {', '.join(missing)} on PATH; run on a SLURM login node, "
                              f"start a local single-node SLURM with `make slurm-up`, or list the jobs with "
                              f"dry_run=true")
 
@@ -251,9 +270,12 @@ def run(overrides: list[str], log=_print) -> int:
         f"(backend={cfg.backend}, {where})" +
         (f"; {stale} simulated by other code (cost model or schedules changed since) run again" if stale else ""))
     if cfg.dry_run:
+        requests = [j.request.describe() if j.request else "" for j in jobs]
+        if any(requests):
+            log("  " + _partition_line(jobs[0].request.partition))
         width = max((len(j.name) for j in jobs), default=0)
-        for j, state in zip(jobs, states):
-            log(f"  {j.index:>4}  {j.run_id}  {state:<5}  {j.name:<{width}}")
+        for j, state, ask in zip(jobs, states, requests):
+            log(f"  {j.index:>4}  {j.run_id}  {state:<5}  " + (f"{j.name:<{width}}  {ask}" if ask else j.name))
         return 0
     try:
         if cfg.backend == "sim":
@@ -272,6 +294,13 @@ def run(overrides: list[str], log=_print) -> int:
         for path in build_reports(Path(cfg.results_dir), cfg.reports_dir, [cfg.experiment]):
             log(f"report: {path}")
     return 0
+
+
+def _partition_line(partition) -> str:
+    if partition is not None:
+        return partition.describe()
+    return ("partition not queried (no SLURM answers here): GPU nodes taken to have 8 GPUs (cluster.gpus_per_node), "
+            "CPUs per task and the time limit left to the partition; nothing checked against it")
 
 
 def simulate(todo: list[J.Job], cfg: DictConfig, log) -> None:
