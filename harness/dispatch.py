@@ -206,7 +206,7 @@ def run_slurm(jobs, cfg, log=print) -> dict:
 
 
 def _follow(handles, cfg, started: str, log, poll=slurm.job_states, cancel=slurm.cancel,
-            running=slurm.running_jobs, clock=time.monotonic, sleep=time.sleep) -> dict:
+            running=slurm.running_jobs, nodes_up=slurm.nodes_up, clock=time.monotonic, sleep=time.sleep) -> dict:
     """Poll squeue until every job ended; record those that ended without a record. A pending job's reason is
     shown whenever it changes; a reason that cannot clear by itself (harness.slurm.stuck) that still holds after
     cluster.pending_grace_s cancels the job, recorded failed with the reason."""
@@ -215,7 +215,7 @@ def _follow(handles, cfg, started: str, log, poll=slurm.job_states, cancel=slurm
     grace = cfg.cluster.get("pending_grace_s", 60)
     while pending:
         states = poll([h.job_id for _, h, _ in pending]) or {}
-        why_stuck = _StuckReasons(running)
+        why_stuck = _StuckReasons(cfg.cluster.partition, running, nodes_up)
         still = []
         for job, handle, before in pending:
             key, st = handle.job_id, states.get(str(handle.job_id))
@@ -251,14 +251,17 @@ def _follow(handles, cfg, started: str, log, poll=slurm.job_states, cancel=slurm
 
 
 class _StuckReasons:
-    """harness.slurm.stuck for the reasons of one poll; this user's running jobs, which only a jobs-at-once limit
-    depends on, are asked of squeue once, when such a reason first shows."""
+    """harness.slurm.stuck for the reasons of one poll. The cluster state two reasons depend on (this user's running
+    jobs, the partition's nodes that are up) is asked of squeue and sinfo once, when such a reason first shows."""
 
-    def __init__(self, running):
-        self.running, self.count = running, None
+    def __init__(self, partition: str, running, nodes_up):
+        self.asked = {}
+        self.ask = {"running": running, "nodes_up": lambda: nodes_up(partition)}
 
     def __call__(self, reason: str) -> str | None:
-        if slurm.stuck(reason, running=1) is None and slurm.stuck(reason, running=0) is not None:
-            self.count = self.running() if self.count is None else self.count
-            return slurm.stuck(reason, self.count)
-        return slurm.stuck(reason, running=1)
+        if slurm.stuck(reason) is not None or slurm.stuck(reason, running=0, nodes_up=0) is None:
+            return slurm.stuck(reason)
+        for key, ask in self.ask.items():
+            if key not in self.asked:
+                self.asked[key] = ask()
+        return slurm.stuck(reason, **self.asked)

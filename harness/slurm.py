@@ -256,8 +256,8 @@ def check_request(req: Request, part: Partition) -> None:
 
 
 # Pending reasons that cannot clear by themselves: the request is past a limit of the partition, account or QOS,
-# or names something that does not exist (SLURM's job reason codes). `stuck` adds two that depend on more than
-# the name.
+# or names something that does not exist (SLURM's job reason codes, slurm.schedmd.com/job_reason_codes.html).
+# `stuck` adds two that depend on the cluster's state.
 NEVER = {
     "PartitionConfig": "the partition cannot give what the job asks (CPUs, GPUs or memory per node)",
     "PartitionNodeLimit": "the job asks more or fewer nodes than the partition's limits",
@@ -273,20 +273,33 @@ PER_JOB = re.compile(r"^(Assoc|QOS)(Max\w*Per(Job|Node)\w*|Min\w+)$")  # e.g. QO
 JOB_COUNT = re.compile(r"^(AssocMaxJobsLimit|QOSMaxJobsPerUserLimit|QOSMaxJobsPerAccountLimit)$")
 
 
-def stuck(reason: str, running: int) -> str | None:
-    """Why a job pending with `reason` will never start by itself, or None while it may. `running`: jobs of this
-    user running now; a limit of jobs at once that holds a job while none run is a limit of zero."""
-    name, _, detail = reason.partition(",")
-    name = name.strip()
+NODES_DOWN = ("ReqNodeNotAvail", "Nodes required for job are DOWN")  # SLURM 23+ / 22.05's text of one reason
+UNUSABLE = ("down", "drain", "fail", "inval", "future")  # node states that take no new job until someone acts
+
+
+def stuck(reason: str, running: int = 1, nodes_up: int = 1) -> str | None:
+    """Why a job pending with `reason` (squeue %r) will never start by itself, or None while it may. `running`:
+    this user's jobs running now (a limit of jobs at once that holds a job while none of them runs is a limit of
+    zero); `nodes_up`: the partition's nodes that can take a job (a job waiting for nodes of which none is up
+    waits for an administrator)."""
+    name = reason.split(",")[0].strip()
     if name in NEVER:
         return NEVER[name]
     if PER_JOB.match(name):
         return "the request is past a per-job limit of the account or QOS (cluster.account, cluster.qos)"
     if JOB_COUNT.match(name) and running == 0:
         return "the account or QOS may run no job at all now (a jobs-at-once limit of 0), and none of yours runs"
-    if name == "ReqNodeNotAvail" and not re.search(r"UnavailableNodes:\S", detail):
-        return "the nodes the job needs are not available, and SLURM names none that could come back"
+    if reason.startswith(NODES_DOWN) and nodes_up == 0:
+        return "every node of the partition is down, drained or invalid"
     return None
+
+
+def nodes_up(partition: str, call=_call) -> int:
+    """The partition's nodes that can take a new job now (sinfo); unknown counts as one."""
+    out = call(["sinfo", "-h", "-N", "-p", partition, "-o", NODE_FORMAT])
+    if out.returncode != 0:
+        return 1
+    return sum(not n.state.startswith(UNUSABLE) for n in parse_nodes(out.stdout))
 
 
 @dataclass(frozen=True)
