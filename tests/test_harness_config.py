@@ -41,11 +41,16 @@ def test_every_config_group_option_composes_to_its_file(group):
     (["experiment=paper_vhalf", "backend=sim"], 72),
     (["experiment=vocab_padding", "backend=sim"], 4),
 ])
-def test_presets_dry_run(tmp_path, overrides, jobs):
+def test_presets_dry_run(tmp_path, monkeypatch, overrides, jobs):
+    monkeypatch.setattr("harness.slurm.slurm_here", lambda: False)  # as on a laptop, whether SLURM runs here or not
     code, lines = sweep(tmp_path, "dry_run=true", *overrides)
     assert code == 0
     assert f": {jobs} jobs, 0 done, {jobs} to run" in lines[0]
-    assert len(lines) == jobs + 1
+    slurm = "cluster=slurm" in overrides  # a line on the partition, and each job's request
+    assert len(lines) == jobs + 1 + slurm
+    if slurm:
+        assert "partition not queried" in lines[1] and lines[2].endswith("1 node x 8 tasks, 8 GPUs/node, CPUs/task "
+                                                                       "from the partition, the partition's time limit")
     assert not (tmp_path / "results").exists()
 
 
@@ -177,7 +182,7 @@ def test_refusals_at_the_real_entry_point(tmp_path):
     out = subprocess.run([sys.executable, "-m", "harness.sweep", "cluster=slurm", "cluster.partition=debug",
                           "cluster.gpus_per_node=0", *SMALL, f"results_dir={tmp_path}/r"], capture_output=True,
                          text=True, cwd=ROOT, env=env, timeout=120)
-    assert out.returncode == 2 and "cluster=slurm needs sbatch and squeue on PATH" in out.stderr
+    assert out.returncode == 2 and "cluster=slurm needs sbatch, squeue, sinfo, scontrol, scancel on PATH" in out.stderr
     assert "make slurm-up" in out.stderr and not files_under(tmp_path)
 
 
