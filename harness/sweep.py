@@ -224,26 +224,16 @@ def _gpus_here(cfg) -> int:
     return torch.cuda.device_count()
 
 
-def writable(path: Path, field: str) -> None:
-    """path can be created and written (checked at its nearest existing folder, creating nothing)."""
-    from vp.checks import writable_folder
-
-    probe = Path(path).resolve()
-    while not probe.exists():
-        probe = probe.parent
-    if not probe.is_dir():
-        raise ValueError(f"{field}={path}: {probe} is a file, not a folder; pick another {field}")
-    writable_folder(probe, f"{field}={path}")
-
-
 def check_outputs(cfg: DictConfig, jobs: list[J.Job]) -> None:
     """Output folders and the dispatch commands exist before the first job starts."""
-    writable(Path(cfg.results_dir) / cfg.experiment, "results_dir")
+    from vp.checks import writable_path
+
+    writable_path(Path(cfg.results_dir) / cfg.experiment, "results_dir")
     if cfg.report:
         from harness.report.build import check_report_target, report_dir_for
 
         reports = report_dir_for(Path(cfg.results_dir), cfg.reports_dir)
-        writable(reports, "reports_dir")
+        writable_path(reports, "reports_dir")
         check_report_target(reports / cfg.experiment, Path(cfg.results_dir) / cfg.experiment)
     if cfg.backend == "real" and cfg.cluster.name == "slurm" and jobs:
         missing = [c for c in slurm.COMMANDS if shutil.which(c) is None]

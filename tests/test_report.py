@@ -2,6 +2,7 @@
 vocabularies, five methods, a failed, an OOM and a timeout run, a combination never run, and configs that have
 both a real and a sim record (one of the sim records an OOM that keeps its metrics)."""
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -14,11 +15,13 @@ import pytest
 from harness.records import load
 from harness.report import build_reports
 from harness.report.__main__ import main
+from harness.report.build import report_dir_for
 from harness.report.figures import memory_per_rank, mfu_vs_vocab
 from harness.report.frame import records_frame
 from harness.report.tables import all_tables
 from vp.config import RunConfig, check_config
 
+ROOT = Path(__file__).parents[1]
 FIXTURES = Path(__file__).parent / "fixtures" / "records"
 LABEL = {"failed": "failed", "oom": "OOM", "timeout": "timeout"}
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -88,7 +91,7 @@ def test_build_writes_tables_figures_and_indexes(built):
     assert "no trace (run before traces were recorded) for" in readme
     assert "| CPU processes" in readme and "| GPUs" in readme  # tables inline: real CPU runs, simulated GPUs
     assert "Throughput relative to interleaved, sim (a100_80g): no ok interleaved run." in readme
-    index = (root / "reports" / "README.md").read_text()
+    index = (root / "reports" / "index.md").read_text()
     assert "[mini](mini/README.md): 22 runs: 18 ok, 1 failed, 2 oom, 1 timeout; backends: real: 19" in index
 
 
@@ -227,7 +230,7 @@ def test_all_failed_experiment_skips_figures(tmp_path):
     assert "Throughput relative to baseline, real: no ok baseline run." in text
     rows = md_table((out / "tables.md").read_text(), "MFU and peak memory, real")
     assert row_of(rows, 4, 64, "baseline")["8k MFU (%)"] == "OOM"
-    index = (tmp_path / "reports" / "README.md").read_text()
+    index = (tmp_path / "reports" / "index.md").read_text()
     assert "[broken](broken/README.md): 3 runs: 0 ok, 1 failed, 1 oom, 1 timeout" in index
     assert "[old](old/README.md): no README.md" in index
 
@@ -311,6 +314,25 @@ def test_reports_go_beside_their_results_and_never_over_another(tmp_path):
         build_reports(tmp_path / "b" / "results", tmp_path / "a" / "reports")
     assert readme.read_text() == before
     build_reports(tmp_path / "a" / "results", tmp_path / "a" / "reports")  # its own results: rebuilt in place
+
+
+def test_custom_results_folders_get_their_own_reports_folder_and_bad_ones_are_refused(tmp_path):
+    """results -> reports; any other name -> reports-<name> beside it, so /tmp/b and /tmp/c never share one (the
+    issue's collision on /tmp/reports); a reports folder that cannot be written is refused before anything."""
+    assert report_dir_for(Path("results"), None) == Path("reports")
+    assert report_dir_for(Path("/tmp/a/results"), None) == Path("/tmp/a/reports")
+    assert report_dir_for(Path("/tmp/b"), None) == Path("/tmp/reports-b")
+    assert report_dir_for(Path("/tmp/c/"), None) == Path("/tmp/reports-c")
+    assert report_dir_for(Path("/tmp/b"), "/srv/r") == Path("/srv/r")
+    shutil.copytree(FIXTURES, tmp_path / "results")
+    for bad, why in (("/proc/x", "reports_dir=/proc/x: cannot write in /proc"),
+                     (tmp_path / "results" / "mini" / next(iter(os.listdir(FIXTURES / "mini"))) / "x", "is a file")):
+        with pytest.raises(ValueError, match=why):
+            build_reports(tmp_path / "results", bad)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["results"]
+    out = subprocess.run([sys.executable, "-m", "harness.report", "--results-dir", str(tmp_path / "results"),
+                          "--reports-dir", "/proc/x"], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert out.returncode == 2 and "Traceback" not in out.stderr and "cannot write in /proc" in out.stderr
 
 
 def synthetic_trace(rec: dict, path: Path) -> None:

@@ -119,3 +119,13 @@ def writable_folder(folder: Path, option: str) -> None:
             pass
     except OSError as err:
         raise ValueError(f"{option}: cannot write in {folder} ({err.strerror}); pick a writable folder") from None
+
+
+def writable_path(path: Path, option: str) -> None:
+    """path (a folder) can be created and written: checked at its nearest existing folder, creating nothing."""
+    probe = Path(path).resolve()
+    while not probe.exists():
+        probe = probe.parent
+    if not probe.is_dir():
+        raise ValueError(f"{option}={path}: {probe} is a file, not a folder; pick another {option}")
+    writable_folder(probe, f"{option}={path}")

@@ -1,6 +1,7 @@
 """python -m harness.report [--results-dir results] [--reports-dir DIR] [--experiment NAME ...]
 
-The reports go to --reports-dir, by default the folder `reports` beside --results-dir (results -> reports).
+The reports go to --reports-dir, by default a folder beside --results-dir: `reports` for a folder named `results`
+(results -> reports), else `reports-<name>` (/tmp/b -> /tmp/reports-b).
 
 Prints the README.md of each report written. Exit code 2 when there is nothing to report on.
 """
@@ -8,7 +9,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from harness.report.build import build_reports, report_dir_for
+from harness.report.build import INDEX, build_reports, report_dir_for
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m harness.report",
@@ -16,7 +17,8 @@ def main(argv: list[str] | None = None) -> int:
                                                  "records of <results-dir>/<experiment>/.")
     parser.add_argument("--results-dir", type=Path, default=Path("results"))
     parser.add_argument("--reports-dir", type=Path, default=None,
-                        help="default: the folder `reports` beside --results-dir")
+                        help="default: beside --results-dir, `reports` for a folder named `results`, else "
+                             "`reports-<name>`")
     parser.add_argument("--experiment", nargs="+", action="extend", metavar="NAME",
                         help="experiments to report on (default: every folder under --results-dir)")
     try:
@@ -27,7 +29,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     for path in written:
         print(path)
-    print(report_dir_for(args.results_dir, args.reports_dir) / "README.md")
+    print(report_dir_for(args.results_dir, args.reports_dir) / INDEX)
     return 0
 
 

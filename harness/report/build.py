@@ -1,7 +1,7 @@
 """<reports_dir>/<experiment>/ from <results_dir>/<experiment>/: tables (Markdown and LaTeX), figures, runs.csv and
-a README that opens with the findings and indexes the rest; then <reports_dir>/README.md over every experiment
+a README that opens with the findings and indexes the rest; then <reports_dir>/index.md over every experiment
 folder there. Reads only records (and traces) on disk. A report belongs to its results: reports_dir defaults
-to the folder `reports` beside results_dir, and a report folder built from other results is never overwritten."""
+to a folder beside results_dir (report_dir_for), and a report folder built from other results is never overwritten."""
 import multiprocessing
 import os
 import re
@@ -11,6 +11,7 @@ from pathlib import Path
 import pandas as pd
 
 from harness.records import read_records
+from vp.checks import writable_path
 from harness.report.figures import Figure, all_figures
 from harness.report.findings import findings
 from harness.report.frame import STATUS_LABEL, records_frame, summary
@@ -38,8 +39,14 @@ def experiment_dirs(results_dir: Path) -> list[str]:
 
 
 def report_dir_for(results_dir: Path, reports_dir) -> Path:
-    """reports_dir, or by default the folder `reports` beside results_dir (results -> reports)."""
-    return Path(reports_dir) if reports_dir else Path(results_dir).parent / "reports"
+    """reports_dir, or by default a folder beside results_dir: `reports` for a folder named `results` (results ->
+    reports, /tmp/a/results -> /tmp/a/reports), else `reports-<name>` (/tmp/b -> /tmp/reports-b), so two results
+    folders side by side never share a reports folder."""
+    if reports_dir:
+        return Path(reports_dir)
+    results_dir = Path(results_dir).resolve() if Path(results_dir).name in ("", ".", "..") else Path(results_dir)
+    name = results_dir.name
+    return results_dir.parent / ("reports" if name == "results" else f"reports-{name}")
 
 
 def check_report_target(out: Path, source: Path) -> None:
@@ -70,6 +77,7 @@ def build_reports(results_dir: Path, reports_dir=None, experiments: list[str] | 
     read = {name: rb for name, rb in read.items() if rb[0] or rb[1]}
     if not read:
         raise ValueError(f"no records under {results_dir}/<experiment>/; run a sweep first (make sweep)")
+    writable_path(reports_dir, "reports_dir")
     for name in read:
         check_report_target(reports_dir / name, results_dir / name)
     jobs = [(name, recs, reports_dir / name, results_dir / name, bad) for name, (recs, bad) in read.items()]
@@ -161,11 +169,14 @@ def _summary_of(readme_path: Path) -> str:
     return next((line for line in lines if SUMMARY.match(line)), "README.md without a run summary")
 
 
+INDEX = "index.md"  # README.md of the reports folder is the user's (the repository's reports/README.md)
+
+
 def write_index(reports_dir: Path) -> Path:
-    """reports/README.md: every experiment folder under reports_dir with a link and its run counts."""
+    """<reports_dir>/index.md: every experiment folder under reports_dir with a link and its run counts."""
     names = [p.name for p in sorted(reports_dir.iterdir()) if p.is_dir() and not p.name.startswith(".")]
     lines = ["# Reports", "", "One folder per experiment, built by `python -m harness.report` from the "
              "records of `<results_dir>/<experiment>/`.", ""]
     lines += [f"- [{n}]({n}/README.md): {_summary_of(reports_dir / n / 'README.md')}" for n in names]
     lines += [] if names else ["No experiment reports yet."]
-    return _write(reports_dir / "README.md", "\n".join(lines) + "\n")
+    return _write(reports_dir / INDEX, "\n".join(lines) + "\n")
