@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from vp.schedule.__main__ import main as schedule_main
 from vp.schedule.methods import METHODS, VOCAB
 from vp.schedule import Action, Schedule, ScheduleError, build, simulate, unit_costs, validate
 from vp.schedule.rules import waits_on
@@ -255,6 +256,15 @@ def test_cli_simulate_json_and_show(tmp_path):
     assert out.returncode == 0, out.stderr
     assert "rank 1" in out.stdout and "C1:0" in out.stdout
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_costs_must_be_finite_and_not_negative(capsys):
+    """nan and inf were accepted and printed as NaN/Infinity, which is not JSON."""
+    for bad in ("F=nan", "B=inf", "S=-inf", "F=-1", "C1=NaN"):
+        assert schedule_main(["simulate", "--method", "vocab-2", "--pp", "2", "--microbatches", "4", "--json",
+                              "--costs", bad]) == 2
+        err = capsys.readouterr()
+        assert f"--costs: {bad} must be a finite number >= 0" in err.err and not err.out
 
 
 @pytest.mark.parametrize("args,message", [

@@ -6,6 +6,7 @@ simulate  prints makespan, bubble rate, per-rank busy time and peak activations 
 """
 import argparse
 import json
+import math
 import sys
 
 from vp.checks import MAX_SCHEDULE_SIZE, check_output_file, check_schedule_size
@@ -29,8 +30,8 @@ def parse_costs(text: str | None) -> tuple[dict, dict]:
             number = float(value)
         except ValueError:
             raise ValueError(f"--costs: {key}={value!r} is not a number") from None
-        if number < 0:
-            raise ValueError(f"--costs: {key}={number} must not be negative")
+        if not math.isfinite(number) or number < 0:  # nan and inf would print invalid JSON (NaN, Infinity)
+            raise ValueError(f"--costs: {key}={value.strip()} must be a finite number >= 0")
         (passes if key in COMPUTE else comm)[key] = number
     return passes, comm
 
