@@ -123,13 +123,6 @@ def _machine_memory() -> float:
     return 16 * 1024**3
 
 
-def write_profile(hw: Hardware, path: Path, source: str) -> Path:
-    """The profile as a config of the hardware group, written whole (temporary file, then rename)."""
-    body = OmegaConf.to_yaml({"name": hw.name, "profile": hw.to_dict()})
-    return profiles.write_atomic(path, f"# @package hardware\n# Calibrated by `python -m harness.calibrate` from "
-                                       f"{source}.\n# Use it with: {profiles.usage(path, hw.name)}\n{body}")
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m harness.calibrate", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -170,7 +163,7 @@ def main(argv=None) -> int:
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    out = write_profile(hw, out, args.results)
+    out = profiles.write_profile(hw, out, args.results)
     print(f"use it with: {profiles.usage(out, hw.name)}")
     print(f"wrote {out}: peak {hw.peak_flops:.3g} FLOP/s, GEMM speed multiplier "
           + ", ".join(f"{k} {v:.3f}" for k, v in hw.efficiency.items())

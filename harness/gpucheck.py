@@ -148,7 +148,7 @@ def fit_profile(seconds: dict, shape: dict, peak: float, name: str) -> Hardware:
 
 
 def check_passes(device: torch.device, shape: dict, out: Path) -> dict:
-    from harness.calibrate import write_profile
+    from harness.profiles import write_profile
     from vp.metrics import device_peak
 
     measured = time_passes(device, shape)

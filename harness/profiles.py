@@ -10,7 +10,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from vp.checks import check_output_file, writable_folder
-from vp.cost import PROFILES
+from vp.cost import PROFILES, Hardware
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]*")
@@ -82,3 +82,10 @@ def usage(path: Path, name: str) -> str:
                 f"'hydra.searchpath=[file://{path.resolve().parent.parent}]' ...")
     return (f"copy it to {user_conf_dir() / 'hardware' / (name + '.yaml')}, then "
             f"python -m harness.sweep backend=sim hardware={name} ...")
+
+
+def write_profile(hw: Hardware, path: Path, source: str) -> Path:
+    """The profile as a config of the hardware group, written whole (temporary file, then rename)."""
+    body = OmegaConf.to_yaml({"name": hw.name, "profile": hw.to_dict()})
+    return write_atomic(path, f"# @package hardware\n# Calibrated by `python -m harness.calibrate` from "
+                              f"{source}.\n# Use it with: {usage(path, hw.name)}\n{body}")

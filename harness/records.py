@@ -26,7 +26,7 @@ def finish_run(record: dict, path: Path, logger=None, wandb_root: Path = Path(".
         from harness.timeline import timeline_images
         from harness.wandb_log import log_record
 
-        images = timeline_images(record, path) if record.get("metrics") else {}
+        images = timeline_images(record, path, trace_path(path)) if record.get("metrics") else {}
         try:
             log_record(record, logger, wandb_root, images)
         finally:

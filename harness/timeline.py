@@ -63,12 +63,9 @@ def draw_measured(record: dict, trace: Path, path: Path) -> Path:
     return Path(draw(sched, result, str(path), _title(record, "measured, first measured iteration"), unit="s"))
 
 
-def timeline_images(record: dict, record_path: Path) -> dict[str, Path]:
-    """The pictures W&B logs for a record: measured (when its trace is there) and replayed, as temporary PNGs."""
-    from harness.records import trace_path
-
+def timeline_images(record: dict, record_path: Path, trace: Path) -> dict[str, Path]:
+    """The pictures W&B logs for a record: measured (from its trace, when there) and replayed, as temporary PNGs."""
     out = {"timeline/replayed": draw_replayed(record, Path(record_path).with_suffix(".replayed.png"))}
-    trace = trace_path(record_path)
     if record["backend"] == "real" and trace.exists():
         out["timeline/measured"] = draw_measured(record, trace, Path(record_path).with_suffix(".measured.png"))
     return out

@@ -51,3 +51,35 @@ def test_docs_and_code_cite_only_files_that_are_in_the_repository():
             if not elsewhere.search(ref) and not any((base / ref).exists() for base in bases):
                 missing.append(f"{src.relative_to(ROOT)}: {ref}")
     assert not missing, missing
+
+
+def test_harness_modules_import_no_circle():
+    """No harness module imports, at its top or inside a function, one that imports it back (directly or through
+    others): calibrate <-> published.calibrate and records <-> timeline were such circles."""
+    import ast
+
+    def module(path) -> str:
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+    files = {module(p): p for p in (ROOT / "harness").rglob("*.py")}
+    edges = {}
+    for name, path in files.items():
+        targets = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                targets |= {node.module} | {f"{node.module}.{a.name}" for a in node.names}
+            elif isinstance(node, ast.Import):
+                targets |= {a.name for a in node.names}
+        edges[name] = {t for t in targets if t in files and t != name}
+
+    def reach(start: str) -> set[str]:
+        seen, todo = set(), [start]
+        while todo:
+            for nxt in edges[todo.pop()] - seen:
+                seen.add(nxt)
+                todo.append(nxt)
+        return seen
+
+    circles = sorted(f"{a} <-> {b}" for a in edges for b in edges[a] if a in reach(b) and a < b)
+    assert not circles, circles

@@ -6,6 +6,7 @@ from pathlib import Path
 from hydra import initialize_config_dir
 
 from harness import published
+from harness.profiles import write_profile
 from harness.published.fit import FITTED, Fit, fit_profile
 from vp.config import RunConfig
 from vp.cost import PROFILES
@@ -43,8 +44,6 @@ def calibrate_published(name: str, profile: str, base: str, out: Path, log=print
     rows = [row for _, row in pairs]
     log(f"fitting {', '.join(p.name for p in FITTED)} of {base} to {len(rows)} published runs of {name}")
     fit = fit_profile(replace(PROFILES[base], fitted_to=name), profile, runs, [row.mfu for row in rows], log=log)
-    from harness.calibrate import write_profile
-
     fitted = ", ".join(p.name for p in FITTED)
     write_profile(fit.hardware, out, f"the published MFU of harness/published/{name}.csv (fitted: {fitted}; "
                                      f"every other field is {base}'s)")
