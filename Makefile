@@ -37,8 +37,9 @@ test: venv  ## the test suite (ARGS="-k name" to pick)
 CLUSTER ?= local
 PARTITION ?=
 EXPERIMENT ?= $(if $(filter slurm,$(CLUSTER)),gpu,smoke)
-sweep: venv  ## the first sweep: CPU runs of experiment=smoke here; CLUSTER=slurm PARTITION=NAME: experiment=gpu on a GPU cluster
-	$(PY) -m harness.sweep experiment=$(EXPERIMENT) cluster=$(CLUSTER) $(if $(PARTITION),cluster.partition=$(PARTITION)) $(ARGS)
+sweep: venv  ## the first sweep: CPU runs of experiment=smoke; CLUSTER=slurm PARTITION=NAME: experiment=gpu
+	$(PY) -m harness.sweep experiment=$(EXPERIMENT) cluster=$(CLUSTER) \
+	    $(if $(PARTITION),cluster.partition=$(PARTITION)) $(ARGS)
 
 report: venv  ## rebuild every report from results/
 	$(PY) -m harness.report $(ARGS)

@@ -38,6 +38,7 @@ def test_every_config_group_option_composes_to_its_file(group):
 @pytest.mark.parametrize("overrides,jobs", [
     ([], 10),
     (["experiment=paper_1f1b", "cluster=slurm", "cluster.partition=gpu"], 192),  # backend=sim plans the same jobs
+    (["experiment=gpu", "cluster=slurm", "cluster.partition=gpu"], 40),  # make sweep CLUSTER=slurm PARTITION=gpu
     (["experiment=paper_vhalf", "backend=sim"], 72),
     (["experiment=vocab_padding", "backend=sim"], 4),
 ])
@@ -48,9 +49,12 @@ def test_presets_dry_run(tmp_path, monkeypatch, overrides, jobs):
     assert f": {jobs} jobs, 0 done, {jobs} to run" in lines[0]
     slurm = "cluster=slurm" in overrides  # a line on the partition, and each job's request
     assert len(lines) == jobs + 1 + slurm
-    if slurm:
-        assert "partition not queried" in lines[1] and lines[2].endswith("1 node x 8 tasks, 8 GPUs/node, CPUs/task "
-                                                                       "from the partition, the partition's time limit")
+    if slurm:  # 4 and 8 ranks on part of a node or one node of 8 GPUs; 16 and 32 spanning nodes of 8
+        assert "partition not queried" in lines[1]
+        asks = {line.split("  ")[-1].strip() for line in lines[2:]}
+        rest = "GPUs/node, CPUs/task from the partition, the partition's time limit"
+        assert asks == {f"1 node x 4 tasks, 4 {rest}", f"1 node x 8 tasks, 8 {rest}"} if jobs == 40 else \
+            {f"1 node x 8 tasks, 8 {rest}", f"2 nodes x 8 tasks, 8 {rest}", f"4 nodes x 8 tasks, 8 {rest}"}, asks
     assert not (tmp_path / "results").exists()
 
 
