@@ -54,8 +54,8 @@ class Partition:
     def describe(self) -> str:
         n = len(self.nodes)
         mixed = "" if len({(x.cpus, x.gpus, x.mem_mb) for x in self.nodes}) <= 1 else " (mostly)"
-        return (f"partition {self.name}: {n} node{'s' if n != 1 else ''} of{mixed} {self.typical('gpus')} GPUs, "
-                f"{self.typical('cpus')} CPUs, {self.typical('mem_mb') / 1024:.0f} GiB; max time "
+        return (f"partition {self.name}: {n} node{'s' if n != 1 else ''} of{mixed} {self.typical('gpus') or 'no'} "
+                f"GPUs, {self.typical('cpus')} CPUs, {self.typical('mem_mb') / 1024:.0f} GiB; max time "
                 f"{_minutes(self.max_time_min)}")
 
 
@@ -217,6 +217,9 @@ def check_request(req: Request, part: Partition) -> None:
     if part.state.upper() != "UP":
         raise ValueError(f"cluster.partition={part.name} is {part.state}; pick a partition that is UP (sinfo)")
     where = f"partition {part.name}"
+    if not part.nodes:
+        raise ValueError(f"cluster.partition={part.name} has no nodes (sinfo -N -p {part.name}); pick another "
+                         f"partition")
     cpus_node = req.tasks_per_node * (req.cpus_per_task or 1)
     if part.max_cpus_per_node and cpus_node > part.max_cpus_per_node:
         raise ValueError(f"{req.tasks_per_node} tasks x cluster.cpus_per_task={req.cpus_per_task} = {cpus_node} CPUs "
