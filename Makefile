@@ -32,11 +32,11 @@ $(TORCH_STAMP): pyproject.toml
 test: venv  ## the test suite (ARGS="-k name" to pick)
 	$(PY) -m pytest -q tests $(ARGS)
 
-# make sweep: the CPU smoke sweep here; make sweep CLUSTER=slurm PARTITION=NAME: the GPU default experiment (gpu)
-# through SLURM; EXPERIMENT=NAME picks another
+# make sweep: the CPU smoke sweep here; make sweep CLUSTER=slurm PARTITION=NAME (or ARGS="cluster=slurm ..."): the
+# GPU default experiment (gpu) through SLURM; EXPERIMENT=NAME picks another
 CLUSTER ?= local
 PARTITION ?=
-EXPERIMENT ?= $(if $(filter slurm,$(CLUSTER)),gpu,smoke)
+EXPERIMENT ?= $(if $(filter slurm,$(CLUSTER))$(filter cluster=slurm,$(ARGS)),gpu,smoke)
 sweep: venv  ## the first sweep: CPU runs of experiment=smoke; CLUSTER=slurm PARTITION=NAME: experiment=gpu
 	$(PY) -m harness.sweep experiment=$(EXPERIMENT) cluster=$(CLUSTER) \
 	    $(if $(PARTITION),cluster.partition=$(PARTITION)) $(ARGS)
