@@ -16,7 +16,7 @@ import yaml
 from vp.cost import PROFILES, Hardware, work_seconds
 from vp.cost.fit import fit_speeds, fitted, observation
 from vp.gpucheck import PARTS, __main__ as gpucheck
-from vp.gpucheck import memory, passes, precision, preflight, race, runtime
+from vp.gpucheck import memory, passes, pipeline, precision, preflight, race, runtime
 
 ROOT = Path(__file__).resolve().parents[1]
 BLOCKED = ("hydra", "omegaconf", "submitit", "wandb")
@@ -36,9 +36,10 @@ def test_the_script_runs_with_hydra_omegaconf_submitit_and_wandb_blocked(tmp_pat
     (site / "sitecustomize.py").write_text(BLOCKER)
     env = {**os.environ, "PYTHONPATH": f"{site}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
            "PYTHON": sys.executable}
-    probe = subprocess.run([sys.executable, "-c", "import importlib, pkgutil, vp.gpucheck as g\n"
-                            "for m in pkgutil.iter_modules(g.__path__): importlib.import_module('vp.gpucheck.' + m.name)\n"
-                            "import omegaconf"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    code = ("import importlib, pkgutil, vp.gpucheck as g\n"
+            "for m in pkgutil.iter_modules(g.__path__): importlib.import_module('vp.gpucheck.' + m.name)\n"
+            "import omegaconf")
+    probe = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert "omegaconf is blocked" in probe.stderr, probe.stderr  # every module imported, then the blocker bit
     out = tmp_path / "report"
     run = subprocess.run(["bash", str(ROOT / "scripts/gpu-check.sh"), "--device", "cpu", "--out", str(out), "--parts",
@@ -117,11 +118,12 @@ def test_the_fit_recovers_a_profile_from_pass_times_it_implies():
 
 def test_every_part_passes_in_its_cpu_form(tmp_path):
     cpu = torch.device("cpu")
-    results = {m.__name__.rsplit(".", 1)[1]: m.run(cpu, tmp_path) for m in (preflight, precision, race, runtime,
-                                                                             passes, memory)}
+    modules = (preflight, precision, race, runtime, passes, memory, pipeline)
+    results = {m.__name__.rsplit(".", 1)[1]: m.run(cpu, tmp_path) for m in modules}
     assert list(results) == list(PARTS)
     assert {k: r["ok"] for k, r in results.items()} == {**dict.fromkeys(PARTS, True), "race": None}  # race: CUDA
     assert set(results["runtime"]["runs"]) == {f"{m}/fp32" for m in runtime.CPU_METHODS}
+    assert set(results["pipeline"]["runs"]) == {"pp2/vocab-2"}  # two gloo processes against the reference
     timed = results["passes"]["shapes"]["tiny-a"]["seconds"]
     assert set(timed) == set(passes.KINDS) and all(s > 0 for s in timed.values())
     if "profile" in results["passes"]:  # CPU times under load may fit no positive speeds; a GPU's must

@@ -15,8 +15,11 @@ result is appended to OUT/gpu-check.json and OUT/gpu-check.md as soon as it ends
              a measured profile
   memory     rank 0 of 4b at pp 8 (its layers, vocabulary shard, AdamW) replayed through its schedule, against
              the memory model (vp.cost.memory) and the simulator's peak
+  pipeline   with two or more GPUs only: every method at pp 2, 4, 8 over NCCL against the reference loss, and a
+             rank made to fail, which must be named (skipped on a one-GPU machine)
 
 Imports nothing from the harness (no Hydra, omegaconf, submitit or W&B): it runs with a bare python that has
 torch, numpy and pyyaml. --device cpu runs every part at tiny shapes (the test suite does).
 """
-PARTS = {"preflight": 45, "precision": 45, "race": 45, "runtime": 120, "passes": 120, "memory": 90}  # timeout s
+# each part and its timeout in seconds (cut to what is left of the budget)
+PARTS = {"preflight": 45, "precision": 45, "race": 45, "runtime": 120, "passes": 120, "memory": 90, "pipeline": 150}

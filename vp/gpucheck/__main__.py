@@ -22,7 +22,8 @@ def parse(argv):
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
                     help="cuda: the check itself; cpu: the same code at tiny shapes (what the test suite runs)")
-    ap.add_argument("--out", type=Path, default=None, help="folder of the report (default results/gpu-check/<UTC time>)")
+    ap.add_argument("--out", type=Path, default=None,
+                    help="folder of the report (default results/gpu-check/<UTC time>)")
     ap.add_argument("--budget-s", type=float, default=480.0, help="wall-clock budget of all parts (default 480)")
     ap.add_argument("--parts", nargs="+", default=list(PARTS), metavar="NAME",
                     help=f"parts to run, in this order: {' '.join(PARTS)} (default all)")
@@ -41,6 +42,7 @@ def parse(argv):
 def run_part(args) -> int:
     """One part in this process: its result goes to DIR/parts/NAME.json (read by the parent)."""
     import importlib
+    import inspect
 
     import torch
 
@@ -48,7 +50,8 @@ def run_part(args) -> int:
 
     device = torch.device("cuda", 0) if args.device == "cuda" else torch.device("cpu")
     module = importlib.import_module(f"vp.gpucheck.{args.part}")
-    write_atomic(args.out / "parts" / f"{args.part}.json", module.run(device, args.out))
+    budget = {"budget_s": args.budget_s} if "budget_s" in inspect.signature(module.run).parameters else {}
+    write_atomic(args.out / "parts" / f"{args.part}.json", module.run(device, args.out, **budget))
     return 0
 
 
@@ -84,7 +87,8 @@ def main(argv=None) -> int:
 
 def run_child(args, name: str, timeout: float) -> dict:
     """One part in a fresh process (python -m vp.gpucheck --part NAME): its result, or how it ended."""
-    cmd = [sys.executable, "-m", "vp.gpucheck", "--part", name, "--device", args.device, "--out", str(args.out)]
+    cmd = [sys.executable, "-m", "vp.gpucheck", "--part", name, "--device", args.device, "--out", str(args.out),
+           "--budget-s", str(timeout)]
     started = time.monotonic()
     result_file = args.out / "parts" / f"{name}.json"
     try:

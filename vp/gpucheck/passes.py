@@ -103,9 +103,8 @@ def write_profile(hw: Hardware, path: Path, source: str) -> Path:
     """The profile as a config of the hardware group (the layout harness.calibrate writes), with pyyaml."""
     import yaml
 
-    from vp.record import write_atomic  # noqa: F401 - same atomic rename, for text
-
     body = yaml.safe_dump({"name": hw.name, "profile": hw.to_dict()}, sort_keys=False)
+    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(f"# @package hardware\n# Measured by {source}.\n# Use it with: copy it to "
                    f"~/.config/vp-harness/hardware/, then backend=sim hardware={hw.name}\n{body}")

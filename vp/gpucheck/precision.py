@@ -75,8 +75,9 @@ def verdict(err: dict, dtype: str) -> bool:
 
 def run(device: torch.device, out: Path) -> dict:
     cases, ok = {}, True
-    summary = [f"matmul: {'TF32 allowed' if device.type == 'cuda' and torch.backends.cuda.matmul.allow_tf32 else 'full fp32'} "
-               f"for fp32 (torch.backends.cuda.matmul.allow_tf32); N {N}, H {H}, V {V}, one shard",
+    tf32 = device.type == "cuda" and torch.backends.cuda.matmul.allow_tf32
+    summary = [f"fp32 GEMMs {'in TF32' if tf32 else 'in full fp32'} (torch.backends.cuda.matmul.allow_tf32); "
+               f"N {N}, H {H}, V {V}, one shard",
                "", "| dtype | confidence | algorithm | loss | grad X | grad W |", "|---|---|---|---|---|---|"]
     for dtype in ("fp32", "bf16"):
         for confidence in CONFIDENCES:
@@ -84,7 +85,7 @@ def run(device: torch.device, out: Path) -> dict:
             good = verdict(err, dtype)
             ok = ok and good
             cases[f"{dtype}/{confidence:g}"] = {"errors": err, "ok": good}
-            summary += [f"| {dtype} | {confidence:g} | {name} | {e['loss']:.2e} | {e['grad_x']:.2e} | {e['grad_w']:.2e} |"
-                        for name, e in err.items()]
+            summary += [f"| {dtype} | {confidence:g} | {name} | {e['loss']:.2e} | {e['grad_x']:.2e} | "
+                        f"{e['grad_w']:.2e} |" for name, e in err.items()]
     summary += ["", f"tolerances: fp32 {FP32_TOL:g}; bf16 {BF16_TOL:g} and Algorithm 2 <= 2 x Algorithm 1 + 1e-3"]
     return {"ok": ok, "summary": summary, "cases": cases}

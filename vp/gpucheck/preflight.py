@@ -89,10 +89,11 @@ def run(device: torch.device, out: Path) -> dict:
         props = torch.cuda.get_device_properties(device)
         name = torch.cuda.get_device_name(device)
         model = DEVICE_NAMES.get(name)
-        result |= {"devices": torch.cuda.device_count(), "device": name, "capability": list(props.major_minor)
-                   if hasattr(props, "major_minor") else [props.major, props.minor], "sms": props.multi_processor_count,
-                   "memory_total": total, "memory_free": free, "cudnn": torch.backends.cudnn.version(),
-                   "nccl": ".".join(map(str, torch.cuda.nccl.version())) if result["nccl_available"] else None,
+        nccl = torch.cuda.nccl.version() if result["nccl_available"] else None  # (2, 27, 3); an int before 2.x
+        result |= {"devices": torch.cuda.device_count(), "device": name, "capability": [props.major, props.minor],
+                   "sms": props.multi_processor_count, "memory_total": total, "memory_free": free,
+                   "cudnn": torch.backends.cudnn.version(),
+                   "nccl": ".".join(map(str, nccl)) if isinstance(nccl, tuple) else nccl,
                    "peak_table": model, "peak_flops": DEVICE_PEAKS.get(model)}
         summary += [f"{result['devices']} device(s); cuda:0 {name!r}, capability {result['capability']}, "
                     f"{result['sms']} SMs, {free / 2**30:.1f} of {total / 2**30:.1f} GiB free; NCCL {result['nccl']}, "

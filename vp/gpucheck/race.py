@@ -102,7 +102,8 @@ def runtime_if(device: torch.device) -> dict:
     return result
 
 
-def verdict(pattern_drop: dict | None, pattern_keep: dict | None, runtime: dict, cuda: bool) -> tuple[bool | None, list]:
+def verdict(pattern_drop: dict | None, pattern_keep: dict | None, runtime: dict,
+            cuda: bool) -> tuple[bool | None, list]:
     """(ok, summary): ok is None on CPU, False when the probe is invalid or the runtime's IF input is reused while
     its reduce is pending."""
     if not cuda:
