@@ -96,7 +96,7 @@ def run(device: torch.device, out: Path) -> dict:
     unit, scale = ("GiB", 2**30) if model_["peak"] > 2**30 else ("MiB", 2**20)
     summary = [f"rank 0 of {cfg.method}, pp {cfg.pp}, {cfg.microbatches} microbatches, h {cfg.hidden}, seq "
                f"{cfg.seq_len}, V {cfg.vocab_size}: {cfg.stage_layers[0]} layers + 2 vocabulary shards = "
-               f"{n_params / 1e6:.1f} M parameters (memory model: {model_['parameters'] / 1e6:.1f} M)", "",
+               f"{n_params:,} parameters (memory model: {model_['parameters']:,})", "",
                f"| bytes | measured {unit} | model {unit} | measured / model |", "|---|---|---|---|"]
     summary += [f"| {k} | {measured[k] / scale:.3f} | {model_[k] / scale:.3f} | {ratios[k]:.2f} |"
                 for k in ("static", "activations", "peak")]

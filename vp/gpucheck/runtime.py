@@ -30,8 +30,10 @@ def run(device: torch.device, out: Path) -> dict:
     methods, dtypes = (METHODS, ("bf16", "fp16")) if cuda else (CPU_METHODS, ("fp32",))
     reference = train_reference(config(methods[0], "cpu", "fp32"))[0]  # the same model and data for every method
     runs, ok = {}, True
-    summary = [f"reference (fp32, CPU): loss {', '.join(f'{x:.4f}' for x in reference)}; "
-               f"{config(methods[0], device.type, dtypes[0])}", "",
+    c = config(methods[0], device.type, dtypes[0])
+    summary = [f"reference (fp32, CPU): loss {', '.join(f'{x:.4f}' for x in reference)}; {c.layers} layers, h "
+               f"{c.hidden}, seq {c.seq_len}, V {c.vocab_size}, {c.microbatches} microbatches, {c.iterations} "
+               f"iterations", "",
                "| method | dtype | loss per iteration | max rel. error | iteration s |", "|---|---|---|---|---|"]
     for dtype in dtypes:
         for method in methods:
