@@ -71,9 +71,10 @@ def time_passes(cfg: RunConfig, device: torch.device, reps: int) -> dict:
                 out = timed("F", lambda: block(x_in, store))
             timed("B", lambda: torch.autograd.backward(out, torch.ones_like(out)))
             timed("W", store.flush)
+            with cast:  # S reads X in fp32, as C0 delivers it; C1 runs outside autocast, as on its stream
+                state = timed("S", lambda: s_pass(shard, w_out, x[0].float(), ids[0], weights, algo))
+            state = c1_step(state, comm, algo)
             with cast:
-                state = timed("S", lambda: s_pass(shard, w_out, x[0], ids[0], weights, algo))
-                state = c1_step(state, comm, algo)
                 timed("T", lambda: t_pass(shard, w_out, state, algo))
             looked_up = timed("IF", lambda: vocab_in.local_lookup(shard, w_in, ids))
             timed("IB", lambda: vocab_in.accumulate_grad(shard, w_in, ids, looked_up))
