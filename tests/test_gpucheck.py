@@ -60,7 +60,7 @@ def test_a_part_that_does_not_finish_keeps_the_parts_before_it(tmp_path, monkeyp
     report = json.loads((tmp_path / "gpu-check.json").read_text())
     assert [(p["part"], p["status"]) for p in report["parts"]] == [("race", "skipped"), ("runtime", "timeout")]
     page = (tmp_path / "gpu-check.md").read_text()
-    assert "## race: skipped" in page and "## runtime: timeout" in page
+    assert "## race: skipped" in page and "## runtime: timeout" in page and page.endswith("FAILED: runtime\n")
     assert "FAILED: runtime" in capsys.readouterr().out
 
 

@@ -46,8 +46,10 @@ def run_part(args) -> int:
 
     import torch
 
+    from vp.hostenv import die_with_parent
     from vp.record import write_atomic
 
+    die_with_parent()  # a check stopped by its user (or the machine's lease) leaves no part running on the GPU
     device = torch.device("cuda", 0) if args.device == "cuda" else torch.device("cpu")
     module = importlib.import_module(f"vp.gpucheck.{args.part}")
     budget = {"budget_s": args.budget_s} if "budget_s" in inspect.signature(module.run).parameters else {}
@@ -79,10 +81,8 @@ def main(argv=None) -> int:
             continue
         report.add(name, run_child(args, name, min(PARTS[name], left)))
         print(report.line(name), flush=True)
-    failed = report.failed()
-    print(f"{'FAILED: ' + ', '.join(failed) if failed else 'every part that ran passed'}; "
-          f"report in {args.out / 'gpu-check.md'} and {args.out / 'gpu-check.json'}")
-    return 1 if failed else 0
+    print(f"{report.finish()}; report in {args.out / 'gpu-check.md'} and {args.out / 'gpu-check.json'}")
+    return 1 if report.failed() else 0
 
 
 def run_child(args, name: str, timeout: float) -> dict:

@@ -36,6 +36,16 @@ class Report:
         with open(self.out / "gpu-check.md", "a") as f:
             f.write("\n" + section(name, entry))
 
+    def finish(self) -> str:
+        """The verdict over the parts that ran, as the last line of both files; returns it."""
+        failed = self.failed()
+        verdict = f"FAILED: {', '.join(failed)}" if failed else "every part that ran passed"
+        self.doc |= {"finished": now(), "verdict": verdict}
+        write_atomic(self.out / "gpu-check.json", self.doc)
+        with open(self.out / "gpu-check.md", "a") as f:
+            f.write(f"\n## Verdict: {verdict}\n")
+        return verdict
+
     def line(self, name: str) -> str:
         entry = next(p for p in reversed(self.doc["parts"]) if p["part"] == name)
         return f"{name}: {entry['status']} ({entry.get('seconds', 0):.0f} s)"
