@@ -53,7 +53,8 @@ def run_part(args) -> int:
     device = torch.device("cuda", 0) if args.device == "cuda" else torch.device("cpu")
     module = importlib.import_module(f"vp.gpucheck.{args.part}")
     budget = {"budget_s": args.budget_s} if "budget_s" in inspect.signature(module.run).parameters else {}
-    write_atomic(args.out / "parts" / f"{args.part}.json", module.run(device, args.out, **budget))
+    result = json.loads(json.dumps(module.run(device, args.out, **budget), default=str))  # any figure, as text
+    write_atomic(args.out / "parts" / f"{args.part}.json", result)
     return 0
 
 
