@@ -19,7 +19,8 @@ result is appended to OUT/gpu-check.json and OUT/gpu-check.md as soon as it ends
              rank made to fail, which must be named (skipped on a one-GPU machine)
 
 Imports nothing from the harness (no Hydra, omegaconf, submitit or W&B): it runs with a bare python that has
-torch, numpy and pyyaml. --device cpu runs every part at tiny shapes (the test suite does).
+torch, numpy and pyyaml. --device cpu runs every part at tiny shapes (the test suite does); race and pipeline
+then skip.
 """
 # each part and its timeout in seconds (cut to what is left of the budget)
 PARTS = {"preflight": 45, "precision": 45, "race": 45, "runtime": 120, "passes": 120, "memory": 90, "pipeline": 150}
