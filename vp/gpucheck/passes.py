@@ -55,6 +55,7 @@ def time_passes(cfg: RunConfig, device: torch.device, reps: int) -> dict:
     ids = torch.randint(0, cfg.vocab_size, (1, s), device=device)
     weights = torch.full((s,), 1.0 / s, device=device)
     x = torch.randn(1, s, h, device=device, dtype=torch.bfloat16 if cuda else torch.float32)
+    x_s = x[0].float()  # S reads X in fp32, as C0 delivers it
     comm, timer, times = Comm.local([0], 0, device), ActionTimer(device), {k: [] for k in KINDS}
     try:
         for rep in range(reps + 1):
@@ -71,8 +72,8 @@ def time_passes(cfg: RunConfig, device: torch.device, reps: int) -> dict:
                 out = timed("F", lambda: block(x_in, store))
             timed("B", lambda: torch.autograd.backward(out, torch.ones_like(out)))
             timed("W", store.flush)
-            with cast:  # S reads X in fp32, as C0 delivers it; C1 runs outside autocast, as on its stream
-                state = timed("S", lambda: s_pass(shard, w_out, x[0].float(), ids[0], weights, algo))
+            with cast:  # C1 runs outside autocast, as on its stream
+                state = timed("S", lambda: s_pass(shard, w_out, x_s, ids[0], weights, algo))
             state = c1_step(state, comm, algo)
             with cast:
                 timed("T", lambda: t_pass(shard, w_out, state, algo))
