@@ -69,8 +69,8 @@ bench: venv  ## vocabulary-layer and pipeline benchmarks (printed, never asserte
 	$(PY) -m vp.bench vocab
 	$(PY) -m vp.bench pipeline
 
-gpu-check: venv  ## the prepared check of the GPU path (docs/gpu-path.md; needs a CUDA torch: TORCH=...)
-	$(PY) -m harness.gpucheck $(ARGS)
+gpu-check:  ## the GPU check (docs/gpu-path.md): scripts/gpu-check.sh with .venv's python if made, else python3
+	PYTHON=$(if $(wildcard $(PY)),$(PY),python3) bash scripts/gpu-check.sh $(ARGS)
 
 slurm-up:  ## start SLURM here with two emulated nodes (root; installs slurm-wlm and munge when missing)
 	bash scripts/slurm-up.sh

@@ -22,13 +22,13 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-import numpy as np
 from omegaconf import OmegaConf
 
 from harness import profiles
 from harness.records import load
 from vp.config import RunConfig
-from vp.cost import EFF_KINDS, PROFILES, Hardware, fit_link, pass_work, work_seconds
+from vp.cost import EFF_KINDS, PROFILES, Hardware, fit_link, pass_work
+from vp.cost.fit import fit_speeds, fitted, observation
 from vp.schedule import build
 
 
@@ -52,9 +52,7 @@ def observations(records: list[dict], skeleton: Hardware) -> tuple[list[dict], l
         work = pass_work(cfg, skeleton, sched)
 
         def row_of(parts):
-            row = dict(work_seconds(skeleton, parts).compute)
-            row["bytes"] = sum(w.mem_bytes for w in parts.values())
-            return row
+            return observation(skeleton, parts)
 
         for kind, per_rank in (rec["metrics"].get("pass_time_s") or {}).items():
             for rank, seconds in enumerate(per_rank):
@@ -69,25 +67,6 @@ def observations(records: list[dict], skeleton: Hardware) -> tuple[list[dict], l
                     rows.append(row)
                     times.append(seconds)
     return rows, times
-
-
-def fit_speeds(rows: list[dict], times: list[float]) -> tuple[dict, float, float]:
-    """seconds = overhead + sum_k modelled_k / multiplier_k + bytes / bandwidth, least squares on relative error;
-    returns (multiplier per kind, elementwise bandwidth bytes/s, overhead s); all must come out positive."""
-    kinds = [k for k in EFF_KINDS if any(r.get(k, 0) > 0 for r in rows)]
-    has_bytes = any(r.get("bytes", 0) > 0 for r in rows)
-    t = np.array(times)
-    for with_overhead in (True, False):
-        a = np.array([[r.get(k, 0.0) for k in kinds] + ([r.get("bytes", 0.0)] if has_bytes else [])
-                      + ([1.0] if with_overhead else []) for r in rows])
-        x, *_ = np.linalg.lstsq(a / t[:, None], np.ones_like(t), rcond=None)
-        inv = x[: len(kinds) + has_bytes]
-        if (inv > 0).all() and (not with_overhead or x[-1] >= 0):
-            speeds = {k: float(1.0 / v) for k, v in zip(kinds, inv)}
-            bandwidth = float(1.0 / inv[-1]) if has_bytes else float("inf")
-            return speeds, bandwidth, float(x[-1]) if with_overhead else 0.0
-    raise ValueError("the pass times do not fit positive speeds; calibrate on more runs (several methods and "
-                     "vocabulary sizes) or longer ones (more iterations)")
 
 
 def calibrate(records: list[dict], name: str, base: Hardware | None = None) -> Hardware:
@@ -112,8 +91,7 @@ def calibrate(records: list[dict], name: str, base: Hardware | None = None) -> H
         return cpu_profile(name, peak, efficiency=speeds, mem_bandwidth=bandwidth, pass_overhead_s=overhead,
                            gpus_per_node=ranks, link_latency=latency, link_bandwidth=link, ib_latency=latency,
                            ib_bandwidth=link, memory_bytes=_machine_memory())
-    return replace(skeleton, name=name, efficiency=speeds, pass_overhead_s=overhead,
-                   mem_efficiency=min(1.0, bandwidth / skeleton.mem_bandwidth))
+    return fitted(skeleton, name, speeds, bandwidth, overhead)
 
 
 def _machine_memory() -> float:

@@ -1,47 +1,135 @@
-"""make gpu-check cannot run here (no GPU); every part of it that runs on CPU runs here: argument handling, the plan
-per GPU count, the vocabulary math, pass timing and profile fitting, and the torchrun pipeline check."""
+"""The GPU check (scripts/gpu-check.sh, vp/gpucheck/) cannot run its CUDA form here; what runs on CPU runs here: the
+script with Hydra, omegaconf, submitit and W&B blocked from import, the report kept part by part when a later part
+does not finish, the refusals, every part's CPU form at tiny shapes, and the pure pieces (the torch.distributed
+scan, the race probe's verdict, the profile fit)."""
 import json
+import os
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
 
 import pytest
+import torch
+import yaml
 
-from harness import gpucheck
-from vp.cost import Hardware
+from vp.cost import PROFILES, Hardware, work_seconds
+from vp.cost.fit import fit_speeds, fitted, observation
+from vp.gpucheck import PARTS, __main__ as gpucheck
+from vp.gpucheck import memory, passes, pipeline, precision, preflight, race, runtime
+
+ROOT = Path(__file__).resolve().parents[1]
+BLOCKED = ("hydra", "omegaconf", "submitit", "wandb")
+BLOCKER = f'''import importlib.abc, sys
+class _Blocked(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name.split(".")[0] in {BLOCKED!r}:
+            raise ImportError(f"{{name}} is blocked: the GPU machine has no such package")
+sys.meta_path.insert(0, _Blocked())
+'''
 
 
-def test_plan_per_gpu_count():
-    assert gpucheck.plan(1, [2, 4, 8]) == ["math", "passes"]  # a one-GPU host: no pipeline
-    assert gpucheck.plan(4, [2, 4, 8]) == ["math", "passes", "pipeline", "fault"]
+def test_the_script_runs_with_hydra_omegaconf_submitit_and_wandb_blocked(tmp_path):
+    """A sitecustomize on PYTHONPATH blocks the four in the script's process and in every part's process."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(BLOCKER)
+    env = {**os.environ, "PYTHONPATH": f"{site}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+           "PYTHON": sys.executable}
+    code = ("import importlib, pkgutil, vp.gpucheck as g\n"
+            "for m in pkgutil.iter_modules(g.__path__): importlib.import_module('vp.gpucheck.' + m.name)\n"
+            "print('imported')\n"
+            "try:\n    import omegaconf\nexcept ImportError as e:\n    print(e)\n")
+    probe = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    # every module of the check imported; then the blocker stopped omegaconf (so it was in force)
+    assert probe.stdout.splitlines() == ["imported", "omegaconf is blocked: the GPU machine has no such package"], \
+        probe.stdout + probe.stderr
+    out = tmp_path / "report"
+    run = subprocess.run(["bash", str(ROOT / "scripts/gpu-check.sh"), "--device", "cpu", "--out", str(out), "--parts",
+                          "preflight"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stdout + run.stderr
+    report = json.loads((out / "gpu-check.json").read_text())
+    assert [(p["part"], p["status"]) for p in report["parts"]] == [("preflight", "passed")]
+    assert "## preflight: passed" in (out / "gpu-check.md").read_text()
 
 
-def test_refusals(capsys, tmp_path):
+def test_a_part_that_does_not_finish_keeps_the_parts_before_it(tmp_path, monkeypatch, capsys):
+    monkeypatch.setitem(PARTS, "runtime", 0.5)  # far too short: the part is killed at its timeout
+    code = gpucheck.main(["--device", "cpu", "--out", str(tmp_path), "--parts", "race", "runtime"])
+    assert code == 1
+    report = json.loads((tmp_path / "gpu-check.json").read_text())
+    assert [(p["part"], p["status"]) for p in report["parts"]] == [("race", "skipped"), ("runtime", "timeout")]
+    page = (tmp_path / "gpu-check.md").read_text()
+    assert "## race: skipped" in page and "## runtime: timeout" in page and page.endswith("FAILED: runtime\n")
+    assert "FAILED: runtime" in capsys.readouterr().out
+
+
+def test_refusals(tmp_path, capsys):
     with pytest.raises(SystemExit):
-        gpucheck.main(["--methods", "nope", "--out", str(tmp_path)])
-    assert "--methods: unknown ['nope']" in capsys.readouterr().err
-    import torch
-
+        gpucheck.main(["--parts", "nope"])
+    assert "--parts: unknown ['nope']" in capsys.readouterr().err
+    (tmp_path / "gpu-check.json").write_text("{}")
+    assert gpucheck.main(["--device", "cpu", "--out", str(tmp_path), "--parts", "preflight"]) == 2
+    assert "already holds a check's report" in capsys.readouterr().err
+    assert (tmp_path / "gpu-check.json").read_text() == "{}"  # nothing overwritten
     if not torch.cuda.is_available():
-        assert gpucheck.main(["--out", str(tmp_path)]) == 2
-        assert "no CUDA device here" in capsys.readouterr().err
+        assert gpucheck.main(["--out", str(tmp_path / "new")]) == 2
+        assert "sees no CUDA device" in capsys.readouterr().err
 
 
-def test_fitted_profile_reproduces_the_measured_pass_times():
-    shape = gpucheck.TINY
-    seconds = {"F": 0.5, "B": 1.0, "W": 0.5, "S": 0.2, "T": 0.1, "IF": 0.01, "IB": 0.02}
-    hw = gpucheck.fit_profile(seconds, shape, 1e12, "x")
-    flops = gpucheck.pass_flops(shape)
-    for kind, s in seconds.items():
-        assert flops[kind] / (hw.peak_flops * hw.eff(kind)) == pytest.approx(s)
-    assert isinstance(hw, Hardware)
+def test_the_distributed_scan_finds_calls_and_flags_what_torch_lacks(tmp_path):
+    (tmp_path / "a.py").write_text("import torch.distributed as dist\n"
+                                   "from torch.distributed.distributed_c10d import _abort_process_group\n"
+                                   "dist.reduce(t, group=g, group_dst=0, async_op=True)\n"
+                                   "dist.reduce_scatter_nonexistent(t)\ndist.broadcast(t, not_a_keyword=1)\n")
+    calls = preflight.distributed_calls(tmp_path)
+    assert calls[("torch.distributed", "reduce")] == {"group", "group_dst", "async_op"}
+    assert ("torch.distributed.distributed_c10d", "_abort_process_group") in calls
+    assert preflight.missing_api(calls) == ["torch.distributed.broadcast(not_a_keyword=)",
+                                            "torch.distributed.reduce_scatter_nonexistent"]
+    assert ("torch.distributed", "isend") in preflight.distributed_calls()  # vp/'s own calls
 
 
-def test_the_cpu_run_of_the_check_passes(tmp_path, capsys):
-    code = gpucheck.main(["--device", "cpu", "--out", str(tmp_path), "--pp", "2", "--methods", "vocab-2"])
-    printed = capsys.readouterr().out
-    assert code == 0, printed
-    report = json.loads((tmp_path / "gpucheck.json").read_text())
-    assert report["plan"] == ["math", "passes", "pipeline", "fault"]
-    assert all(r["ok"] for r in report["math"].values())
-    assert report["passes"]["ok"] and set(report["passes"]["seconds"]) == {"F", "B", "W", "S", "T", "IF", "IB"}
-    assert (tmp_path / "gpucheck.yaml").read_text().startswith("# @package hardware")
-    assert report["pipeline"]["pp2/vocab-2"]["ok"]  # torchrun, 2 processes, loss against the reference
-    assert "fault: skipped" in printed  # the fault check needs NCCL
+def test_race_verdict():
+    safe, kept = {"reused": False, "pending": True}, {"intact": True}
+    ok, lines = race.verdict({"overwritten": True, "reused": True, "pending": True}, kept,
+                             {"reused": True, "pending": True}, cuda=True)
+    assert ok is False and "race CONFIRMED" in lines[0] and "RACE" in lines[1]
+    ok, lines = race.verdict({"overwritten": False, "reused": False, "pending": True}, kept, safe, cuda=True)
+    assert ok is True and "refuted" in lines[0] and "safe" in lines[1]
+    ok, lines = race.verdict({"overwritten": False}, {"intact": False}, safe, cuda=True)
+    assert ok is False and "INVALID" in lines[0]  # the control did not deliver its input: no conclusion
+    ok, _ = race.verdict({"overwritten": False, "reused": False}, kept, {"reused": False, "pending": False}, cuda=True)
+    assert ok is False  # the reduce had finished before the allocation: the delay failed, nothing was tested
+    assert race.verdict(None, None, safe, cuda=False)[0] is None
+
+
+def test_the_fit_recovers_a_profile_from_pass_times_it_implies():
+    skeleton = PROFILES["h200"]
+    truth = replace(skeleton, efficiency={"F": 0.7, "B": 0.6, "W": 0.8, "S": 0.5, "T": 0.9}, pass_overhead_s=2e-5,
+                    mem_efficiency=0.6)
+    rows, times = [], []
+    for shape in passes.SHAPES.values():
+        _, parts = passes.predicted(passes.shape_config(shape, "cuda"), skeleton)
+        for kind in passes.KINDS:
+            rows.append(observation(skeleton, parts[kind]))
+            times.append(work_seconds(truth, parts[kind]).total(truth))
+    hw = fitted(skeleton, "x", *fit_speeds(rows, times))
+    assert hw.efficiency == pytest.approx(truth.efficiency, rel=1e-3)
+    assert hw.pass_overhead_s == pytest.approx(2e-5, rel=1e-3) and hw.mem_efficiency == pytest.approx(0.6, rel=1e-3)
+
+
+def test_every_part_passes_in_its_cpu_form(tmp_path):
+    """(preflight ran in the script above)"""
+    cpu = torch.device("cpu")
+    modules = (precision, race, runtime, passes, memory, pipeline)
+    results = {m.__name__.rsplit(".", 1)[1]: m.run(cpu, tmp_path) for m in modules}
+    assert list(results) == list(PARTS)[1:]
+    # race and pipeline need CUDA streams and two GPUs: skipped
+    assert {k: r["ok"] for k, r in results.items()} == {**dict.fromkeys(results, True), "race": None, "pipeline": None}
+    assert set(results["runtime"]["runs"]) == {f"{m}/fp32" for m in runtime.CPU_METHODS}
+    timed = results["passes"]["shapes"]["tiny-a"]["seconds"]
+    assert set(timed) == set(passes.KINDS) and all(s > 0 for s in timed.values())
+    if "profile" in results["passes"]:  # CPU times under load may fit no positive speeds; a GPU's must
+        profile = yaml.safe_load(Path(results["passes"]["profile"]).read_text())
+        assert Hardware.from_dict(profile["profile"]).name == profile["name"] == "cpu_measured"

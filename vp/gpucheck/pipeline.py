@@ -1,0 +1,76 @@
+"""Pipelines on two or more GPUs (skipped on a machine with one): every method at pp 2, 4, 8 (up to the GPUs
+present), one process per GPU over NCCL (vp.launch.launch_local, a fresh file rendezvous per run), bf16, the loss
+against the fp32 CPU reference; then a rank made to raise at F2 under NCCL, which must fail the run at once naming
+that rank. Runs are started while the part's budget lasts; the rest are reported as not run. On CPU it is skipped:
+the suite's loss-parity tests start the same runs (vp.launch.launch_local) over gloo.
+"""
+import time
+from pathlib import Path
+
+import torch
+
+from vp.config import RunConfig
+from vp.schedule.methods import METHODS
+
+RTOL = 3e-2  # bf16 against the fp32 reference
+RUN_S = 60.0  # a run is started only with this much of the budget left
+
+
+def worker_config(method: str, pp: int) -> RunConfig:
+    chunks = METHODS[method].family.chunks or 2
+    return RunConfig(method=method, pp=pp, layers=pp * chunks, hidden=64, heads=4, seq_len=32, vocab_size=1000,
+                     microbatches=2 * pp, iterations=3, warmup=1, device="cuda", dtype="bf16", timeout_s=120)
+
+
+def fault(deadline: float) -> dict:
+    """A rank that raises under NCCL: the run fails at once (its communicators aborted), naming that rank."""
+    from vp.launch import RunFailed, launch_local
+
+    if deadline - time.monotonic() < RUN_S:
+        return {"ok": None, "skipped": "budget"}
+    t0 = time.monotonic()
+    try:
+        launch_local(worker_config("vocab-2", 2).with_(timeout_s=60), fault=(1, "F2", "raise"))
+        return {"ok": False, "error": "the run did not fail"}
+    except RunFailed as err:
+        seconds = time.monotonic() - t0
+        return {"ok": err.status == "failed" and str(err).startswith("rank 1") and seconds < 60,
+                "status": err.status, "seconds": seconds, "message": str(err)[:500]}
+
+
+def run(device: torch.device, out: Path, budget_s: float = 150.0) -> dict:
+    from vp.launch import RunFailed, launch_local
+    from vp.reference import train_reference
+
+    deadline = time.monotonic() + budget_s - 10
+    gpus = torch.cuda.device_count() if device.type == "cuda" else 0
+    if gpus < 2:
+        return {"ok": None, "gpus": gpus, "summary": [f"{gpus} GPUs here: the pipeline's NCCL traffic and the fault "
+                                                      "path need two or more (skipped)"]}
+    plan = [(pp, m) for pp in (2, 4, 8) if pp <= gpus for m in METHODS]
+    runs, summary = {}, ["| pp | method | loss | reference | ok |", "|---|---|---|---|---|"]
+    for pp, method in plan:
+        key = f"pp{pp}/{method}"
+        if deadline - time.monotonic() < RUN_S:
+            runs[key] = {"ok": None, "skipped": "budget"}
+            continue
+        cfg = worker_config(method, pp)
+        reference = train_reference(cfg.with_(device="cpu", dtype="fp32"))[0]
+        try:
+            loss = launch_local(cfg)["metrics"]["loss"]
+        except RunFailed as err:
+            runs[key] = {"ok": False, "status": err.status, "error": str(err)[:2000]}
+            summary.append(f"| {pp} | {method} | {err.status}: {str(err)[:150]} | | FAILED |")
+            continue
+        ok = all(abs(a - b) <= RTOL * abs(b) for a, b in zip(loss, reference))
+        runs[key] = {"ok": ok, "loss": loss, "reference": reference}
+        summary.append(f"| {pp} | {method} | {', '.join(f'{x:.4f}' for x in loss)} | "
+                       f"{', '.join(f'{x:.4f}' for x in reference)} | {'yes' if ok else 'FAILED'} |")
+    left = [k for k, r in runs.items() if r.get("skipped")]
+    if left:
+        summary.append(f"not run (budget): {', '.join(left)}")
+    result = {"gpus": gpus, "runs": runs, "fault": fault(deadline)}
+    summary.append(f"fault (rank 1 raises at F2): {result['fault']}")
+    checks = [r["ok"] for r in runs.values()] + [result["fault"]["ok"]]
+    ok = False if False in checks else True if True in checks else None
+    return {"ok": ok, "summary": summary, **result}
