@@ -11,12 +11,12 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from vp.comm import PIPELINE_CHANNELS, Comm, abort_all, make_groups, p2p_channel
+from vp.comm import P2P_CHANNELS, PIPELINE_CHANNELS, Comm, abort_all, make_groups, p2p_channel
 from vp.config import RunConfig
 from vp.hostenv import device_index, nccl_environment
 from vp.mesh import Mesh
 from vp.metrics import Metrics, RankMeasurement, device_peak
-from vp.nccl import Emulation
+from vp.nccl import Emulation, link_channel
 from vp.model import build_stage, vocab_rows
 from vp.record import git_commit, make_record, now
 from vp.runtime.executor import RankModel
@@ -82,7 +82,7 @@ def train_rank(cfg: RunConfig, rank: int, comm: Comm, device: torch.device, faul
 
 def schedule_channels(sched: Schedule, cfg: RunConfig) -> list[str]:
     """The pipeline channels a run uses, in PIPELINE_CHANNELS order."""
-    used = {ch for ch, _, _ in schedule_links(sched) | PROBE_LINKS}
+    used = {ch for ch, _, _ in run_links(sched)}
     used |= {inst.group for acts in sched.ranks for a in acts if (inst := enters(sched, a))}
     if cfg.dtype == "fp16":
         used.add("step")  # the loss scaler's overflow agreement
@@ -103,14 +103,27 @@ def schedule_links(sched: Schedule) -> set[tuple[str, int, int]]:
 PROBE_LINKS = {("fwd+", 0, 1), ("bwd-", 1, 0)}  # link_probe's ping-pong
 
 
+def run_links(sched: Schedule) -> list[tuple[str, int, int]]:
+    """(channel, sender, receiver) of every point-to-point link a run uses (the schedule's and the link probe's), in
+    one order: PIPELINE_CHANNELS, then sender, then receiver."""
+    links = schedule_links(sched) | (PROBE_LINKS if sched.pp > 1 else set())
+    return sorted(links, key=lambda link: (PIPELINE_CHANNELS.index(link[0]), link[1], link[2]))
+
+
 def channels(cfg: RunConfig, sched: Schedule | None = None) -> dict[str, list[list[int]]]:
     """Every process group of a run, by channel (vp.comm.make_groups creates them in this order); given the
-    schedule, only the pipeline channels it uses: NCCL makes a communicator, and its buffers, for every group."""
+    schedule, only the pipeline channels it uses (NCCL makes a communicator, and its buffers, for every group), and
+    point-to-point traffic on one group of two ranks per link (vp.nccl.link_channel) instead of whole-pipeline
+    groups: no send then waits behind another transfer of its communicator (docs/gpu-path.md)."""
     out = mesh_channels(cfg.mesh)
     if sched is None:
         return out
-    used = set(schedule_channels(sched, cfg))
-    return {ch: groups for ch, groups in out.items() if ch not in PIPELINE_CHANNELS or ch in used}
+    used = set(schedule_channels(sched, cfg)) - set(P2P_CHANNELS)
+    out = {ch: groups for ch, groups in out.items() if ch not in PIPELINE_CHANNELS or ch in used}
+    pipelines = cfg.mesh.groups("pp")
+    for channel, sender, receiver in run_links(sched):
+        out[link_channel(channel, sender, receiver)] = [sorted((pipe[sender], pipe[receiver])) for pipe in pipelines]
+    return out
 
 
 VOCAB_AXIS = {"C1": "vocab", "C2": "vocab", "naive": "vocab", "step": "replica"}  # the rest: "pp"
@@ -133,12 +146,11 @@ def mesh_channels(mesh: Mesh) -> dict[str, list[list[int]]]:
     return out
 
 
-def link_probe(comm: Comm, sizes=(4096, 262144, 4194304), reps: int = 3) -> list[list[float]]:
-    """[bytes, seconds] of one message between pipeline ranks 0 and 1 (half a ping-pong, best of reps),
-    for fitting a link model (python -m harness.calibrate); counters are reset afterwards."""
+def link_probe(comm: Comm, me: int, pp: int, sizes=(4096, 262144, 4194304), reps: int = 3) -> list[list[float]]:
+    """[bytes, seconds] of one message between pipeline ranks 0 and 1 (half a ping-pong, best of reps), for fitting
+    a link model (python -m harness.calibrate); me: this rank's pipeline index; counters are reset afterwards."""
     out = []
-    me = comm.index("fwd+")
-    if me in (0, 1) and comm.size("fwd+") > 1:
+    if me in (0, 1) and pp > 1:
         for size in sizes:
             buf = torch.zeros(size // 4, device=comm.device)
             best = float("inf")
@@ -180,9 +192,9 @@ def run_rank(cfg: RunConfig, rank: int, world: int, init_method: str, local_rank
     try:
         sched = build(cfg.method, cfg.pp, cfg.microbatches, cfg.n_chunks)
         comm = Comm(make_groups(channels(cfg, sched), rank, pg_timeout), device, emulate, cfg.timeout_s, rank)
-        comm.connect(schedule_links(sched) | PROBE_LINKS)
+        comm.connect(run_links(sched))
         peak, how = device_peak(device)
-        probe = link_probe(comm)
+        probe = link_probe(comm, cfg.mesh.coords(rank).p, cfg.pp)
         mine = train_rank(cfg, rank, comm, device, fault)
         mine.peak_flops = peak
         gathered = [None] * world
