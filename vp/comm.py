@@ -71,7 +71,9 @@ def local_groups(channels, ranks: list[int], me: int) -> dict[str, Group]:
     return make_groups({ch: [list(ranks)] for ch in channels}, ranks[me])
 
 class Handle:
-    """The result of a step submitted to a CommStream; wait() returns what the step returned."""
+    """The result of a step submitted to a CommStream; wait() returns what the step returned. On CUDA the tensors
+    it returns were made on the side stream: wait() records them on the consumer's stream, so that the side stream
+    does not reuse their memory while the consumer still reads them."""
 
     def __init__(self, channel: str, future=None, event=None, result=None, watchdog: Watchdog | None = None):
         self.channel, self._future, self._event, self._result = channel, future, event, result
@@ -86,8 +88,20 @@ class Handle:
             except FutureTimeout:
                 raise TimeoutError(f"the {self.channel} communication step gave no result within {timeout} s "
                                    f"(a peer rank died or hangs)") from None
-        torch.cuda.current_stream().wait_event(self._event)
+        consumer = torch.cuda.current_stream()
+        consumer.wait_event(self._event)
+        for t in _tensors(self._result):
+            t.record_stream(consumer)
         return self._result
+
+
+def _tensors(result) -> list[torch.Tensor]:
+    """The tensors a step returned (a tensor, or a tuple or list of them; None)."""
+    if isinstance(result, torch.Tensor):
+        return [result]
+    if isinstance(result, (tuple, list)):
+        return [t for t in result if isinstance(t, torch.Tensor)]
+    return []
 
 
 class CommStream:
@@ -113,13 +127,22 @@ class CommStream:
                 except BaseException as err:  # noqa: BLE001 - handed to whoever waits for the step
                     future.set_exception(err)
 
-    def submit(self, step, what: str | None = None) -> Handle:
+    def submit(self, step, what: str | None = None, reads=()) -> Handle:
+        """Run `step` after everything issued so far on the caller's stream. `reads`: tensors made on the caller's
+        stream that the step reads. On CUDA they are recorded on the side stream: when the caller drops them, the
+        allocator reuses their memory only after the side stream's work issued by then, the collective included
+        (the step waits for its Work there). Without it, a tensor read only by the step (IF's partial embedding on
+        a rank that is not the root, C0's buffer at its root) returns to the compute stream's pool when the launch
+        drops it, and the next allocation of its size there can overwrite it before the collective reads it:
+        ProcessGroupNCCL releases its own reference at work.wait(), which orders only the side stream."""
         if self.device.type == "cuda":
             self.stream.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(self.stream):
                 result = step()
                 event = torch.cuda.Event()
                 event.record(self.stream)
+            for t in reads:
+                t.record_stream(self.stream)
             return Handle(self.channel, event=event, result=result)
         future = Future()
         self.steps.put((step, future))
@@ -237,10 +260,11 @@ class Comm:
             self._streams[name] = CommStream(self.device, name, self.watchdog)
         return self._streams[name]
 
-    def submit(self, channel: str, step, what: str | None = None) -> Handle:
-        """Run a step of collectives on `channel` off the compute path; `what` names it in failure reports."""
+    def submit(self, channel: str, step, what: str | None = None, reads=()) -> Handle:
+        """Run a step of collectives on `channel` off the compute path; `what` names it in failure reports; `reads`:
+        the compute stream's tensors it reads (CommStream.submit)."""
         self._first_use(("group", channel))
-        return self.stream(channel).submit(step, what or channel)
+        return self.stream(channel).submit(step, what or channel, reads)
 
     def _collective(self, channel: str, op: str, start):
         """Run one collective to its end; `start` issues it asynchronously. In the emulated queue form, a call
@@ -348,7 +372,7 @@ class Comm:
             return t[0].clone()
         out = torch.empty(t.shape[1:], dtype=t.dtype, device=t.device)
         # [size * a, *rest] -> [a, *rest]: the collective splits its input along the first dimension
-        self._collective(channel, "reduce_scatter", lambda: dist.reduce_scatter_single(
+        self._collective(channel, "reduce_scatter", lambda: dist.reduce_scatter_tensor(
             out.view(-1, *t.shape[2:]) if t.dim() > 1 else out.view(1), t.reshape(-1, *t.shape[2:]) if t.dim() > 1
             else t, group=self._pg(channel), async_op=True))
         return out

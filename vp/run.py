@@ -13,7 +13,7 @@ import torch.distributed as dist
 
 from vp.comm import P2P_CHANNELS, PIPELINE_CHANNELS, Comm, abort_all, make_groups, p2p_channel
 from vp.config import RunConfig
-from vp.hostenv import device_index, nccl_environment
+from vp.hostenv import cuda_connections, device_index, nccl_environment
 from vp.mesh import Mesh
 from vp.metrics import Metrics, RankMeasurement, device_peak
 from vp.nccl import Emulation, link_channel
@@ -171,15 +171,18 @@ def link_probe(comm: Comm, me: int, pp: int, sizes=(4096, 262144, 4194304), reps
 
 
 def run_rank(cfg: RunConfig, rank: int, world: int, init_method: str, local_rank: int = 0, fault=None,
-             experiment: str | None = None, trace_path: str | None = None) -> dict | None:
+             experiment: str | None = None, trace_path: str | None = None,
+             local_world: int | None = None) -> dict | None:
     """One process of a run: process groups, training, gathering; returns the record on rank 0, which also
-    writes the Chrome trace of the measured iterations to trace_path when given."""
+    writes the Chrome trace of the measured iterations to trace_path when given. local_world: the processes on this
+    node when they all see the same GPUs (vp.launch, torchrun; None: unknown, e.g. SLURM with per-task binding)."""
     if world != cfg.world:
         raise ValueError(f"world size {world} differs from dp x pp x tp = {cfg.world}; launch exactly that many "
                          f"processes")
     device = torch.device("cpu")
     if cfg.device == "cuda":  # device_id: NCCL creates the world's communicator now, and each group's in new_group
-        device = torch.device("cuda", device_index(local_rank, torch.cuda.device_count()))
+        cuda_connections()  # before this process's CUDA context exists
+        device = torch.device("cuda", device_index(local_rank, torch.cuda.device_count(), local_world))
         torch.cuda.set_device(device)
         nccl_environment()
     emulate = Emulation.of(cfg.emulate_nccl)

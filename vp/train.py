@@ -117,7 +117,9 @@ def main(argv=None) -> int:
             from vp.run import run_rank
 
             rank, world, local_rank, init = launched
-            record = run_rank(cfg, rank, world, init, local_rank, fault, trace_path=trace)
+            here = os.environ.get("LOCAL_WORLD_SIZE")  # torchrun: its processes on this node share its GPUs
+            record = run_rank(cfg, rank, world, init, local_rank, fault, trace_path=trace,
+                              local_world=int(here) if here else None)
         else:
             record = launch_local(cfg, fault, trace)
     except RunFailed as err:
