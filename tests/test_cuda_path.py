@@ -216,3 +216,22 @@ def test_run_rank_refuses_a_shared_gpu_before_nccl(monkeypatch):
                     device="cuda", dtype="bf16")
     with pytest.raises(ValueError, match="2 processes on this node share 1 visible CUDA device"):
         run_rank(cfg, 1, 2, "file:///nonexistent", local_rank=1, local_world=2)
+
+
+# -- the communicators' memory ---------------------------------------------------------------------------------------
+def test_simulated_records_count_nccl_buffers_per_rank_in_peak_memory():
+    """vocab-2 at pp 4 on h200: each rank holds the world's, C0 C1 IF IB and its links (the ends of the pipeline two,
+    the middle four); metrics.comm_buffer_bytes is their buffers at the profile's sizes, and the peak includes it."""
+    from harness.sim import simulate_job
+    from vp.config import RunConfig
+    from vp.cost import PROFILES
+
+    hw = PROFILES["h200"]
+    run = RunConfig(method="vocab-2", pp=4, layers=8, hidden=256, heads=4, seq_len=64, vocab_size=1000,
+                    microbatches=8)
+    m = simulate_job(run, hw, "t", {})["metrics"]
+    links = [2, 4, 4, 2]  # fwd+ in/out and bwd- in/out
+    assert m["communicators"] == [5 + n for n in links]
+    assert m["comm_buffer_bytes"] == [5 * hw.comm_bytes + n * hw.link_comm_bytes for n in links]
+    for detail, peak, comm in zip(m["memory_detail"], m["peak_memory_bytes"], m["comm_buffer_bytes"]):
+        assert detail["comm_buffers"] == comm and peak == pytest.approx(detail["static"] + detail["activations"] + comm)

@@ -162,14 +162,17 @@ def emulated_mesh(rank, world, cfg, form):
 ])
 def test_eager_creation_covers_every_channel_given_to_make_groups(pools, world, form, mesh, communicators):
     """The data- and tensor-parallel channels are created eagerly too (nothing lazily), and the mesh trains like
-    the single process."""
+    the single process. Each rank holds the communicators the memory model counts for it (rank_communicators)."""
     from vp.metrics import replica_sum
+    from vp.run import rank_communicators
 
     cfg = tiny("vocab-2", 2, layers=4, **mesh)
     results = pools(world).run(emulated_mesh, cfg, form)
     assert all(not lazily for _, lazily in results)
     if communicators:
         assert [m.communicators for m, _ in results] == [communicators] * world
+    model = rank_communicators(cfg, build(cfg.method, cfg.pp, cfg.microbatches, cfg.n_chunks))
+    assert [(m.communicators - m.links, m.links) for m, _ in results] == [(h.groups, h.links) for h in model]
     ref = reference_losses(cfg)  # the whole model on one global batch (dp x microbatches)
     torch.testing.assert_close(torch.tensor(replica_sum([m for m, _ in results])), torch.tensor(ref), rtol=1e-5,
                                atol=0)

@@ -26,6 +26,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from vp.cost.memory import Communicators
 from vp.failure import Progress
 from vp.nccl import ACK_TAG, Emulation, Pending, Watchdog, connect, create, link_channel, parse_link
 
@@ -199,6 +200,11 @@ class Comm:
         """NCCL communicators this rank holds: the world's and one per group of two or more ranks (with device_id,
         torch runs a group's point-to-point transfers on the group's own communicator, so pairs add none)."""
         return 1 + sum(1 for key in self.created if key[0] == "group" and self.size(key[1]) > 1)
+
+    def held(self) -> Communicators:
+        """The communicators() by kind: point-to-point links of two ranks, and the rest (vp.cost.memory)."""
+        links = sum(1 for key in self.created if key[0] == "group" and parse_link(key[1]) and self.size(key[1]) > 1)
+        return Communicators(self.communicators() - links, links)
 
     def _first_use(self, key: tuple):
         """Emulated NCCL without eager creation: the first use creates the communicator, blocking this thread."""

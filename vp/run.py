@@ -16,7 +16,8 @@ from vp.config import RunConfig
 from vp.hostenv import cuda_connections, device_index, nccl_environment
 from vp.mesh import Mesh
 from vp.metrics import Metrics, RankMeasurement, device_peak
-from vp.nccl import Emulation, link_channel
+from vp.cost.memory import Communicators
+from vp.nccl import Emulation, link_channel, parse_link
 from vp.model import build_stage, vocab_rows
 from vp.record import git_commit, make_record, now
 from vp.runtime.executor import RankModel
@@ -77,7 +78,8 @@ def train_rank(cfg: RunConfig, rank: int, comm: Comm, device: torch.device, faul
         parameters=n_params, bytes_sent=sum(comm.bytes_sent.values()) / its,
         bytes_by_channel={k: v / its for k, v in comm.by_channel(comm.bytes_sent).items()},
         collectives={k: v / its for k, v in comm.by_op(comm.calls).items()},
-        barriers_per_microbatch=sum(comm.barriers.values()) / mbs, communicators=comm.communicators())
+        barriers_per_microbatch=sum(comm.barriers.values()) / mbs, communicators=comm.communicators(),
+        links=comm.held().links)
 
 
 def schedule_channels(sched: Schedule, cfg: RunConfig) -> list[str]:
@@ -128,6 +130,17 @@ def channels(cfg: RunConfig, sched: Schedule | None = None) -> dict[str, list[li
 
 VOCAB_AXIS = {"C1": "vocab", "C2": "vocab", "naive": "vocab", "step": "replica"}  # the rest: "pp"
 ROW_STEPS = ("C0.row", "IF.row", "IB.row")
+
+
+def rank_communicators(cfg: RunConfig, sched: Schedule) -> list[Communicators]:
+    """The NCCL communicators each global rank of a run holds (what its Comm.held() reports after connect): the
+    world's, and one per group of two or more ranks of channels(cfg, sched), links counted apart."""
+    held = [[1, 0] for _ in range(cfg.world)]
+    for channel, groups in channels(cfg, sched).items():
+        for ranks in groups:
+            for r in ranks if len(ranks) > 1 else ():
+                held[r][1 if parse_link(channel) else 0] += 1
+    return [Communicators(g, links) for g, links in held]
 
 
 def mesh_channels(mesh: Mesh) -> dict[str, list[list[int]]]:
