@@ -50,9 +50,11 @@ def build_rank_model(cfg: RunConfig, sched, rank: int, device: torch.device,
     return RankModel(stages, shard, rows("head.weight"), rows("embed.weight"), tp=tp)
 
 
-def train_rank(cfg: RunConfig, rank: int, comm: Comm, device: torch.device, fault=None) -> RankMeasurement:
+def train_rank(cfg: RunConfig, rank: int, comm: Comm, device: torch.device, fault=None,
+               free_before_groups: int | None = None) -> RankMeasurement:
     """Run every iteration on this (global) rank, process groups already up (channels(cfg): with tp > 1 also the
-    tensor-parallel ones of vp.tp.context); returns its measurements."""
+    tensor-parallel ones of vp.tp.context); returns its measurements. free_before_groups (CUDA): the device's free
+    bytes before the process groups were made, to measure the memory outside the allocator (NCCL's buffers)."""
     where = cfg.mesh.coords(rank)
     tp = TensorParallel.of(cfg.mesh, rank, comm) if cfg.tp > 1 else None
     sched = validate_schedule(build(cfg.method, cfg.pp, cfg.microbatches, cfg.n_chunks))
@@ -65,6 +67,9 @@ def train_rank(cfg: RunConfig, rank: int, comm: Comm, device: torch.device, faul
     if device.type == "cuda":
         peak = torch.cuda.max_memory_allocated(device)
         detail = {"allocated": peak, "reserved": torch.cuda.max_memory_reserved(device)}
+        if free_before_groups is not None:  # taken since then and not the allocator's: NCCL's buffers, workspaces
+            detail["outside_allocator"] = (free_before_groups - torch.cuda.mem_get_info(device)[0]
+                                           - torch.cuda.memory_reserved(device))
     else:  # fp32 parameter, gradient and two AdamW moments; activations as accounted
         static = 16 * n_params
         detail = {"static": static, "activations": runtime.meter.peak}
@@ -198,6 +203,8 @@ def run_rank(cfg: RunConfig, rank: int, world: int, init_method: str, local_rank
         device = torch.device("cuda", device_index(local_rank, torch.cuda.device_count(), local_world))
         torch.cuda.set_device(device)
         nccl_environment()
+    # the CUDA context exists once this returns; what NCCL allocates from here on, the allocator does not see
+    free_before_groups = torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else None
     emulate = Emulation.of(cfg.emulate_nccl)
     pg_timeout = cfg.timeout_s * (2 if emulate else 1)  # emulating NCCL, the watchdog's timeout comes first
     started = now()
@@ -211,7 +218,7 @@ def run_rank(cfg: RunConfig, rank: int, world: int, init_method: str, local_rank
         comm.connect(run_links(sched))
         peak, how = device_peak(device)
         probe = link_probe(comm, cfg.mesh.coords(rank).p, cfg.pp)
-        mine = train_rank(cfg, rank, comm, device, fault)
+        mine = train_rank(cfg, rank, comm, device, fault, free_before_groups)
         mine.peak_flops = peak
         gathered = [None] * world
         dist.all_gather_object(gathered, mine)
