@@ -28,7 +28,7 @@ import torch.distributed as dist
 
 from vp.cost.memory import Communicators
 from vp.failure import Progress
-from vp.nccl import ACK_TAG, Emulation, Pending, Watchdog, connect, create, link_channel, parse_link
+from vp.nccl import Emulation, Pending, Watchdog, acked_recv, acked_send, connect, create, parse_link
 
 PIPELINE_CHANNELS = ("fwd+", "fwd-", "bwd+", "bwd-", "C0", "C1", "C2", "IF", "IB", "naive", "step")
 P2P_CHANNELS = PIPELINE_CHANNELS[:4]
@@ -308,34 +308,24 @@ class Comm:
 
     def isend(self, t: torch.Tensor, dst: int, channel: str):
         self._count(channel, "send", t)
+        what = f"send to rank {dst} on {channel}"
         via, dst = self.route(channel, dst, send=True)
         self._first_use(self._pair(via, dst))
-        t, what = t.contiguous(), f"send to rank {dst} on {via}"
+        t = t.contiguous()
         if fifo := self._fifo(via):
-            return fifo.submit(lambda: self._acked_send(t, dst, via, what), what)
+            return fifo.submit(lambda: acked_send(self, t, dst, via, what), what)
         work = dist.isend(t, group=self._pg(via), group_dst=dst)
         return Pending(self, work, what) if self.watchdog else work
 
     def irecv(self, t: torch.Tensor, src: int, channel: str):
         self._count(channel, "recv", t, sends=False)
+        what = f"receive from rank {src} on {channel}"
         via, src = self.route(channel, src, send=False)
         self._first_use(self._pair(via, src))
-        what = f"receive from rank {src} on {via}"
         if fifo := self._fifo(via):
-            return fifo.submit(lambda: self._acked_recv(t, src, via, what), what)
+            return fifo.submit(lambda: acked_recv(self, t, src, via, what), what)
         work = dist.irecv(t, group=self._pg(via), group_src=src)
         return Pending(self, work, what) if self.watchdog else work
-
-    def _acked_send(self, t: torch.Tensor, dst: int, channel: str, what: str):
-        """Emulated p2p form, on the communicator's queue: a send that ends only when the receiver has taken it."""
-        self.block(what, dist.isend(t, group=self._pg(channel), group_dst=dst))
-        ack = torch.zeros(1)
-        self.block(f"{what} (until taken)", dist.irecv(ack, group=self._pg(channel), group_src=dst, tag=ACK_TAG))
-
-    def _acked_recv(self, t: torch.Tensor, src: int, channel: str, what: str):
-        self.block(what, dist.irecv(t, group=self._pg(channel), group_src=src))
-        self.block(f"{what} (taking it)", dist.isend(torch.zeros(1), group=self._pg(channel), group_dst=src,
-                                                     tag=ACK_TAG))
 
     # -- collectives (blocking for the caller: run them on a CommStream to overlap) ----------------
     def all_reduce(self, t: torch.Tensor, channel: str, op=dist.ReduceOp.SUM) -> torch.Tensor:

@@ -131,6 +131,20 @@ def completion(work) -> tuple[threading.Event, Callable[[], object]]:
         return done, result
 
 
+def acked_send(comm, t: torch.Tensor, dst: int, channel: str, what: str):
+    """The p2p form, on the queue of the channel's communicator: a send that ends only when the receiver has taken
+    it (the receiver's acknowledgement, under ACK_TAG on the same group). dst: an index in the channel's group."""
+    pg = comm.groups[channel].pg
+    comm.block(what, dist.isend(t, group=pg, group_dst=dst))
+    comm.block(f"{what} (until taken)", dist.irecv(torch.zeros(1), group=pg, group_src=dst, tag=ACK_TAG))
+
+
+def acked_recv(comm, t: torch.Tensor, src: int, channel: str, what: str):
+    pg = comm.groups[channel].pg
+    comm.block(what, dist.irecv(t, group=pg, group_src=src))
+    comm.block(f"{what} (taking it)", dist.isend(torch.zeros(1), group=pg, group_dst=src, tag=ACK_TAG))
+
+
 def connect(comm, links=()):
     """Create every communicator of `comm` (a vp.comm.Comm) eagerly, in one order shared by all ranks: each
     channel's group in make_groups' order (a point-to-point link's own group among them), then a token through each
