@@ -35,9 +35,10 @@ from vp.schedule import build
 
 def cpu_profile(name: str, peak: float, **fields) -> Hardware:
     """A profile for one CPU machine: no tile or wave quantization, no alignment effects, every efficiency 1
-    (the calibrated multipliers and bandwidths carry the machine's speed), one flat link."""
+    (the calibrated multipliers and bandwidths carry the machine's speed), one flat link, no NCCL buffers (gloo)."""
     base = dict(sms=0, tile_k_overhead=0, align_penalty=0.0, gemm_efficiency=1.0, attention_efficiency=1.0,
-                mem_efficiency=1.0, collective_latency=0.0, act_bytes=4, bytes_per_param=16.0, overhead_bytes=0.0)
+                mem_efficiency=1.0, collective_latency=0.0, act_bytes=4, bytes_per_param=16.0, overhead_bytes=0.0,
+                comm_bytes=0.0, link_comm_bytes=0.0)
     base.update(fields)
     return Hardware(name, peak, **base)
 

@@ -14,13 +14,15 @@ from pathlib import Path
 from vp.cost import pass_costs, static_bytes, tail_s, traffic
 from vp.metrics import Metrics
 from vp.record import make_record, now
+from vp.run import rank_communicators
 from vp.schedule import build, simulate
 
 
 # what a simulated record depends on besides its config and hardware profile: the schedules, the simulator, the
 # cost model, the metrics and this module
 _VP = Path(__file__).parents[1] / "vp"
-_SOURCES = (_VP / "schedule", _VP / "cost", _VP / "metrics.py", _VP / "flops.py", _VP / "config.py", Path(__file__))
+_SOURCES = (_VP / "schedule", _VP / "cost", _VP / "metrics.py", _VP / "flops.py", _VP / "config.py", _VP / "run.py",
+            Path(__file__))
 
 
 @lru_cache(maxsize=1)
@@ -43,8 +45,10 @@ def simulate_job(run, hw, experiment: str, labels: dict) -> dict:
     sched = _schedule(run.method, run.pp, run.microbatches, run.n_chunks)
     result = simulate(sched, pass_costs(run, hw, sched))
     sent = [sum(channels.values()) for channels in traffic(run, sched)]
+    held = rank_communicators(run, sched)  # per global rank; replica 0's device 0 of each stage stands for all
     metrics = Metrics.from_simulation(run, result, hw.peak_flops, static_bytes(run, hw, sched), sent,
-                                      hw.memory_bytes, tail_s(run, hw, sched))
+                                      hw.memory_bytes, tail_s(run, hw, sched),
+                                      [held[run.mesh.rank(0, p, 0)] for p in range(run.pp)], hw)
     peak = metrics.peak_memory_bytes
     over = [r for r, b in enumerate(peak) if b > hw.memory_bytes]
     status, error = "ok", None

@@ -9,6 +9,9 @@ groups along the pipeline axis:
   naive      the synchronous all-reduces of the naive (Megatron / interlaced) output layer
   step       end-of-iteration agreement (fp16 overflow check, metrics)
 Ranks named in calls (src, dst) are indices in the channel's group, never global ranks.
+A point-to-point transfer runs on its link's own group when one was made (`link_channel`: one channel, one sender,
+one receiver; vp.run.channels makes one for every link the schedule uses), so that no send waits behind another
+transfer of its communicator (docs/gpu-path.md); else on the channel's group.
 Communicators are created eagerly in one global order (connect); with `emulate`, gloo keeps NCCL's rules (vp.nccl).
 """
 import contextlib
@@ -23,10 +26,12 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from vp.cost.memory import Communicators
 from vp.failure import Progress
-from vp.nccl import Emulation, Pending, Watchdog, connect, create
+from vp.nccl import Emulation, Pending, Watchdog, acked_recv, acked_send, connect, create, parse_link
 
 PIPELINE_CHANNELS = ("fwd+", "fwd-", "bwd+", "bwd-", "C0", "C1", "C2", "IF", "IB", "naive", "step")
+P2P_CHANNELS = PIPELINE_CHANNELS[:4]
 
 
 @dataclass(frozen=True)
@@ -43,7 +48,8 @@ class Group:
 
 def make_groups(slices: dict[str, list[list[int]]], rank: int, timeout_s: float | None = None) -> dict[str, Group]:
     """channel -> this rank's Group, creating every slice of every channel in the order given. new_group is
-    collective over the world, so every rank must call this with the same slices in the same order."""
+    collective over the world, so every rank must call this with the same slices in the same order. A point-to-point
+    link's channel (link_channel) has a group per pipeline; a rank off the link is in none."""
     timeout = timedelta(seconds=timeout_s) if timeout_s else None
     out = {}
     for channel, groups in slices.items():
@@ -52,7 +58,7 @@ def make_groups(slices: dict[str, list[list[int]]], rank: int, timeout_s: float 
             if rank in ranks:
                 assert channel not in out, f"rank {rank} is in two groups of channel {channel}"
                 out[channel] = Group(tuple(ranks), ranks.index(rank), pg)
-        assert channel in out, f"rank {rank} is in no group of channel {channel}"
+        assert channel in out or parse_link(channel), f"rank {rank} is in no group of channel {channel}"
     return out
 
 
@@ -66,7 +72,9 @@ def local_groups(channels, ranks: list[int], me: int) -> dict[str, Group]:
     return make_groups({ch: [list(ranks)] for ch in channels}, ranks[me])
 
 class Handle:
-    """The result of a step submitted to a CommStream; wait() returns what the step returned."""
+    """The result of a step submitted to a CommStream; wait() returns what the step returned. On CUDA the tensors
+    it returns were made on the side stream: wait() records them on the consumer's stream, so that the side stream
+    does not reuse their memory while the consumer still reads them."""
 
     def __init__(self, channel: str, future=None, event=None, result=None, watchdog: Watchdog | None = None):
         self.channel, self._future, self._event, self._result = channel, future, event, result
@@ -81,8 +89,20 @@ class Handle:
             except FutureTimeout:
                 raise TimeoutError(f"the {self.channel} communication step gave no result within {timeout} s "
                                    f"(a peer rank died or hangs)") from None
-        torch.cuda.current_stream().wait_event(self._event)
+        consumer = torch.cuda.current_stream()
+        consumer.wait_event(self._event)
+        for t in _tensors(self._result):
+            t.record_stream(consumer)
         return self._result
+
+
+def _tensors(result) -> list[torch.Tensor]:
+    """The tensors a step returned (a tensor, or a tuple or list of them; None)."""
+    if isinstance(result, torch.Tensor):
+        return [result]
+    if isinstance(result, (tuple, list)):
+        return [t for t in result if isinstance(t, torch.Tensor)]
+    return []
 
 
 class CommStream:
@@ -108,13 +128,22 @@ class CommStream:
                 except BaseException as err:  # noqa: BLE001 - handed to whoever waits for the step
                     future.set_exception(err)
 
-    def submit(self, step, what: str | None = None) -> Handle:
+    def submit(self, step, what: str | None = None, reads=()) -> Handle:
+        """Run `step` after everything issued so far on the caller's stream. `reads`: tensors made on the caller's
+        stream that the step reads. On CUDA they are recorded on the side stream: when the caller drops them, the
+        allocator reuses their memory only after the side stream's work issued by then, the collective included
+        (the step waits for its Work there). Without it, a tensor read only by the step (IF's partial embedding on
+        a rank that is not the root, C0's buffer at its root) returns to the compute stream's pool when the launch
+        drops it, and the next allocation of its size there can overwrite it before the collective reads it:
+        ProcessGroupNCCL releases its own reference at work.wait(), which orders only the side stream."""
         if self.device.type == "cuda":
             self.stream.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(self.stream):
                 result = step()
                 event = torch.cuda.Event()
                 event.record(self.stream)
+            for t in reads:
+                t.record_stream(self.stream)
             return Handle(self.channel, event=event, result=result)
         future = Future()
         self.steps.put((step, future))
@@ -138,6 +167,14 @@ class Comm:
         self.progress = Progress.from_env()  # the launcher's note of what this rank does (vp.failure)
         self.calls, self.bytes_sent, self.barriers = Counter(), Counter(), Counter()  # keyed (channel, op)
         self._streams: dict[str, CommStream] = {}
+        self._fifos: dict[str, CommStream] = {}  # emulated p2p form: one ordered queue per communicator
+        # (channel, "send" | "recv", peer's pipeline index) -> the link's own group, for the links this rank is on
+        self.links: dict[tuple[str, str, int], str] = {}
+        for name, group in self.groups.items():
+            if link := parse_link(name):
+                channel, sender, receiver = link  # the group's two ranks in global order, as the pipeline's
+                sends = group.index == (0 if sender < receiver else 1)
+                self.links[(channel, "send", receiver) if sends else (channel, "recv", sender)] = name
         self.created: set[tuple] = set()  # communicators: ("group", channel) or ("pair", channel, a, b), a < b
         self.lazily: list[tuple] = []  # those created at their first use, in order (never, once connect() ran)
 
@@ -160,8 +197,14 @@ class Comm:
         connect(self, links)
 
     def communicators(self) -> int:
-        """NCCL communicators this rank holds: the world's and one per group of two or more ranks or pair made."""
-        return 1 + sum(1 for key in self.created if self.size(key[1]) > 1)
+        """NCCL communicators this rank holds: the world's and one per group of two or more ranks (with device_id,
+        torch runs a group's point-to-point transfers on the group's own communicator, so pairs add none)."""
+        return 1 + sum(1 for key in self.created if key[0] == "group" and self.size(key[1]) > 1)
+
+    def held(self) -> Communicators:
+        """The communicators() by kind: point-to-point links of two ranks, and the rest (vp.cost.memory)."""
+        links = sum(1 for key in self.created if key[0] == "group" and parse_link(key[1]) and self.size(key[1]) > 1)
+        return Communicators(self.communicators() - links, links)
 
     def _first_use(self, key: tuple):
         """Emulated NCCL without eager creation: the first use creates the communicator, blocking this thread."""
@@ -223,10 +266,11 @@ class Comm:
             self._streams[name] = CommStream(self.device, name, self.watchdog)
         return self._streams[name]
 
-    def submit(self, channel: str, step, what: str | None = None) -> Handle:
-        """Run a step of collectives on `channel` off the compute path; `what` names it in failure reports."""
+    def submit(self, channel: str, step, what: str | None = None, reads=()) -> Handle:
+        """Run a step of collectives on `channel` off the compute path; `what` names it in failure reports; `reads`:
+        the compute stream's tensors it reads (CommStream.submit)."""
         self._first_use(("group", channel))
-        return self.stream(channel).submit(step, what or channel)
+        return self.stream(channel).submit(step, what or channel, reads)
 
     def _collective(self, channel: str, op: str, start):
         """Run one collective to its end; `start` issues it asynchronously. In the emulated queue form, a call
@@ -235,27 +279,53 @@ class Comm:
         queue = self._streams.get("queue")
         if self.emulate and self.emulate.queue and (queue is None or threading.current_thread() is not queue.thread):
             return self.submit(channel, lambda: self._collective(channel, op, start), f"{op} on {channel}").wait()
+        if fifo := self._fifo(channel):  # behind every earlier transfer and collective of its communicator
+            return fifo.submit(lambda: self.block(f"{op} on {channel}", start()), f"{op} on {channel}").wait()
         self.block(f"{op} on {channel}", start())
 
     def _pg(self, channel: str):
         return self.groups[channel].pg
+
+    def _fifo(self, channel: str) -> CommStream | None:
+        """Emulated p2p form: the ordered queue of the channel's communicator, unless already running on it."""
+        if not (self.emulate and self.emulate.p2p):
+            return None
+        if channel not in self._fifos:
+            self._fifos[channel] = CommStream(self.device, f"nccl-{channel}", self.watchdog)
+        fifo = self._fifos[channel]
+        return None if threading.current_thread() is fifo.thread else fifo
 
     # -- point to point -----------------------------------------------------------------------------
     def _pair(self, channel: str, peer: int) -> tuple:
         me = self.index(channel)
         return ("pair", channel, min(me, peer), max(me, peer))
 
+    def route(self, channel: str, peer: int, send: bool) -> tuple[str, int]:
+        """(the channel whose communicator carries a transfer to or from pipeline index `peer`, the peer's index in
+        it): the link's own group when this rank has one, else the channel's group."""
+        link = self.links.get((channel, "send" if send else "recv", peer))
+        return (link, 1 - self.index(link)) if link else (channel, peer)
+
     def isend(self, t: torch.Tensor, dst: int, channel: str):
         self._count(channel, "send", t)
-        self._first_use(self._pair(channel, dst))
-        work = dist.isend(t.contiguous(), group=self._pg(channel), group_dst=dst)
-        return Pending(self, work, f"send to rank {dst} on {channel}") if self.watchdog else work
+        what = f"send to rank {dst} on {channel}"
+        via, dst = self.route(channel, dst, send=True)
+        self._first_use(self._pair(via, dst))
+        t = t.contiguous()
+        if fifo := self._fifo(via):
+            return fifo.submit(lambda: acked_send(self, t, dst, via, what), what)
+        work = dist.isend(t, group=self._pg(via), group_dst=dst)
+        return Pending(self, work, what) if self.watchdog else work
 
     def irecv(self, t: torch.Tensor, src: int, channel: str):
         self._count(channel, "recv", t, sends=False)
-        self._first_use(self._pair(channel, src))
-        work = dist.irecv(t, group=self._pg(channel), group_src=src)
-        return Pending(self, work, f"receive from rank {src} on {channel}") if self.watchdog else work
+        what = f"receive from rank {src} on {channel}"
+        via, src = self.route(channel, src, send=False)
+        self._first_use(self._pair(via, src))
+        if fifo := self._fifo(via):
+            return fifo.submit(lambda: acked_recv(self, t, src, via, what), what)
+        work = dist.irecv(t, group=self._pg(via), group_src=src)
+        return Pending(self, work, what) if self.watchdog else work
 
     # -- collectives (blocking for the caller: run them on a CommStream to overlap) ----------------
     def all_reduce(self, t: torch.Tensor, channel: str, op=dist.ReduceOp.SUM) -> torch.Tensor:
@@ -298,7 +368,7 @@ class Comm:
             return t[0].clone()
         out = torch.empty(t.shape[1:], dtype=t.dtype, device=t.device)
         # [size * a, *rest] -> [a, *rest]: the collective splits its input along the first dimension
-        self._collective(channel, "reduce_scatter", lambda: dist.reduce_scatter_single(
+        self._collective(channel, "reduce_scatter", lambda: dist.reduce_scatter_tensor(
             out.view(-1, *t.shape[2:]) if t.dim() > 1 else out.view(1), t.reshape(-1, *t.shape[2:]) if t.dim() > 1
             else t, group=self._pg(channel), async_op=True))
         return out
@@ -322,14 +392,17 @@ class Comm:
         if self.watchdog is None:
             return start()
         self._first_use(("group", channel))
-        if self.emulate.queue:
-            return self.submit(channel, lambda: self.block(f"{op} on {channel}", start()), f"{op} on {channel}")
-        return Pending(self, start(), f"{op} on {channel}")
+        what = f"{op} on {channel}"
+        if self.emulate.queue:  # the queue's step goes through the communicator's own queue too (_collective)
+            return self.submit(channel, lambda: self._collective(channel, op, start), what)
+        if fifo := self._fifo(channel):
+            return fifo.submit(lambda: self.block(what, start()), what)
+        return Pending(self, start(), what)
 
     def close(self, failed: bool = False):
         """Release streams and groups; after a failure, without waiting on steps that may never end (the process
         then aborts its communicators: abort_all)."""
-        for s in self._streams.values():
+        for s in [*self._streams.values(), *self._fifos.values()]:
             s.close(wait=not failed)
         if not failed:
             for g in self.groups.values():

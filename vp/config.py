@@ -10,7 +10,7 @@ from vp.schedule.methods import Method, chunks_for, get_method
 from vp.tp.modes import check_sizes, get_mode
 
 DEVICES = ("cpu", "cuda")
-NCCL_FORMS = ("lazy", "queue", "both")  # vp.nccl.FORMS (this module stays free of torch)
+NCCL_FORMS = ("lazy", "queue", "p2p", "both", "all")  # vp.nccl.FORMS (this module stays free of torch)
 DTYPES = ("fp32", "bf16", "fp16")
 
 
@@ -41,7 +41,7 @@ class RunConfig:
     #                                       None = the official default, 0
     lr: float = 1e-3
     timeout_s: float = 300.0
-    emulate_nccl: str | None = None  # CPU runs: keep NCCL's rules on gloo, lazy | queue | both (vp.nccl)
+    emulate_nccl: str | None = None  # CPU runs: keep NCCL's rules on gloo, lazy | queue | p2p | both | all (vp.nccl)
 
     @property
     def ffn(self) -> int:

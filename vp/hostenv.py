@@ -22,12 +22,18 @@ NCCL_ENV = {"TORCH_NCCL_ASYNC_ERROR_HANDLING": "3", "TORCH_NCCL_DUMP_ON_TIMEOUT"
             "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000"}
 
 
-def device_index(local_rank: int, visible: int) -> int:
+def device_index(local_rank: int, visible: int, local_world: int | None = None) -> int:
     """The CUDA device of a process among the `visible` ones: the only one under per-task GPU binding (SLURM
-    --gpus-per-task, or CUDA_VISIBLE_DEVICES set per process), else the local rank's."""
+    --gpus-per-task, or CUDA_VISIBLE_DEVICES set per process), else the local rank's. local_world: the processes
+    on this node when the launcher gives them all the same devices (vp.launch, torchrun); more of them than visible
+    devices would put two ranks on one GPU, which NCCL refuses deep inside its setup ("Duplicate GPU detected")."""
     if visible < 1:
         raise ValueError("device=cuda but no CUDA device is visible to this process; check CUDA_VISIBLE_DEVICES "
                          "and the job's GPU request (e.g. --gpus-per-node), or run with device=cpu")
+    if local_world is not None and local_world > visible:
+        raise ValueError(f"{local_world} processes on this node share {visible} visible CUDA device(s): NCCL needs "
+                         f"a GPU of its own for each rank; run at most {visible} ranks per node (dp x pp x tp), "
+                         f"make more GPUs visible (CUDA_VISIBLE_DEVICES), or use device=cpu")
     if visible == 1:
         return 0
     if local_rank >= visible:
@@ -66,6 +72,27 @@ def rendezvous_port(job_id: str, env=os.environ, ephemeral: tuple[int, int] | No
                          f"use cluster.rendezvous=file or reserve ports in SLURM (MpiParams=ports=...)")
     job = int(str(job_id).split("_")[0])
     return PORT_BASE + job % (low - PORT_BASE)
+
+
+# The runtime's point-to-point transfers and collectives run on streams of their own, concurrently with compute
+# (docs/gpu-path.md); CUDA maps streams onto CUDA_DEVICE_MAX_CONNECTIONS hardware queues (default 8, at most 32),
+# and two streams on one queue are ordered as if they were one. At 1 (Megatron sets it for tensor-parallel overlap)
+# every NCCL kernel sits behind the one issued before it: a send waiting for its receiver blocks the rank's other
+# transfers and collectives, and plain 1F1B deadlocks. Unset, a run asks for the most queues.
+CUDA_CONNECTIONS = "CUDA_DEVICE_MAX_CONNECTIONS"
+MIN_CONNECTIONS, MAX_CONNECTIONS = 8, 32
+
+
+def cuda_connections(env=os.environ) -> int:
+    """Set CUDA_DEVICE_MAX_CONNECTIONS to the maximum where unset (call before the process creates its CUDA
+    context: CUDA reads it then); refuse a value below CUDA's default of 8. Returns the value in force."""
+    value = env.setdefault(CUDA_CONNECTIONS, str(MAX_CONNECTIONS))
+    if not value.isdigit() or int(value) < MIN_CONNECTIONS:
+        raise ValueError(f"{CUDA_CONNECTIONS}={value} serialises the rank's NCCL kernels on too few hardware queues: "
+                         f"a send waiting for its receiver would block every other transfer and collective, and the "
+                         f"pipeline deadlocks; unset it (the run then uses {MAX_CONNECTIONS}) or set it to at least "
+                         f"{MIN_CONNECTIONS}")
+    return int(value)
 
 
 def nccl_environment(env=os.environ) -> dict:

@@ -37,8 +37,11 @@ def explain(errors: dict[int, str | None], order: list[int], notes: dict[int, st
 
 
 def _local_worker(cfg_dict, rank, world, init_method, workdir, fault, trace_path, rank_fn):
-    if rank_fn is None:
+    extra = {}
+    if rank_fn is None:  # every rank of the run is here and sees the same GPUs
         from vp.run import run_rank as rank_fn
+
+        extra = {"local_world": world}
 
     # the parent stops the ranks (on Ctrl-C it kills them); a rank never handles SIGINT itself, and dies
     # with its parent
@@ -53,7 +56,7 @@ def _local_worker(cfg_dict, rank, world, init_method, workdir, fault, trace_path
     torch.set_num_threads(cpu_threads(world, env={}))  # the ranks share this machine's (or task's) CPUs
     try:
         record = rank_fn(RunConfig.from_dict(cfg_dict), rank, world, init_method, local_rank=rank, fault=fault,
-                         trace_path=trace_path)
+                         trace_path=trace_path, **extra)
         if record is not None:
             write_atomic(Path(workdir) / "record.json", record)
     except BaseException as err:  # noqa: BLE001 - reported through a file, then the process exits non-zero

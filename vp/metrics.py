@@ -11,6 +11,8 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
+from vp.cost.memory import Communicators, comm_buffer_bytes
+from vp.cost.profiles import PROFILES, Hardware
 from vp.flops import DEVICE_NAMES, DEVICE_PEAKS, model_flops
 from vp.schedule.actions import COMPUTE, Action
 
@@ -34,6 +36,7 @@ class RankMeasurement:
     barriers_per_microbatch: float
     peak_flops: float = 0.0
     communicators: int = 0  # NCCL communicators this rank holds (vp.comm.Comm.communicators)
+    links: int = 0  # of which point-to-point links of two ranks (vp.comm.Comm.held)
 
     def pass_times(self) -> tuple[dict, dict]:
         """(mean seconds, passes per iteration) of each compute pass kind over the measured iterations."""
@@ -85,7 +88,8 @@ class Metrics:
     bytes_by_channel: list = field(default_factory=list)  # per rank, per iteration
     collectives: list = field(default_factory=list)  # per rank
     barriers_per_microbatch: list = field(default_factory=list)  # per rank
-    communicators: list = field(default_factory=list)  # per rank: NCCL communicators it holds (real runs)
+    communicators: list = field(default_factory=list)  # per rank: NCCL communicators it holds
+    comm_buffer_bytes: list = field(default_factory=list)  # per rank: NCCL's buffers (vp.cost.memory, estimated)
     device_memory_bytes: float | None = None  # simulated: the device's capacity
     tail_s: list = field(default_factory=list)  # per rank: after its last action (all-reduce, optimizer step)
 
@@ -113,14 +117,18 @@ class Metrics:
                    collectives=[r.collectives for r in per_rank],
                    barriers_per_microbatch=[r.barriers_per_microbatch for r in per_rank],
                    communicators=[r.communicators for r in per_rank],
+                   comm_buffer_bytes=[comm_buffer_bytes(Communicators(r.communicators - r.links, r.links),
+                                                        device_profile(r.device)) for r in per_rank],
                    tail_s=[r.tail(measured) for r in per_rank], **throughput(cfg, t, len(per_rank), peak))
 
     @classmethod
     def from_simulation(cls, cfg, result, peak_flops: float, static_bytes: list, bytes_sent: list,
-                        device_memory_bytes: float, tail_s: float = 0.0) -> "Metrics":
+                        device_memory_bytes: float, tail_s: float = 0.0, communicators: list | None = None,
+                        hw=None) -> "Metrics":
         """The run's metrics from a simulated iteration (vp.schedule.SimResult) with the cost model's figures;
         tail_s: what follows the pipeline's flush on every rank (the tensor-parallel grid's and the data-parallel
-        gradient all-reduces); the cost model's lists hold one device per pipeline rank."""
+        gradient all-reduces); communicators: the vp.cost.memory.Communicators of each pipeline rank, whose NCCL
+        buffers (at hw's sizes) count in the peak memory; the cost model's lists hold one device per pipeline rank."""
         t = result.makespan + tail_s
         sums: dict[tuple[str, int], list] = {}  # (kind, rank) -> [seconds, passes], in one walk over the timeline
         for r, timeline in enumerate(result.timeline):
@@ -136,17 +144,30 @@ class Metrics:
         def per_rank(values: list) -> list:  # every replica's pipeline, and every device of a stage's tp group,
             return [v for v in values for _ in range(cfg.tp)] * cfg.dp  # behaves alike: rank = (d pp + p) tp + t
 
+        comm = [comm_buffer_bytes(held, hw) for held in communicators] if communicators else [0.0] * len(ranks)
+
         return cls(loss=None, iteration_time_s=t, iteration_times_s=[t],
                    pass_time_s={k: per_rank([sums[(k, r)][0] / sums[(k, r)][1] if (k, r) in sums else None
                                              for r in ranks]) for k in kinds},
                    pass_count={k: per_rank([sums[(k, r)][1] if (k, r) in sums else 0 for r in ranks]) for k in kinds},
-                   peak_memory_bytes=per_rank(s + a for s, a in zip(static_bytes, result.peak_activations)),
-                   memory_detail=per_rank({"static": s, "activations": a}
-                                          for s, a in zip(static_bytes, result.peak_activations)),
+                   peak_memory_bytes=per_rank([s + a + c for s, a, c in
+                                               zip(static_bytes, result.peak_activations, comm)]),
+                   memory_detail=per_rank([{"static": s, "activations": a, "comm_buffers": c}
+                                           for s, a, c in zip(static_bytes, result.peak_activations, comm)]),
+                   communicators=per_rank([h.groups + h.links for h in communicators or []]),
+                   comm_buffer_bytes=per_rank(comm),
                    bubble_fraction=per_rank(bubble), bubble_rate=statistics.fmean(bubble),
                    bytes_sent=per_rank(bytes_sent), device_memory_bytes=device_memory_bytes,
                    tail_s=per_rank([tail_s] * len(result.timeline)),
                    **throughput(cfg, t, cfg.dp * len(result.timeline) * cfg.tp, peak_flops))
+
+
+def device_profile(device: str) -> Hardware:
+    """The built-in profile of a GPU named exactly in vp.flops.DEVICE_NAMES (for its NCCL buffer sizes), else the
+    default profile's figures (CPU runs: what NCCL would hold)."""
+    model = DEVICE_NAMES.get(device, "")
+    return PROFILES.get({"A100": "a100_80g", "H100": "h100", "H200": "h200"}.get(model.split(" ")[0], ""),
+                        Hardware("default", 1.0))
 
 
 def replica_sum(per_rank: list[RankMeasurement]) -> list | None:

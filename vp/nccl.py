@@ -7,7 +7,12 @@ gloo forgives what NCCL does not. The emulation takes those liberties away from 
   queue  every collective of a rank, on every channel, runs on one ordered queue: one completes before the
          next starts (NCCL kernels serialised: CUDA_DEVICE_MAX_CONNECTIONS=1, too few free SMs, or a device
          synchronisation such as the allocator's retry after an out-of-memory);
-  both   the two at once.
+  p2p    each communicator runs its point-to-point transfers and its collectives in one order (one ordered queue
+         per communicator), and a send completes only when its receiver has taken it (NCCL with device_id: an
+         unbatched isend/irecv runs on the group's own communicator, serialised with all its other operations,
+         and a send larger than NCCL's buffers waits for the receiver);
+  both   lazy and queue;
+  all    every rule at once: lazy, queue and p2p.
 In every form a wait has no timeout of its own: only the watchdog ends it, after the communicator timeout,
 naming the rank, the action it was at and each communication it waited for (NCCL's watchdog, which then takes
 the process down).
@@ -20,13 +25,15 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
-FORMS = ("lazy", "queue", "both")
+FORMS = ("lazy", "queue", "p2p", "both", "all")
+ACK_TAG = 1  # the tag of the p2p form's acknowledgements (data travels with tag 0)
 
 
 @dataclass(frozen=True)
 class Emulation:
     lazy: bool = False
     queue: bool = False
+    p2p: bool = False
 
     @classmethod
     def of(cls, form: str | None) -> "Emulation | None":
@@ -35,7 +42,8 @@ class Emulation:
             return None
         if form not in FORMS:
             raise ValueError(f"emulate_nccl={form!r} is unknown; use one of {', '.join(FORMS)} (or leave it unset)")
-        return cls(lazy=form in ("lazy", "both"), queue=form in ("queue", "both"))
+        return cls(lazy=form in ("lazy", "both", "all"), queue=form in ("queue", "both", "all"),
+                   p2p=form in ("p2p", "all"))
 
 
 class WatchdogTimeout(RuntimeError):
@@ -123,21 +131,58 @@ def completion(work) -> tuple[threading.Event, Callable[[], object]]:
         return done, result
 
 
+def acked_send(comm, t: torch.Tensor, dst: int, channel: str, what: str):
+    """The p2p form, on the queue of the channel's communicator: a send that ends only when the receiver has taken
+    it (the receiver's acknowledgement, under ACK_TAG on the same group). dst: an index in the channel's group."""
+    pg = comm.groups[channel].pg
+    comm.block(what, dist.isend(t, group=pg, group_dst=dst))
+    comm.block(f"{what} (until taken)", dist.irecv(torch.zeros(1), group=pg, group_src=dst, tag=ACK_TAG))
+
+
+def acked_recv(comm, t: torch.Tensor, src: int, channel: str, what: str):
+    pg = comm.groups[channel].pg
+    comm.block(what, dist.irecv(t, group=pg, group_src=src))
+    comm.block(f"{what} (taking it)", dist.isend(torch.zeros(1), group=pg, group_dst=src, tag=ACK_TAG))
+
+
 def connect(comm, links=()):
     """Create every communicator of `comm` (a vp.comm.Comm) eagerly, in one order shared by all ranks: each
-    channel's group in make_groups' order, then each point-to-point pair (channel, a, b) of `links` (group indices;
-    the same list on every rank) sorted by channel, then pair. A creation blocks until every member has arrived;
-    as each rank takes its creations in that one global order, the first unfinished creation always has all its
-    members waiting in it, so every creation finishes (docs/gpu-path.md)."""
+    channel's group in make_groups' order (a point-to-point link's own group among them), then a token through each
+    point-to-point pair: (channel, sender, receiver) of `links` in pipeline indices, the same list on every rank; a
+    link with its own group warms up that group's one pair, any other the pair on the channel's group. Pairs go
+    sorted by channel, then pair. A creation blocks until every member has arrived; as each rank takes its creations
+    in that one global order, the first unfinished creation always has all its members waiting in it, so every
+    creation finishes (docs/gpu-path.md)."""
     order = {ch: i for i, ch in enumerate(comm.groups)}
     for channel in comm.groups:
         create(comm, ("group", channel))
-    for channel, a, b in sorted({(ch, min(a, b), max(a, b)) for ch, a, b in links},
-                                key=lambda link: (order[link[0]], link[1], link[2])):
+    pairs = set()
+    for channel, sender, receiver in links:
+        link = link_channel(channel, sender, receiver)
+        if link in comm.groups:
+            pairs.add((link, 0, 1))
+        elif link not in comm.links and channel in comm.groups:
+            pairs.add((channel, min(sender, receiver), max(sender, receiver)))
+    for channel, a, b in sorted(pairs, key=lambda pair: (order[pair[0]], pair[1], pair[2])):
         if comm.index(channel) in (a, b):
             create(comm, ("pair", channel, a, b))
     if comm.device.type == "cuda":
         torch.cuda.synchronize(comm.device)
+
+
+def link_channel(channel: str, sender: int, receiver: int) -> str:
+    """The name of one point-to-point link's own group: `channel`'s transfers from pipeline index `sender` to
+    `receiver` (a group of those two ranks, in global rank order as every group)."""
+    return f"{channel}:{sender}>{receiver}"
+
+
+def parse_link(name: str) -> tuple[str, int, int] | None:
+    """(channel, sender, receiver) of a link's group name, None for any other channel."""
+    channel, sep, pair = name.partition(":")
+    if not sep or ">" not in pair:
+        return None
+    sender, receiver = pair.split(">")
+    return channel, int(sender), int(receiver)
 
 
 def create(comm, key: tuple):

@@ -11,12 +11,13 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from vp.comm import PIPELINE_CHANNELS, Comm, abort_all, make_groups, p2p_channel
+from vp.comm import P2P_CHANNELS, PIPELINE_CHANNELS, Comm, abort_all, make_groups, p2p_channel
 from vp.config import RunConfig
-from vp.hostenv import device_index, nccl_environment
+from vp.hostenv import cuda_connections, device_index, nccl_environment
 from vp.mesh import Mesh
 from vp.metrics import Metrics, RankMeasurement, device_peak
-from vp.nccl import Emulation
+from vp.cost.memory import Communicators
+from vp.nccl import Emulation, link_channel, parse_link
 from vp.model import build_stage, vocab_rows
 from vp.record import git_commit, make_record, now
 from vp.runtime.executor import RankModel
@@ -49,9 +50,11 @@ def build_rank_model(cfg: RunConfig, sched, rank: int, device: torch.device,
     return RankModel(stages, shard, rows("head.weight"), rows("embed.weight"), tp=tp)
 
 
-def train_rank(cfg: RunConfig, rank: int, comm: Comm, device: torch.device, fault=None) -> RankMeasurement:
+def train_rank(cfg: RunConfig, rank: int, comm: Comm, device: torch.device, fault=None,
+               free_before_groups: int | None = None) -> RankMeasurement:
     """Run every iteration on this (global) rank, process groups already up (channels(cfg): with tp > 1 also the
-    tensor-parallel ones of vp.tp.context); returns its measurements."""
+    tensor-parallel ones of vp.tp.context); returns its measurements. free_before_groups (CUDA): the device's free
+    bytes before the process groups were made, to measure the memory outside the allocator (NCCL's buffers)."""
     where = cfg.mesh.coords(rank)
     tp = TensorParallel.of(cfg.mesh, rank, comm) if cfg.tp > 1 else None
     sched = validate_schedule(build(cfg.method, cfg.pp, cfg.microbatches, cfg.n_chunks))
@@ -64,6 +67,9 @@ def train_rank(cfg: RunConfig, rank: int, comm: Comm, device: torch.device, faul
     if device.type == "cuda":
         peak = torch.cuda.max_memory_allocated(device)
         detail = {"allocated": peak, "reserved": torch.cuda.max_memory_reserved(device)}
+        if free_before_groups is not None:  # taken since then and not the allocator's: NCCL's buffers, workspaces
+            detail["outside_allocator"] = (free_before_groups - torch.cuda.mem_get_info(device)[0]
+                                           - torch.cuda.memory_reserved(device))
     else:  # fp32 parameter, gradient and two AdamW moments; activations as accounted
         static = 16 * n_params
         detail = {"static": static, "activations": runtime.meter.peak}
@@ -77,12 +83,13 @@ def train_rank(cfg: RunConfig, rank: int, comm: Comm, device: torch.device, faul
         parameters=n_params, bytes_sent=sum(comm.bytes_sent.values()) / its,
         bytes_by_channel={k: v / its for k, v in comm.by_channel(comm.bytes_sent).items()},
         collectives={k: v / its for k, v in comm.by_op(comm.calls).items()},
-        barriers_per_microbatch=sum(comm.barriers.values()) / mbs, communicators=comm.communicators())
+        barriers_per_microbatch=sum(comm.barriers.values()) / mbs, communicators=comm.communicators(),
+        links=comm.held().links)
 
 
 def schedule_channels(sched: Schedule, cfg: RunConfig) -> list[str]:
     """The pipeline channels a run uses, in PIPELINE_CHANNELS order."""
-    used = {ch for ch, _, _ in schedule_links(sched) | PROBE_LINKS}
+    used = {ch for ch, _, _ in run_links(sched)}
     used |= {inst.group for acts in sched.ranks for a in acts if (inst := enters(sched, a))}
     if cfg.dtype == "fp16":
         used.add("step")  # the loss scaler's overflow agreement
@@ -103,18 +110,42 @@ def schedule_links(sched: Schedule) -> set[tuple[str, int, int]]:
 PROBE_LINKS = {("fwd+", 0, 1), ("bwd-", 1, 0)}  # link_probe's ping-pong
 
 
+def run_links(sched: Schedule) -> list[tuple[str, int, int]]:
+    """(channel, sender, receiver) of every point-to-point link a run uses (the schedule's and the link probe's), in
+    one order: PIPELINE_CHANNELS, then sender, then receiver."""
+    links = schedule_links(sched) | (PROBE_LINKS if sched.pp > 1 else set())
+    return sorted(links, key=lambda link: (PIPELINE_CHANNELS.index(link[0]), link[1], link[2]))
+
+
 def channels(cfg: RunConfig, sched: Schedule | None = None) -> dict[str, list[list[int]]]:
     """Every process group of a run, by channel (vp.comm.make_groups creates them in this order); given the
-    schedule, only the pipeline channels it uses: NCCL makes a communicator, and its buffers, for every group."""
+    schedule, only the pipeline channels it uses (NCCL makes a communicator, and its buffers, for every group), and
+    point-to-point traffic on one group of two ranks per link (vp.nccl.link_channel) instead of whole-pipeline
+    groups: no send then waits behind another transfer of its communicator (docs/gpu-path.md)."""
     out = mesh_channels(cfg.mesh)
     if sched is None:
         return out
-    used = set(schedule_channels(sched, cfg))
-    return {ch: groups for ch, groups in out.items() if ch not in PIPELINE_CHANNELS or ch in used}
+    used = set(schedule_channels(sched, cfg)) - set(P2P_CHANNELS)
+    out = {ch: groups for ch, groups in out.items() if ch not in PIPELINE_CHANNELS or ch in used}
+    pipelines = cfg.mesh.groups("pp")
+    for channel, sender, receiver in run_links(sched):
+        out[link_channel(channel, sender, receiver)] = [sorted((pipe[sender], pipe[receiver])) for pipe in pipelines]
+    return out
 
 
 VOCAB_AXIS = {"C1": "vocab", "C2": "vocab", "naive": "vocab", "step": "replica"}  # the rest: "pp"
 ROW_STEPS = ("C0.row", "IF.row", "IB.row")
+
+
+def rank_communicators(cfg: RunConfig, sched: Schedule) -> list[Communicators]:
+    """The NCCL communicators each global rank of a run holds (what its Comm.held() reports after connect): the
+    world's, and one per group of two or more ranks of channels(cfg, sched), links counted apart."""
+    held = [[1, 0] for _ in range(cfg.world)]
+    for channel, groups in channels(cfg, sched).items():
+        for ranks in groups:
+            for r in ranks if len(ranks) > 1 else ():
+                held[r][1 if parse_link(channel) else 0] += 1
+    return [Communicators(g, links) for g, links in held]
 
 
 def mesh_channels(mesh: Mesh) -> dict[str, list[list[int]]]:
@@ -133,12 +164,11 @@ def mesh_channels(mesh: Mesh) -> dict[str, list[list[int]]]:
     return out
 
 
-def link_probe(comm: Comm, sizes=(4096, 262144, 4194304), reps: int = 3) -> list[list[float]]:
-    """[bytes, seconds] of one message between pipeline ranks 0 and 1 (half a ping-pong, best of reps),
-    for fitting a link model (python -m harness.calibrate); counters are reset afterwards."""
+def link_probe(comm: Comm, me: int, pp: int, sizes=(4096, 262144, 4194304), reps: int = 3) -> list[list[float]]:
+    """[bytes, seconds] of one message between pipeline ranks 0 and 1 (half a ping-pong, best of reps), for fitting
+    a link model (python -m harness.calibrate); me: this rank's pipeline index; counters are reset afterwards."""
     out = []
-    me = comm.index("fwd+")
-    if me in (0, 1) and comm.size("fwd+") > 1:
+    if me in (0, 1) and pp > 1:
         for size in sizes:
             buf = torch.zeros(size // 4, device=comm.device)
             best = float("inf")
@@ -159,17 +189,22 @@ def link_probe(comm: Comm, sizes=(4096, 262144, 4194304), reps: int = 3) -> list
 
 
 def run_rank(cfg: RunConfig, rank: int, world: int, init_method: str, local_rank: int = 0, fault=None,
-             experiment: str | None = None, trace_path: str | None = None) -> dict | None:
+             experiment: str | None = None, trace_path: str | None = None,
+             local_world: int | None = None) -> dict | None:
     """One process of a run: process groups, training, gathering; returns the record on rank 0, which also
-    writes the Chrome trace of the measured iterations to trace_path when given."""
+    writes the Chrome trace of the measured iterations to trace_path when given. local_world: the processes on this
+    node when they all see the same GPUs (vp.launch, torchrun; None: unknown, e.g. SLURM with per-task binding)."""
     if world != cfg.world:
         raise ValueError(f"world size {world} differs from dp x pp x tp = {cfg.world}; launch exactly that many "
                          f"processes")
     device = torch.device("cpu")
     if cfg.device == "cuda":  # device_id: NCCL creates the world's communicator now, and each group's in new_group
-        device = torch.device("cuda", device_index(local_rank, torch.cuda.device_count()))
+        cuda_connections()  # before this process's CUDA context exists
+        device = torch.device("cuda", device_index(local_rank, torch.cuda.device_count(), local_world))
         torch.cuda.set_device(device)
         nccl_environment()
+    # the CUDA context exists once this returns; what NCCL allocates from here on, the allocator does not see
+    free_before_groups = torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else None
     emulate = Emulation.of(cfg.emulate_nccl)
     pg_timeout = cfg.timeout_s * (2 if emulate else 1)  # emulating NCCL, the watchdog's timeout comes first
     started = now()
@@ -180,10 +215,10 @@ def run_rank(cfg: RunConfig, rank: int, world: int, init_method: str, local_rank
     try:
         sched = build(cfg.method, cfg.pp, cfg.microbatches, cfg.n_chunks)
         comm = Comm(make_groups(channels(cfg, sched), rank, pg_timeout), device, emulate, cfg.timeout_s, rank)
-        comm.connect(schedule_links(sched) | PROBE_LINKS)
+        comm.connect(run_links(sched))
         peak, how = device_peak(device)
-        probe = link_probe(comm)
-        mine = train_rank(cfg, rank, comm, device, fault)
+        probe = link_probe(comm, cfg.mesh.coords(rank).p, cfg.pp)
+        mine = train_rank(cfg, rank, comm, device, fault, free_before_groups)
         mine.peak_flops = peak
         gathered = [None] * world
         dist.all_gather_object(gathered, mine)

@@ -56,10 +56,12 @@ def parse_args(argv=None):
                          "(default 0); the rest go to the other stages, remainders on the later ones")
     ap.add_argument("--lr", type=float, default=d.lr)
     ap.add_argument("--timeout-s", type=float, default=d.timeout_s)
-    ap.add_argument("--emulate-nccl", nargs="?", const="both", default=None, metavar="lazy|queue|both",
+    ap.add_argument("--emulate-nccl", nargs="?", const="all", default=None, metavar="lazy|queue|p2p|both|all",
                     help="CPU runs: keep NCCL's rules on gloo (lazy: blocking communicator creation at first use; "
-                         "queue: one ordered queue for all of a rank's collectives; both, the default form); "
-                         "waits end only by the watchdog after --timeout-s (docs/gpu-path.md)")
+                         "queue: one ordered queue for all of a rank's collectives; p2p: each communicator's "
+                         "transfers and collectives in one order, sends done when received; both: lazy and queue; "
+                         "all, the default form: every rule); waits end only by the watchdog after --timeout-s "
+                         "(docs/gpu-path.md)")
     ap.add_argument("--json", action="store_true", help="print the result record as one JSON object")
     ap.add_argument("--max-tokens", type=int, default=MAX_TOKENS_PER_MICROBATCH,
                     help="refuse micro_batch_size x seq_len above this (a sanity limit against typos)")
@@ -117,7 +119,9 @@ def main(argv=None) -> int:
             from vp.run import run_rank
 
             rank, world, local_rank, init = launched
-            record = run_rank(cfg, rank, world, init, local_rank, fault, trace_path=trace)
+            here = os.environ.get("LOCAL_WORLD_SIZE")  # torchrun: its processes on this node share its GPUs
+            record = run_rank(cfg, rank, world, init, local_rank, fault, trace_path=trace,
+                              local_world=int(here) if here else None)
         else:
             record = launch_local(cfg, fault, trace)
     except RunFailed as err:

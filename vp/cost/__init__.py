@@ -6,12 +6,13 @@
   passes    the work of each pass (F, B, W, S, T, IF, IB) as GEMM shapes and bytes, and its seconds
   network   NVLink inside a node, InfiniBand between nodes; ring/tree collectives and point-to-point messages
   traffic   what each communicating action sends (payloads) and each rank's bytes per channel (traffic)
-  memory    parameters, optimizer state and held activations per device
+  memory    parameters, optimizer state, held activations and NCCL's buffers per device
   costs     the simulator's Costs of a run, and the Costs a recorded run implies
 docs/cost-model.md describes the model, its parameters and the calibration against published measurements.
 """
 from vp.cost.costs import comm_times, dp_allreduce_s, pass_costs, probe_link, record_costs, tail_s
-from vp.cost.memory import layer_activation_bytes, layer_params, rank_params, static_bytes
+from vp.cost.memory import (Communicators, comm_buffer_bytes, layer_activation_bytes, layer_params, rank_params,
+                            static_bytes)
 from vp.cost.network import fit_link
 from vp.cost.passes import pass_times, pass_work, work_seconds
 from vp.cost.profiles import GiB, PROFILES, Hardware
@@ -20,6 +21,7 @@ from vp.schedule.actions import COMPUTE
 
 EFF_KINDS = COMPUTE  # the pass kinds a calibrated profile gives a speed multiplier
 
-__all__ = ["EFF_KINDS", "GiB", "PROFILES", "Hardware", "comm_times", "dp_allreduce_s",
+__all__ = ["EFF_KINDS", "GiB", "PROFILES", "Communicators", "Hardware", "comm_buffer_bytes", "comm_times",
+           "dp_allreduce_s",
            "fit_link", "layer_activation_bytes", "layer_params", "pass_costs", "pass_times", "pass_work", "payloads",
            "probe_link", "rank_params", "record_costs", "static_bytes", "tail_s", "traffic", "work_seconds"]

@@ -56,7 +56,12 @@ class Hardware:
     memory_bytes: float = 80 * GiB
     bytes_per_param: float = 18.0  # bf16 weight + fp32 grad + fp32 master weight and two Adam moments
     act_bytes: int = 2  # bytes per activation element (bf16)
-    overhead_bytes: float = 2 * GiB  # CUDA context, communicator buffers, allocator slack
+    overhead_bytes: float = 2 * GiB  # CUDA context, allocator slack
+    # NCCL's buffers (vp.cost.memory.comm_buffer_bytes), estimated, not measured: a communicator that runs
+    # collectives (ring/tree buffers of NCCL_BUFFSIZE = 4 MiB per channel and protocol, up to 32 channels; with
+    # NVLink SHARP on H100/H200 its multicast buffers), and a two-rank point-to-point link (a few channels)
+    comm_bytes: float = 0.5 * GiB
+    link_comm_bytes: float = 64 * 2**20
     fitted_to: str = ""  # what harness.calibrate fitted the profile to (a published table, a results folder)
 
     def eff(self, kind: str) -> float:
@@ -86,7 +91,8 @@ class Hardware:
 PROFILES = {
     "a100_80g": Hardware("a100_80g", DEVICE_PEAKS["A100"]),
     "h100": Hardware("h100", DEVICE_PEAKS["H100"], mem_bandwidth=3.35e12, sms=132, gemm_efficiency=0.801,
-                     attention_efficiency=0.5, link_bandwidth=450e9, ib_bandwidth=50e9),
+                     attention_efficiency=0.5, link_bandwidth=450e9, ib_bandwidth=50e9, comm_bytes=1 * GiB),
     "h200": Hardware("h200", DEVICE_PEAKS["H200"], mem_bandwidth=4.8e12, sms=132, gemm_efficiency=0.830,
-                     attention_efficiency=0.5, link_bandwidth=450e9, ib_bandwidth=50e9, memory_bytes=141 * GiB),
+                     attention_efficiency=0.5, link_bandwidth=450e9, ib_bandwidth=50e9, memory_bytes=141 * GiB,
+                     comm_bytes=1 * GiB),
 }

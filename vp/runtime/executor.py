@@ -54,7 +54,9 @@ class RankModel:
         """The iteration's loss over every token block (a grid device computes its own block's share)."""
         if self.tp is None or loss is None:
             return loss
-        return self.tp.all_reduce(torch.tensor([loss], dtype=torch.float64), "batch").item()
+        # on the parameters' device: the batch group's communicator is NCCL's on CUDA, which has no CPU tensors
+        device = self.parameters()[0].device
+        return self.tp.all_reduce(torch.tensor([loss], dtype=torch.float64, device=device), "batch").item()
 
 
 class Executor:
@@ -133,7 +135,9 @@ class Executor:
                 buf = torch.cat([x, self.local(self.loss_weights(mb)).reshape(-1, 1)], dim=1)
             else:
                 buf = torch.empty(self.tokens, self.cfg.hidden + 1, device=self.device)
-            st.pending[inst] = comm.submit(inst.group, lambda: comm.broadcast(buf, root, inst.group), inst.text())
+            # the root keeps no reference to buf: the side stream's read of it must hold its memory (reads)
+            st.pending[inst] = comm.submit(inst.group, lambda: comm.broadcast(buf, root, inst.group), inst.text(),
+                                           reads=(buf,))
         elif a.kind in algo.collectives:
             out = st.out[mb]
             if a.kind in algo.after_t:  # the last use of the output state on this rank but B's
@@ -153,7 +157,8 @@ class Executor:
                 total = comm.reduce(local, first, inst.group)
                 return self.sum_hidden(total, "IF.row") if self.rank == first else None
 
-            st.pending[inst] = comm.submit(inst.group, step, inst.text())
+            # local is made on the compute stream and dropped here; only the side stream's reduce reads it (reads)
+            st.pending[inst] = comm.submit(inst.group, step, inst.text(), reads=(local,))
         elif a.kind == "IB":  # the first stage's embedding gradient to every rank
             root = root_of(self.s, "IB")
             if self.rank == root:  # a grid gathers the gradient's hidden over its row first
