@@ -32,8 +32,9 @@ $(TORCH_STAMP): pyproject.toml
 test: venv  ## the test suite (ARGS="-k name" to pick)
 	$(PY) -m pytest -q tests $(ARGS)
 
-sweep: venv  ## the first sweep: real CPU runs of experiment=smoke, then reports/smoke/
-	$(PY) -m harness.sweep experiment=smoke cluster=local $(ARGS)
+sweep: venv  ## the first sweep: experiment=smoke run on CPU processes and predicted with this machine's measured profile, then reports/smoke/
+	profile=$$($(PY) -m harness.calibrate --measure --reuse --print-name) && \
+	$(PY) -m harness.sweep experiment=smoke cluster=local backend=both hardware=$$profile $(ARGS)
 
 report: venv  ## rebuild every report from results/
 	$(PY) -m harness.report $(ARGS)
