@@ -131,6 +131,7 @@ def measure_profile(name: str, device_type: str, dtype: str, experiments: list[s
         f"{time.perf_counter() - start:.0f} s")
     attention_rows = M.attention(sorted(attention_shapes(job_attention)), device, torch_dtype, timer)
     element_rows = M.elementwise(device, torch_dtype, timer)
+    step = M.optimizer(device, timer)
     log(f"  {len(attention_rows)} attention shapes, {len(element_rows)} elementwise sizes, "
         f"{time.perf_counter() - start:.0f} s")
     ranks = torch.cuda.device_count() if device_type == "cuda" else CPU_RANKS
@@ -138,7 +139,7 @@ def measure_profile(name: str, device_type: str, dtype: str, experiments: list[s
     collective_rows = M.collectives(device_type, groups, COLLECTIVE_SIZES) if groups else []
     log(f"  {len(collective_rows)} collective and point-to-point timings over group sizes {groups}, "
         f"{time.perf_counter() - start:.0f} s")
-    measured = {"gemm": gemm_rows, "attention": attention_rows, "elementwise": element_rows,
+    measured = {"gemm": gemm_rows, "attention": attention_rows, "elementwise": element_rows, "optimizer": step,
                 "collectives": collective_rows}
     hw = fitted(name, device, dtype, peak, measured, here)
     return replace(hw, fitted_to=f"microbenchmarks ({how} peak), {time.perf_counter() - start:.0f} s")
@@ -177,6 +178,7 @@ def fitted(name: str, device: torch.device, dtype: str, peak: float, measured: d
             link |= {"ib_latency": latency, "ib_bandwidth": link_bw}
     return replace(base, gemm_efficiency=min(1.0, gemm_eff), attention_efficiency=min(1.0, attention_eff),
                    mem_bandwidth=bandwidth, mem_efficiency=1.0, kernel_s=kernel_s, machine=here,
+                   optimizer_s_per_param=measured["optimizer"][1] / measured["optimizer"][0],
                    measured=measured, **link)
 
 
@@ -196,7 +198,7 @@ def summary(hw: Hardware) -> str:
     t = hw.measured
     return (f"peak {hw.peak_flops / 1e9:.1f} GFLOP/s, GEMM ceiling {hw.gemm_efficiency:.2f}, attention "
             f"{hw.attention_efficiency:.2f}, elementwise {hw.mem_bandwidth / 1e9:.2f} GB/s, per operation "
-            f"{hw.kernel_s * 1e6:.1f} us, link {hw.link_latency * 1e6:.0f} us + {hw.link_bandwidth / 1e9:.2f} GB/s; "
+            f"{hw.kernel_s * 1e6:.1f} us, optimizer {hw.optimizer_s_per_param * 1e9:.1f} ns per parameter, link {hw.link_latency * 1e6:.0f} us + {hw.link_bandwidth / 1e9:.2f} GB/s; "
             f"tables: {len(t.get('gemm', []))} GEMMs, {len(t.get('attention', []))} attention shapes, "
             f"{len(t.get('collectives', []))} collective timings")
 

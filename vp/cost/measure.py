@@ -8,6 +8,7 @@ samples after a warm-up. What is measured, in the run's dtype and with the threa
   attention   seconds of causal scaled_dot_product_attention forward and backward per (batch x heads, seq,
               head dim);
   elementwise seconds of out = x + y per size (3 tensors' bytes moved): a per-operation cost and a bandwidth;
+  optimizer   seconds of one AdamW step (the runtime's optimizer) per parameter;
   collectives seconds of all_reduce, broadcast, all_gather and reduce per group size and payload, and of a
               point-to-point message between two ranks (half a ping-pong), over gloo (CPU) or NCCL (GPU), each
               the slowest rank's time, started together after a barrier.
@@ -86,6 +87,16 @@ def elementwise(device: torch.device, dtype: torch.dtype, timer: Timer, sizes=No
         x, y, z = (torch.randn(numel, device=device, dtype=dtype) for _ in range(3))
         out.append([3 * numel * x.element_size(), timer(lambda: torch.add(x, y, out=z))])
     return out
+
+
+def optimizer(device: torch.device, timer: Timer, numel: int = 2**21, tensors: int = 16) -> list[float]:
+    """[parameters, seconds] of one step of the runtime's optimizer (vp.runtime.loop: AdamW, its settings) over
+    `numel` fp32 parameters in `tensors` tensors."""
+    params = [torch.nn.Parameter(torch.randn(numel // tensors, device=device)) for _ in range(tensors)]
+    for q in params:
+        q.grad = torch.randn_like(q)
+    opt = torch.optim.AdamW(params, lr=1e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.01)
+    return [numel, timer(opt.step)]
 
 
 def _collective_rank(rank: int, world: int, init: str, device_type: str, threads: int, groups, sizes, reps,

@@ -51,6 +51,7 @@ class Hardware:
     pass_overhead_s: float = 0.0  # fixed cost of any pass (launches, Python, synchronisation)
     kernel_s: float = 0.0  # fixed cost of each operation a pass issues (dispatch, launch; measured profiles)
     cores: int = 0  # compute units the devices of a node share (CPU cores; 0: every device has its own)
+    optimizer_s_per_param: float = 0.0  # the optimizer step per parameter a device holds (measured; 0: not modelled)
     # network: gpus_per_node devices on NVLink, nodes on InfiniBand (vp.cost.network)
     gpus_per_node: int = 8
     link_bandwidth: float = 300e9  # bytes/s each way between two devices of one node
