@@ -8,6 +8,7 @@ import torch
 from omegaconf import OmegaConf
 
 from harness import measure as HM
+from harness_util import sweep
 from harness.calibrate import main as calibrate_main
 from vp.config import RunConfig
 from vp.cost import PROFILES, Hardware, comm_times, pass_times
@@ -143,3 +144,15 @@ def test_calibrate_measure_refuses_a_builtin_name_and_a_missing_gpu(capsys, tmp_
         assert calibrate_main(["--measure", "--name", "gpu_box", "--device", "cuda", "--out",
                                str(tmp_path / "gpu_box.yaml")]) == 2
         assert "no CUDA device" in capsys.readouterr().err and not (tmp_path / "gpu_box.yaml").exists()
+
+
+def test_backend_both_plans_the_real_jobs_and_their_predictions(tmp_path):
+    code, lines = sweep(tmp_path, "dry_run=true", "backend=both", "hardware=a100_paper", "method=vocab-2")
+    assert code == 0
+    real, sim = [line for line in lines if line.startswith("experiment smoke")]
+    assert "2 jobs, 0 done, 2 to run (backend=real, cluster=local)" in real
+    assert "2 jobs, 0 done, 2 to run (backend=sim, hardware=a100_paper)" in sim
+    ids = [line.split()[1] for line in lines if not line.startswith("experiment")]
+    assert len(set(ids)) == 4 and not (tmp_path / "results").exists()
+    code, _ = sweep(tmp_path, "dry_run=true", "backend=both", "hardware=no_such_profile")
+    assert code == 2  # the sim half is checked before the real half runs
