@@ -160,7 +160,7 @@ def main(argv=None) -> int:
                     help="--measure: the runs' dtype (default fp32 on cpu, bf16 on cuda)")
     ap.add_argument("--shapes-from", nargs="+", default=["smoke", "tp_smoke"], metavar="EXPERIMENT",
                     help="--measure: also measure every GEMM and attention shape of these experiments' jobs")
-    ap.add_argument("--budget-s", type=float, default=60.0, help="--measure: seconds for the GEMM tables at most "
+    ap.add_argument("--budget-s", type=float, default=30.0, help="--measure: seconds for the GEMM tables at most "
                                                                   "(shapes left over go to the analytical model)")
     ap.add_argument("--reuse", action="store_true", help="--measure: keep the profile NAME when it was measured "
                                                          "on this host, device, torch version and dtype")

@@ -9,6 +9,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
+from matplotlib.ticker import FormatStrFormatter, NullFormatter  # noqa: E402
 
 from harness.report.figures import DPI, Figure  # noqa: E402
 from harness.report.frame import MISSING  # noqa: E402
@@ -110,6 +111,9 @@ def figure(p: pd.DataFrame, out: Path) -> Figure:
         ax.scatter(measured, predicted, s=14, zorder=3)
         ax.set(xscale="log", yscale="log", xlim=(lo, hi), ylim=(lo, hi), xlabel=f"measured {what}",
                ylabel=f"predicted {what}")
+        for axis in (ax.xaxis, ax.yaxis):
+            axis.set_major_formatter(FormatStrFormatter("%g"))
+            axis.set_minor_formatter(NullFormatter())
     axes[0].legend(loc="upper left", frameon=False)
     f.tight_layout()
     fig.paths = [out / "predicted_vs_measured.png", out / "predicted_vs_measured.pdf"]
