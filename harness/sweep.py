@@ -282,7 +282,9 @@ def run_both(overrides: list[str], log) -> int:
     checked before either starts."""
     rest = [o for o in overrides if o.split("=", 1)[0].lstrip("+") != "backend"]
     sim = rest + ["backend=sim"]
-    plan(sim)  # the real half is checked by its own run before anything starts; the sim half's profile here
+    cfg, jobs = plan(sim)  # the real half is checked by its own run before it starts; the sim half here, first
+    if not cfg.dry_run:
+        check_outputs(cfg, jobs)
     real = [o for o in rest if o.split("=", 1)[0].lstrip("+") != "report"] + ["backend=real", "report=false"]
     code = run(real, log)
     return code if code else run(sim, log)
