@@ -23,6 +23,7 @@ import torch
 from vp.cost import PROFILES, GiB, Hardware, fit_link, pass_work
 from vp.cost import measure as M
 from vp.cost.gemm import Gemm, alignment, quantization
+from vp.cost.tables import as_text, rows
 from vp.flops import DEVICE_NAMES
 from vp.metrics import device_peak
 from vp.schedule import build
@@ -142,7 +143,7 @@ def measure_profile(name: str, device_type: str, dtype: str, experiments: list[s
     measured = {"gemm": gemm_rows, "attention": attention_rows, "elementwise": element_rows, "optimizer": step,
                 "collectives": collective_rows}
     hw = fitted(name, device, dtype, peak, measured, here)
-    return replace(hw, fitted_to=f"microbenchmarks ({how} peak), {time.perf_counter() - start:.0f} s")
+    return replace(hw, measured={k: as_text(v) for k, v in measured.items()}, fitted_to=f"microbenchmarks ({how} peak), {time.perf_counter() - start:.0f} s")
 
 
 def fitted(name: str, device: torch.device, dtype: str, peak: float, measured: dict, here: dict) -> Hardware:
@@ -195,7 +196,7 @@ def _memory() -> float:
 
 
 def summary(hw: Hardware) -> str:
-    t = hw.measured
+    t = {k: rows(v) for k, v in hw.measured.items()}
     return (f"peak {hw.peak_flops / 1e9:.1f} GFLOP/s, GEMM ceiling {hw.gemm_efficiency:.2f}, attention "
             f"{hw.attention_efficiency:.2f}, elementwise {hw.mem_bandwidth / 1e9:.2f} GB/s, per operation "
             f"{hw.kernel_s * 1e6:.1f} us, optimizer {hw.optimizer_s_per_param * 1e9:.1f} ns per parameter, link {hw.link_latency * 1e6:.0f} us + {hw.link_bandwidth / 1e9:.2f} GB/s; "

@@ -15,7 +15,7 @@ from vp.cost import PROFILES, Hardware, comm_times, pass_times
 from vp.cost import measure as M
 from vp.cost.gemm import Gemm, gemm_time
 from vp.cost.network import ALL_REDUCE, BROADCAST, Network
-from vp.cost.tables import Tables
+from vp.cost.tables import Tables, as_text, rows
 from vp.schedule import build
 
 CPU = Hardware("cpu", 1e11, sms=0, tile_k_overhead=0, align_penalty=0.0, gemm_efficiency=0.5, act_bytes=4,
@@ -55,6 +55,12 @@ def test_collectives_are_read_per_operation_and_group_size_within_the_measured_p
     assert net.collective(ALL_REDUCE, (0, 1, 2), 1024) == analytic.collective(ALL_REDUCE, (0, 1, 2), 1024)
     assert net.collective(BROADCAST, (0, 1), 1024) == analytic.collective(BROADCAST, (0, 1), 1024)
     assert net.p2p(0, 1, 1024) == pytest.approx(5e-5)
+
+
+def test_a_table_stored_as_text_reads_back_as_its_rows():
+    table = [["all_reduce", 2, 1024, 1.5e-4], ["p2p", 2, 65536, 2e-3]]
+    assert rows(as_text(table)) == table
+    assert Tables.of({"collectives": as_text(table)}).collective_s("p2p", 2, 65536) == pytest.approx(2e-3)
 
 
 def test_attention_is_read_per_sequence_and_head_dim_and_scales_with_batch_x_heads():
@@ -124,7 +130,9 @@ def test_calibrate_measure_writes_a_profile_that_sim_reads_and_reuses_it(quick, 
     hw = Hardware.from_dict(body["profile"])
     assert body["name"] == "box" and hw.machine["torch"] == str(torch.__version__) and hw.machine["device"] == "cpu"
     assert hw.tables.gemm_s(16, 16, 16) is not None and hw.tables.collective_s("p2p", 2, 256) is not None
-    assert {r[0] for r in hw.measured["collectives"]} == {"all_reduce", "broadcast", "all_gather", "reduce", "p2p"}
+    assert isinstance(hw.measured["gemm"], str)  # one YAML string per table: Hydra loads it in one step
+    assert {r[0] for r in rows(hw.measured["collectives"])} == {"all_reduce", "broadcast", "all_gather", "reduce",
+                                                                "p2p"}
     cfg = RunConfig(method="baseline", pp=1, tp=2, tp_mode="1d", layers=4, hidden=64, heads=4, seq_len=32,
                     micro_batch_size=4, vocab_size=2000, microbatches=2, device="cpu", dtype="fp32")
     sched = build("baseline", 1, 2, 1)

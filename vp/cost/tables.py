@@ -25,9 +25,10 @@ class Tables:
 
     @classmethod
     def of(cls, measured: dict | None) -> "Tables":
-        measured = measured or {}
-        rows = [r for r in measured.get("gemm") or [] if r[3] > 0]
-        gemm = np.array([[math.log2(m), math.log2(n), math.log2(k), 2.0 * m * n * k / s] for m, n, k, s in rows])
+        measured = {k: rows(v) for k, v in (measured or {}).items()}
+        measured_gemms = [r for r in measured.get("gemm") or [] if r[3] > 0]
+        gemm = np.array([[math.log2(m), math.log2(n), math.log2(k), 2.0 * m * n * k / s]
+                         for m, n, k, s in measured_gemms])
         attention = {}
         for bh, s, d, fwd, bwd in sorted(measured.get("attention") or []):
             attention.setdefault((int(s), int(d)), []).append((bh, fwd, bwd))
@@ -76,3 +77,18 @@ class Tables:
 
     def __bool__(self) -> bool:
         return bool(len(self.gemm) or self.attention or self.collectives)
+
+
+def as_text(table: list) -> str | list:
+    """A table as a profile stores it: one line per row, fields separated by spaces (a YAML string loads in one
+    step, where a list of lists is a config node per number: Hydra loads the profile once per job it composes)."""
+    if not table or not isinstance(table[0], list):
+        return table
+    return "\n".join(" ".join(x if isinstance(x, str) else f"{x:.6g}" for x in row) for row in table)
+
+
+def rows(table) -> list:
+    """The rows of a stored table (as_text), numbers as floats; a list is taken as it is."""
+    if not isinstance(table, str):
+        return table
+    return [[x if x.isidentifier() else float(x) for x in line.split()] for line in table.splitlines() if line.strip()]
