@@ -32,6 +32,7 @@ CPU_GRID = (16, 64, 256, 1024, 4096)  # each dimension of the log grid of GEMM s
 GPU_GRID = (64, 256, 1024, 4096, 16384)
 GRID_FLOPS = {"cpu": 4e9, "cuda": 1e13}  # grid shapes above this are left to the analytical model
 CPU_RANKS = 64  # local CPU ranks one machine holds in the network model (cluster.max_local_ranks is at most this)
+BUILTIN_OF = {"A100": "a100_80g", "H100": "h100", "H100 PCIe": "h100", "H200": "h200"}  # vp.flops model -> profile
 GROUPS = (2, 4, 8)  # group sizes of the collectives (the local sweeps run at most 8 ranks)
 COLLECTIVE_SIZES = [256, 16384, 2**20, 2**24]  # payload bytes (all_gather up to 64 MiB gathered)
 
@@ -150,8 +151,8 @@ def fitted(name: str, device: torch.device, dtype: str, peak: float, measured: d
     """The profile: the tables, and the analytical model's parameters fitted to them."""
     act_bytes = torch.finfo(M.DTYPES[dtype]).bits // 8
     if device.type == "cuda":
-        builtin = DEVICE_NAMES.get(here["device_name"], "").lower()
-        base = replace(PROFILES.get(builtin, PROFILES["h100"]), peak_flops=peak,
+        builtin = BUILTIN_OF.get(DEVICE_NAMES.get(here["device_name"], ""), "h100")
+        base = replace(PROFILES[builtin], peak_flops=peak,
                        gpus_per_node=max(1, torch.cuda.device_count()),
                        memory_bytes=float(torch.cuda.get_device_properties(device).total_memory))
     else:

@@ -164,3 +164,9 @@ def test_backend_both_plans_the_real_jobs_and_their_predictions(tmp_path):
     assert len(set(ids)) == 4 and not (tmp_path / "results").exists()
     code, _ = sweep(tmp_path, "dry_run=true", "backend=both", "hardware=no_such_profile")
     assert code == 2  # the sim half is checked before the real half runs
+
+
+def test_a_gpu_profile_starts_from_the_builtin_of_every_device_model_named():
+    from vp.flops import DEVICE_PEAKS
+
+    assert set(HM.BUILTIN_OF) == set(DEVICE_PEAKS) and all(v in PROFILES for v in HM.BUILTIN_OF.values())
