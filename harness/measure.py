@@ -31,7 +31,7 @@ from vp.schedule import build
 CPU_GRID = (16, 64, 256, 1024, 4096)  # each dimension of the log grid of GEMM shapes
 GPU_GRID = (64, 256, 1024, 4096, 16384)
 GRID_FLOPS = {"cpu": 4e9, "cuda": 1e13}  # grid shapes above this are left to the analytical model
-CPU_RANKS = 64  # local CPU ranks one machine holds in the network model (cluster.max_local_ranks is at most this)
+CPU_RANKS = 64  # the ranks of a CPU run share one node in the network model up to this many
 BUILTIN_OF = {"A100": "a100_80g", "H100": "h100", "H100 PCIe": "h100", "H200": "h200"}  # vp.flops model -> profile
 GROUPS = (2, 4, 8)  # group sizes of the collectives (the local sweeps run at most 8 ranks)
 COLLECTIVE_SIZES = [256, 16384, 2**20, 2**24]  # payload bytes (all_gather up to 64 MiB gathered)

@@ -12,9 +12,8 @@ import pandas as pd  # noqa: E402
 from matplotlib.ticker import FormatStrFormatter, NullFormatter  # noqa: E402
 
 from harness.report.figures import DPI, Figure  # noqa: E402
-from harness.report.frame import MISSING  # noqa: E402
+from harness.report.frame import MISSING, ranks_label  # noqa: E402
 from harness.report.tables import Table, _cell, _frame, _keys_part, _mesh_labels, _num, memory_unit  # noqa: E402
-from harness.report.frame import ranks_label  # noqa: E402
 
 TITLE = "Predicted vs measured"
 METRICS = (("iteration_time_s", "Iteration time (s)", ".4g"), ("tokens_per_s", "Tokens/s", ".4g"))
