@@ -32,14 +32,21 @@ $(TORCH_STAMP): pyproject.toml
 test: venv  ## the test suite (ARGS="-k name" to pick)
 	$(PY) -m pytest -q tests $(ARGS)
 
-# make sweep: the CPU smoke sweep here; make sweep CLUSTER=slurm PARTITION=NAME (or ARGS="cluster=slurm ..."): the
-# GPU default experiment (gpu) through SLURM; EXPERIMENT=NAME picks another
+# make sweep: the CPU smoke sweep here, run for real and predicted with this machine's measured profile (measured once,
+# then reused); make sweep CLUSTER=slurm PARTITION=NAME (or ARGS="cluster=slurm ..."): the GPU default experiment
+# (gpu) through SLURM; EXPERIMENT=NAME picks another
 CLUSTER ?= local
 PARTITION ?=
-EXPERIMENT ?= $(if $(filter slurm,$(CLUSTER))$(filter cluster=slurm,$(ARGS)),gpu,smoke)
-sweep: venv  ## the first sweep: CPU runs of experiment=smoke; CLUSTER=slurm PARTITION=NAME: experiment=gpu
+SLURM_SWEEP := $(filter slurm,$(CLUSTER))$(filter cluster=slurm,$(ARGS))
+EXPERIMENT ?= $(if $(SLURM_SWEEP),gpu,smoke)
+sweep: venv  ## the first sweep: experiment=smoke on CPU processes beside its prediction, then reports/smoke/; CLUSTER=slurm PARTITION=NAME: experiment=gpu
+ifneq ($(SLURM_SWEEP),)
 	$(PY) -m harness.sweep experiment=$(EXPERIMENT) cluster=$(CLUSTER) \
 	    $(if $(PARTITION),cluster.partition=$(PARTITION)) $(ARGS)
+else
+	profile=$$($(PY) -m harness.calibrate --measure --reuse --print-name) && \
+	$(PY) -m harness.sweep experiment=$(EXPERIMENT) cluster=$(CLUSTER) backend=both hardware=$$profile $(ARGS)
+endif
 
 report: venv  ## rebuild every report from results/
 	$(PY) -m harness.report $(ARGS)

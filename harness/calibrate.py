@@ -1,4 +1,5 @@
-"""python -m harness.calibrate --results results/smoke [--name NAME] [--out DIR/hardware/NAME.yaml]
+"""python -m harness.calibrate --measure [--name NAME] [--device cpu|cuda] [--reuse] [--print-name]
+python -m harness.calibrate --results results/smoke [--name NAME] [--out DIR/hardware/NAME.yaml]
 python -m harness.calibrate --published paper_artifact --name a100_paper --overwrite-builtin [--base a100_80g]
 
 Fits a hardware profile so that backend=sim predicts a sweep, and writes it as a config of the `hardware`
@@ -6,6 +7,14 @@ group (backend=sim hardware=NAME uses it): by default to the user's profile fold
 $VP_HARNESS_CONFIG/hardware/NAME.yaml (else $XDG_CONFIG_HOME/vp-harness/..., else ~/.config/vp-harness/...),
 which conf/config.yaml puts on Hydra's config search path; or to --out. A name of a built-in profile
 (conf/hardware/) is refused unless --overwrite-builtin says to refit the built-in (make calibrate-paper does).
+
+--measure: from microbenchmarks of this machine (harness.measure, vp.cost.measure; about a minute on a CPU):
+GEMMs over a grid of shapes and the shapes of the jobs of --shapes-from, attention, elementwise bandwidth, and
+the collectives and point-to-point messages the runtime uses per group size and payload (gloo on CPU, NCCL on a
+GPU node). The profile holds the measured tables, which the cost model reads where they cover a question, and the
+analytical parameters fitted to them for the rest; never anything from the runs it predicts. The default name is
+DEVICE_HOST_torchVERSION; --reuse keeps an existing profile of that name measured on this host with this device,
+torch and dtype (make sweep measures once).
 
 --results: from real records of one machine. The cost model says what each pass computes (vp.cost.pass_work:
 GEMM shapes, attention, elementwise bytes); the measured pass times give one speed multiplier per pass kind for
@@ -107,6 +116,7 @@ def main(argv=None) -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     what = ap.add_mutually_exclusive_group(required=True)
     what.add_argument("--results", help="a folder of records of one machine, e.g. results/smoke")
+    what.add_argument("--measure", action="store_true", help="microbenchmarks of this machine (see above)")
     what.add_argument("--published", help="a published MFU table: harness/published/NAME.csv with the experiment "
                                           "conf/experiment/NAME.yaml, e.g. paper_artifact")
     ap.add_argument("--name", default=None, help="the profile's name, hardware=NAME (default: the stem of --out, "
@@ -117,7 +127,20 @@ def main(argv=None) -> int:
                                                 "<user config folder>/hardware/NAME.yaml, on the sweep's search path)")
     ap.add_argument("--overwrite-builtin", action="store_true",
                     help="allow --name to be a built-in profile of conf/hardware/ and replace that file")
+    ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="--measure: the device measured")
+    ap.add_argument("--dtype", choices=("fp32", "bf16", "fp16"), default=None,
+                    help="--measure: the runs' dtype (default fp32 on cpu, bf16 on cuda)")
+    ap.add_argument("--shapes-from", nargs="+", default=["smoke", "tp_smoke"], metavar="EXPERIMENT",
+                    help="--measure: also measure every GEMM and attention shape of these experiments' jobs")
+    ap.add_argument("--budget-s", type=float, default=30.0, help="--measure: seconds for the GEMM tables at most "
+                                                                  "(shapes left over go to the analytical model)")
+    ap.add_argument("--reuse", action="store_true", help="--measure: keep the profile NAME when it was measured "
+                                                         "on this host, device, torch version and dtype")
+    ap.add_argument("--print-name", action="store_true", help="--measure: print only the profile's name on stdout "
+                                                              "(for scripts: hardware=$(...))")
     args = ap.parse_args(argv)
+    if args.measure:
+        return measure_main(args)
     name = args.name or (Path(args.out).stem if args.out else "calibrated")
     try:
         out = profiles.destination(name, args.out, args.overwrite_builtin)
@@ -148,6 +171,33 @@ def main(argv=None) -> int:
           + ", ".join(f"{k} {v:.3f}" for k, v in hw.efficiency.items())
           + f", elementwise {hw.mem_bandwidth / 1e9:.2f} GB/s, pass overhead {hw.pass_overhead_s * 1e3:.3f} ms, "
           f"link {hw.link_latency * 1e6:.0f} us + {hw.link_bandwidth / 1e9:.2f} GB/s")
+    return 0
+
+
+def measure_main(args) -> int:
+    from harness.measure import default_name, measure_profile, same_machine, summary
+
+    dtype = args.dtype or ("fp32" if args.device == "cpu" else "bf16")
+    name = args.name or (Path(args.out).stem if args.out else default_name(args.device))
+    try:
+        out = profiles.destination(name, args.out, False)
+        if args.budget_s <= 0:
+            raise ValueError(f"--budget-s {args.budget_s}: give a positive number of seconds")
+        if args.reuse and out.is_file():
+            have = OmegaConf.to_container(OmegaConf.load(out)).get("profile") or {}
+            if same_machine(have, args.device, dtype):
+                print(f"reusing {out} (measured {have['machine'].get('date')} on this host, device, torch and "
+                      f"dtype)", file=sys.stderr)
+                print(name if args.print_name else f"use it with: {profiles.usage(out, name)}")
+                return 0
+        hw = measure_profile(name, args.device, dtype, args.shapes_from, args.budget_s)
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    out = write_profile(hw, out, f"microbenchmarks of {hw.machine['device_name']} on {hw.machine['host']} "
+                                 f"({hw.machine['date']})")
+    print(f"wrote {out}: {summary(hw)}", file=sys.stderr)
+    print(name if args.print_name else f"use it with: {profiles.usage(out, name)}")
     return 0
 
 

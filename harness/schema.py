@@ -129,7 +129,8 @@ class GridSchema:
 @dataclass
 class SweepSchema:
     experiment: str = MISSING
-    backend: str = ranged(choices=("real", "sim"), fix="real runs processes, sim predicts with the cost model")
+    backend: str = ranged(choices=("real", "sim", "both"), fix="real runs processes, sim predicts with the cost "
+                                                              "model, both does each and reports them side by side")
     results_dir: str = MISSING
     reports_dir: str | None = None
     dry_run: bool = False

@@ -246,6 +246,8 @@ def check_outputs(cfg: DictConfig, jobs: list[J.Job]) -> None:
 def run(overrides: list[str], log=_print) -> int:
     """The whole sweep; returns the exit code (2: refused before anything ran, 130: interrupted)."""
     try:
+        if compose_checked(split_overrides(overrides)[0]).backend == "both":
+            return run_both(overrides, log)
         cfg, jobs = plan(overrides)
         states = [j.status() for j in jobs]  # each reads the job's record
         todo = [j for j, state in zip(jobs, states) if cfg.force or state != "done"]  # todo and stale
@@ -291,6 +293,20 @@ def _partition_line(partition) -> str:
         return partition.describe()
     return ("partition not queried (no SLURM answers here): GPU nodes taken to have 8 GPUs (cluster.gpus_per_node), "
             "CPUs per task and the time limit left to the partition; nothing checked against it")
+
+
+def run_both(overrides: list[str], log) -> int:
+    """backend=both: the sweep run for real, then the same jobs predicted with backend=sim and the hardware profile,
+    into the same results folder; the report opens with predicted against measured. Both halves are planned and
+    checked before either starts."""
+    rest = [o for o in overrides if o.split("=", 1)[0].lstrip("+") != "backend"]
+    sim = rest + ["backend=sim"]
+    cfg, jobs = plan(sim)  # the real half is checked by its own run before it starts; the sim half here, first
+    if not cfg.dry_run:
+        check_outputs(cfg, jobs)
+    real = [o for o in rest if o.split("=", 1)[0].lstrip("+") != "report"] + ["backend=real", "report=false"]
+    code = run(real, log)
+    return code if code else run(sim, log)
 
 
 def simulate(todo: list[J.Job], cfg: DictConfig, log) -> None:

@@ -78,7 +78,8 @@ def test_build_writes_tables_figures_and_indexes(built):
     out = root / "reports" / "mini"
     assert written == [out / "README.md"]
     for name in ("tables.md", "runs.csv", "mfu_memory_real.tex", "speedup_vs_baseline_real.tex",
-                 "speedup_vs_interleaved_real.tex", "mfu_memory_sim_a100_80g.tex", "real_vs_sim.tex"):
+                 "speedup_vs_interleaved_real.tex", "mfu_memory_sim_a100_80g.tex", "predicted_vs_measured.tex",
+                 "predicted_vs_measured.png"):
         assert (out / name).is_file(), name
     for stem in ("mfu_vs_vocab", "memory_per_rank", "bubble_per_rank", "throughput_vs_gpus"):
         for group in ("real", "sim_a100_80g"):
@@ -144,13 +145,17 @@ def test_speedup_is_throughput_over_the_reference(built):
     assert row_of(rows, 4, 64, "baseline")["tokens/s relative to baseline 8k"] == "OOM"
 
 
-def test_real_vs_sim_shows_both_and_their_ratio(built):
+def test_report_opens_with_predicted_vs_measured_and_the_error_of_each(built):
     root, _ = built
-    rows = md_table((root / "reports" / "mini" / "tables.md").read_text(), "Measured against simulated")
+    readme = (root / "reports" / "mini" / "README.md").read_text()
+    assert readme.split("\n")[2] == "## Predicted vs measured"
+    assert "(predicted_vs_measured.png)" in readme.split("## Tables")[0]
+    rows = md_table((root / "reports" / "mini" / "tables.md").read_text(), "Predicted vs measured")
     real = {r["config"]["method"]: r for r in fixture_records("real")
             if r["config"]["pp"] == 2 and r["config"]["vocab_size"] == 2000}
     sims = fixture_records("sim")
     assert len(rows) == len(sims)
+    errors = []
     for sim in sims:
         rec = real[sim["config"]["method"]]
         assert rec["config"] == sim["config"]
@@ -159,13 +164,19 @@ def test_real_vs_sim_shows_both_and_their_ratio(built):
         measured = rec["metrics"]["iteration_time_s"]
         assert row["Iteration time (s) measured"] == f"{measured:.4g}"
         if sim["status"] == "ok":
-            simulated = sim["metrics"]["iteration_time_s"]
-            assert row["Iteration time (s) simulated"] == f"{simulated:.4g}"
-            assert row["Iteration time (s) measured / simulated"] == f"{measured / simulated:.3f}"
-            assert row["MFU (%) measured / simulated"] == f"{rec['metrics']['mfu'] / sim['metrics']['mfu']:.3f}"
+            m, p = rec["metrics"], sim["metrics"]
+            assert row["Iteration time (s) predicted"] == f"{p['iteration_time_s']:.4g}"
+            assert row["Iteration time (s) error (%)"] == f"{(p['iteration_time_s'] / measured - 1) * 100:+.1f}"
+            assert row["Tokens/s error (%)"] == f"{(p['tokens_per_s'] / m['tokens_per_s'] - 1) * 100:+.1f}"
+            worst = max((b / a - 1 for a, b in zip(m["peak_memory_bytes"], p["peak_memory_bytes"])), key=abs)
+            assert row["Peak memory per rank (MiB) error (%)"] == f"{worst * 100:+.1f}"
+            errors.append(abs(p["iteration_time_s"] / measured - 1))
         else:
-            assert row["Iteration time (s) simulated"] == "OOM"
-            assert row["Iteration time (s) measured / simulated"] == "–"
+            assert row["Iteration time (s) predicted"] == "OOM"
+            assert row["Iteration time (s) error (%)"] == "–"
+    errors.sort()
+    median = (errors[(len(errors) - 1) // 2] + errors[len(errors) // 2]) / 2
+    assert f"iteration time median |error| {median * 100:.1f} %, largest {errors[-1] * 100:.1f} %" in readme
 
 
 def test_latex_uses_booktabs_and_escapes(built):
@@ -273,7 +284,7 @@ def test_the_report_opens_with_findings_computed_from_the_records(tmp_path):
     best = max(at.values(), key=lambda r: r["metrics"]["tokens_per_s"])
     ratio = best["metrics"]["tokens_per_s"] / at["baseline"]["metrics"]["tokens_per_s"]
     [readme] = build_reports(tmp_path / "results")
-    opening = readme.read_text().split("\n\n")[1]
+    opening = next(p for p in readme.read_text().split("\n\n") if p.startswith("On "))
     assert opening.startswith(f"On 2 CPU processes, seq 64 at vocabulary {label(best)} (measured), "
                               f"{best['config']['method']} is the fastest method: {ratio:.2f}x the throughput")
     # the same records with baseline twice as fast: the sentence follows the data
@@ -282,8 +293,10 @@ def test_the_report_opens_with_findings_computed_from_the_records(tmp_path):
     rec["metrics"]["tokens_per_s"] *= 2
     path.write_text(json.dumps(rec))
     [readme] = build_reports(tmp_path / "results")
-    assert f"{ratio / 2:.2f}x the throughput" in readme.read_text().split("\n\n")[1]
-    assert "make paper-tables" in readme.read_text().split("\n\n")[2]
+    paragraphs = readme.read_text().split("\n\n")
+    at = next(i for i, p in enumerate(paragraphs) if p.startswith("On "))
+    assert f"{ratio / 2:.2f}x the throughput" in paragraphs[at]
+    assert "make paper-tables" in paragraphs[at + 1]
 
 
 def test_unreadable_records_are_reported_by_name(tmp_path, capsys):

@@ -15,6 +15,7 @@ from vp.checks import writable_path
 from harness.report.figures import Figure, all_figures
 from harness.report.findings import findings
 from harness.report.frame import STATUS_LABEL, records_frame, summary
+from harness.report import predicted
 from harness.report.published import published_tables
 from harness.report.render import latex, markdown
 from harness.report.scaling import ASSUMPTIONS, scaling_tables
@@ -22,7 +23,7 @@ from harness.report.scaling_figures import scaling_figures
 from harness.report.tables import Table, all_tables
 
 # what a rebuild writes; such files left from an earlier build (a backend no longer there) are removed
-GENERATED = re.compile(r"^(README\.md|tables\.md|runs\.csv|(mfu_memory|speedup_vs|real_vs_sim|published_vs_sim|"
+GENERATED = re.compile(r"^(README\.md|tables\.md|runs\.csv|(mfu_memory|speedup_vs|predicted_vs_measured|real_vs_sim|published_vs_sim|"
                        r"variant_effect|mfu_vs_vocab|memory_per_rank|bubble_per_rank|throughput_vs_gpus|timeline|"
                        r"tp_mesh|weak_scaling|strong_scaling|paper_claims)"
                        r"\S*\.(tex|png|pdf))$")
@@ -120,9 +121,10 @@ def _failure_md(run: dict) -> str:
 
 
 def readme(name: str, source: Path, df: pd.DataFrame, tables: list[Table], skipped: list[str],
-           figures: list[Figure], unreadable: list[str], notes: list[str] = (), claims: list[str] = ()) -> str:
+           figures: list[Figure], unreadable: list[str], notes: list[str] = (), claims: list[str] = (),
+           opening: list[str] = ()) -> str:
     failures = [_failure_md(r) for r in df[df["status"] != "ok"].to_dict("records")]
-    lines = [f"# Report: {name}", "", findings(df, claims), "", summary(df), ""]
+    lines = [f"# Report: {name}", "", *opening, findings(df, claims), "", summary(df), ""]
     if unreadable:
         lines += [f"**{len(unreadable)} record file(s) could not be read and are not in this report:**", "",
                   *[f"- {line}" for line in unreadable], ""]
@@ -146,6 +148,16 @@ def build_experiment(name: str, records: list[dict], out: Path, source: Path, un
     _write(out / SOURCE, os.path.relpath(Path(source).resolve(), out.resolve()) + "\n")
     df = records_frame(records)
     tables, skipped = all_tables(df)
+    pairs, opening = predicted.pairs(df), []
+    if pairs.empty:
+        skipped.append(f"{predicted.TITLE}: no config has both a real and a sim record (backend=both makes both).")
+    else:
+        first = predicted.table(pairs)
+        tables.insert(0, first)
+        fig = predicted.figure(pairs, out)
+        picture = f"![{fig.title}]({fig.paths[0].name})" if fig.paths else f"(No figure: {fig.skipped}.)"
+        opening = [f"## {first.title}", "", predicted.errors_line(pairs), "", first.note, "", markdown(first),
+                   picture, ""]
     extra, notes = published_tables(df, name)
     tp_tables, claims = scaling_tables(df)
     tables += extra + tp_tables
@@ -153,9 +165,11 @@ def build_experiment(name: str, records: list[dict], out: Path, source: Path, un
     written.append(_write(out / "tables.md", f"# Tables: {name}\n\n" + "\n".join(_table_md(t, "##") for t in tables)))
     written.append(_write(out / "runs.csv", df[CSV_COLUMNS].to_csv(index=False)))
     figures = all_figures(df, out, source) + scaling_figures(df, out)
+    if not pairs.empty:
+        figures.insert(0, fig)
     written += [p for f in figures for p in f.paths]
     written.append(_write(out / "README.md", readme(name, source, df, tables, skipped, figures, list(unreadable),
-                                                    notes, claims)))
+                                                    notes, claims, opening)))
     for path in out.iterdir():
         if path.is_file() and GENERATED.match(path.name) and path not in written:
             path.unlink()

@@ -1,6 +1,6 @@
 """The paper's tables from the runs frame, as string cells: MFU and peak memory per setup, method and vocabulary
 (Tables 3 and 4 of arXiv 2411.05288), throughput relative to a reference method, and measured runs against
-simulated runs of the same config. Formats are fixed and rows sorted, so the same records give the same bytes."""
+simulated runs of the same config (harness.report.predicted). Formats are fixed and rows sorted, so the same records give the same bytes."""
 import re
 from dataclasses import dataclass
 
@@ -124,34 +124,6 @@ def speedup(g: pd.DataFrame, group: str, reference: str) -> Table | None:
                  f"where {reference} ran ok; above 1 is faster.", _frame(columns, rows), blocks=3)
 
 
-def real_vs_sim(df: pd.DataFrame) -> Table | None:
-    """Runs measured and simulated with the same config (every semantic field equal), side by side."""
-    real, sim = df[df["backend"] == "real"], df[df["backend"] == "sim"]
-    pairs = real.merge(sim, on="config_key", suffixes=("", "_sim"))
-    if pairs.empty:
-        return None
-    pairs["hardware_sim"] = pairs["hardware_sim"].fillna(MISSING)
-    pairs = pairs.sort_values(["mesh_key", "seq_len", "method_rank", "method", "vocab_size", "variant",
-                               "hardware_sim", "run_id"], kind="stable")
-    keys = [(r["mesh_key"], r["seq_len"], r["method"], r["variant"]) for r in pairs.to_dict("records")]
-    columns, rows = _keys_part(keys, ranks_label(pairs), _mesh_labels(pairs))
-    columns += [("", "Vocab"), ("", "Hardware")]
-    for what in ("Iteration time (s)", "MFU (%)"):
-        columns += [(what, "measured"), (what, "simulated"), (what, "measured / simulated")]
-    for r, row in zip(pairs.to_dict("records"), rows):
-        simulated = {"status": r["status_sim"], "iteration_time_s": r["iteration_time_s_sim"], "mfu": r["mfu_sim"]}
-        row += [r["vocab"], r["hardware_sim"]]
-        for col, scale, fmt in (("iteration_time_s", 1, ".4g"), ("mfu", 100, ".2f")):
-            row.append(_cell(r, lambda x: x[col] * scale, fmt))
-            row.append(_cell(simulated, lambda x: x[col] * scale, fmt))
-            both = r["status"] == "ok" and r["status_sim"] == "ok" and r[f"{col}_sim"]
-            row.append(_num(r[col] / r[f"{col}_sim"], ".3f") if both else MISSING)
-    return Table("real_vs_sim", "Measured against simulated",
-                 "Runs with both a real and a sim record of the same config: iteration time and MFU as measured "
-                 "and as simulated, and measured / simulated (1 means the cost model is exact).",
-                 _frame(columns, rows), blocks=3)
-
-
 def all_tables(df: pd.DataFrame) -> tuple[list[Table], list[str]]:
     """The tables of one experiment, one set per backend (and sim hardware), and why any was left out."""
     tables, skipped = [], []
@@ -163,9 +135,4 @@ def all_tables(df: pd.DataFrame) -> tuple[list[Table], list[str]]:
                 skipped.append(f"Throughput relative to {reference}, {group}: no ok {reference} run.")
             else:
                 tables.append(table)
-    table = real_vs_sim(df)
-    if table is None:
-        skipped.append("Measured against simulated: no config has both a real and a sim record.")
-    else:
-        tables.append(table)
     return tables, skipped

@@ -46,10 +46,13 @@ def comm_times(cfg: RunConfig, hw: Hardware, sched: Schedule) -> dict:
 
 def tail_s(cfg: RunConfig, hw: Hardware, sched: Schedule) -> float:
     """Seconds after the pipeline's flush on the slowest device: its tensor-parallel group's once-per-iteration
-    all-reduces (grid: depth and token-block replicas' gradients, the loss), then the data-parallel one."""
+    all-reduces (grid: depth and token-block replicas' gradients, the loss), then the data-parallel one, then the
+    optimizer step over its parameters (where the profile measured it)."""
     net = Network.of(hw)
     dp = dp_allreduce_per_rank(cfg, hw, sched)
-    return max(tp_tail_s(cfg, net, sched, p) + dp[p] for p in range(cfg.pp))
+    step = [n * hw.optimizer_s_per_param * hw.contention(min(cfg.world, hw.gpus_per_node))
+            for n in rank_params(cfg, sched)]
+    return max(tp_tail_s(cfg, net, sched, p) + dp[p] + step[p] for p in range(cfg.pp))
 
 
 def dp_allreduce_s(cfg: RunConfig, hw: Hardware, sched: Schedule) -> float:

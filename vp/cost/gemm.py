@@ -14,6 +14,8 @@ in waves (NVIDIA, Matrix Multiplication Background User's Guide, "Dimension Quan
   bandwidth. Efficiency therefore grows with the size of every dimension and saturates at gemm_efficiency.
 Elementwise work (LayerNorm, GeLU, dropout-add, softmax, embedding lookups) takes bytes / (bandwidth x
 mem_efficiency).
+A measured profile answers with its GEMM table where it covers the shape (vp.cost.tables: interpolated between
+measured shapes); this model, with the parameters fitted to the same table, answers elsewhere.
 """
 import math
 from dataclasses import dataclass
@@ -74,6 +76,9 @@ def efficiency(hw: Hardware, g: Gemm) -> float:
 
 def gemm_time(hw: Hardware, g: Gemm, speedup: float = 1.0) -> float:
     """Seconds of one GEMM; `speedup` is a calibrated per-pass-kind multiplier on its compute rate."""
+    measured = hw.tables.gemm_s(g.m, g.n, g.k)
+    if measured is not None:
+        return measured * g.batch / speedup
     compute = g.flops / (hw.peak_flops * efficiency(hw, g) * speedup)
     return max(compute, g.traffic / hw.mem_bandwidth)
 

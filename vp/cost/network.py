@@ -10,6 +10,8 @@ tensor each rank hands to the collective (vp.cost.traffic.payloads):
   tree all-reduce  2((n/nodes - 1) intra + log2(nodes) inter) steps, twice the payload; the faster of ring and
                    tree is taken, as NCCL does.
 A point-to-point message takes one step's latency plus bytes over its link.
+A measured profile answers for a group inside one node from its table of the same operation and group size
+(vp.cost.tables.collective_s), within the payloads it measured; this model answers elsewhere.
 """
 import math
 from collections.abc import Callable
@@ -19,6 +21,7 @@ from functools import cache
 import numpy as np
 
 from vp.cost.profiles import Hardware
+from vp.cost.tables import Tables
 from vp.mesh import Mesh
 
 
@@ -46,17 +49,21 @@ class Network:
     ib_bandwidth: float
     ib_latency: float
     collective_latency: float
+    tables: Tables = Tables()
 
     @classmethod
     def of(cls, hw: Hardware) -> "Network":
         return cls(hw.gpus_per_node, hw.link_bandwidth, hw.link_latency, hw.ib_bandwidth, hw.ib_latency,
-                   hw.collective_latency)
+                   hw.collective_latency, hw.tables)
 
     def node(self, rank: int) -> int:
         return rank // self.gpus_per_node
 
     def p2p(self, src: int, dst: int, nbytes: float) -> float:
         if self.node(src) == self.node(dst):
+            measured = self.tables.collective_s("p2p", 2, nbytes)
+            if measured is not None:
+                return measured
             return self.link_latency + nbytes / self.link_bandwidth
         return self.ib_latency + nbytes / self.ib_bandwidth
 
@@ -66,6 +73,9 @@ class Network:
         if n < 2:
             return 0.0
         nodes = len({self.node(r) for r in ranks})
+        measured = self.tables.collective_s(op.name, n, nbytes) if nodes == 1 else None
+        if measured is not None:
+            return measured
         bandwidth = self.ib_bandwidth if nodes > 1 else self.link_bandwidth
         inter = op.steps(nodes)
         ring = (self.collective_latency + (op.steps(n) - inter) * self.link_latency + inter * self.ib_latency

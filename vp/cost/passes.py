@@ -32,13 +32,24 @@ class Work:
     gemms: tuple[Gemm, ...] = ()
     attention_flops: float = 0.0  # FLOPs fused attention executes
     mem_bytes: float = 0.0  # elementwise traffic
+    attention: tuple[tuple, ...] = ()  # (batch x heads, seq, head dim, backward) of each fused attention call
+    kernels: int = 0  # operations issued (each costs the profile's kernel_s)
 
     def __add__(self, other: "Work") -> "Work":
         return Work(self.gemms + other.gemms, self.attention_flops + other.attention_flops,
-                    self.mem_bytes + other.mem_bytes)
+                    self.mem_bytes + other.mem_bytes, self.attention + other.attention, self.kernels + other.kernels)
 
     def times(self, k: int) -> "Work":
-        return Work(self.gemms * k, self.attention_flops * k, self.mem_bytes * k)
+        return Work(self.gemms * k, self.attention_flops * k, self.mem_bytes * k, self.attention * k, self.kernels * k)
+
+
+# operations one layer's pass issues in the runtime's model (vp.model.Block, vp.wgrad): F LayerNorm, qkv, attention,
+# layout copy, proj, add, LayerNorm, fc1, GeLU, fc2, add; B their gradients (the GEMMs' input gradients, attention,
+# GeLU, two LayerNorms, the copy, two residual sums); W a weight-gradient GEMM and a bias sum per linear. The output
+# layer: one per GEMM plus the fused cross entropy's steps (vp.vocab.output), the input layer a gather and an add.
+LAYER_KERNELS = {"F": 11, "B": 12, "W": 8}
+OUTPUT_KERNELS = {True: 8, False: 4}
+INPUT_KERNELS = 2
 
 
 OUTPUT_GEMMS = ("logits", "grad_input", "grad_weight")  # in the order a vocabulary algorithm's S, then T, take them
@@ -54,11 +65,12 @@ class Shapes:
     ffn: int
     act: int  # bytes per activation element
     split: Split = ONE_DEVICE
+    heads: int = 1
 
     @classmethod
     def of(cls, cfg: RunConfig, hw: Hardware) -> "Shapes":
         return cls(cfg.micro_batch_size * cfg.seq_len, cfg.seq_len, cfg.micro_batch_size, cfg.hidden, cfg.ffn,
-                   hw.act_bytes, Split.of(cfg))
+                   hw.act_bytes, Split.of(cfg), cfg.heads)
 
     @property
     def block_tokens(self) -> int:
@@ -78,8 +90,10 @@ class Shapes:
         """One device's share of a layer's pass: its GEMMs, attention and elementwise bytes (vp.cost.tensor)."""
         n, h, f, a, sp = self.tokens, self.hidden, self.ffn, self.act, self.split
         attention, elementwise = {"F": (2, 18 + 2 * f / h), "B": (5, 20 + 3 * f / h), "W": (0, 9 + f / h)}[kind]
+        calls = () if kind == "W" else \
+            ((self.micro_batch * self.heads * sp.layer_share(), self.seq, h // self.heads, kind == "B"),)
         return Work(sp.linear_gemms(kind, n, self.linears(), a), self.attention(attention) * sp.layer_share(),
-                    elementwise * n * h * a * sp.activation_share())
+                    elementwise * n * h * a * sp.activation_share(), calls, LAYER_KERNELS[kind])
 
     def output(self, rows: int, names: tuple[str, ...], forward: bool) -> Work:
         """The named output-layer GEMMs on a shard of `rows` vocabulary rows, with the forward (S) or backward
@@ -89,10 +103,12 @@ class Shapes:
                 "grad_input": Gemm(n, h, rows, in_bytes=a, out_bytes=4),
                 "grad_weight": Gemm(rows, h, n, in_bytes=a, out_bytes=4, accumulate=True)}
         per_logit = (a + 36) if forward else (12 + a)
-        return Work(tuple(gemm[x] for x in names), 0.0, per_logit * n * rows)
+        return Work(tuple(gemm[x] for x in names), 0.0, per_logit * n * rows,
+                    kernels=len(names) + OUTPUT_KERNELS[forward])
 
     def input(self, forward: bool) -> Work:
-        return Work((), 0.0, (12 if forward else self.act + 8) * self.block_tokens * self.hidden)
+        return Work((), 0.0, (12 if forward else self.act + 8) * self.block_tokens * self.hidden,
+                    kernels=INPUT_KERNELS)
 
 
 def pass_work(cfg: RunConfig, hw: Hardware, sched: Schedule) -> dict:
@@ -132,24 +148,34 @@ def pass_work(cfg: RunConfig, hw: Hardware, sched: Schedule) -> dict:
 @dataclass(frozen=True)
 class Seconds:
     """A pass's modelled time split the way calibration fits it: per eff_kind the GEMM and attention seconds at
-    multiplier 1, the elementwise seconds, and the fixed per-pass overhead."""
+    multiplier 1, the elementwise seconds, the operations' fixed costs, and the fixed per-pass overhead."""
     compute: dict = field(default_factory=dict)
     memory: float = 0.0
+    fixed: float = 0.0
 
     def total(self, hw: Hardware) -> float:
-        return hw.pass_overhead_s + self.memory + sum(s / hw.eff(k) for k, s in self.compute.items())
+        return hw.pass_overhead_s + self.fixed + self.memory + sum(s / hw.eff(k) for k, s in self.compute.items())
+
+
+def attention_time(hw: Hardware, work: Work) -> float:
+    """Fused attention: the profile's measured table where it holds every call's shape, else FLOPs at
+    attention_efficiency."""
+    measured = [hw.tables.attention_s(*call) for call in work.attention]
+    if work.attention and all(t is not None for t in measured):
+        return sum(measured)
+    return work.attention_flops / (hw.peak_flops * hw.attention_efficiency)
 
 
 def work_seconds(hw: Hardware, parts: dict) -> Seconds:
-    compute, memory, seconds = {}, 0.0, {}
+    compute, memory, fixed, seconds = {}, 0.0, 0.0, {}
     for eff_kind, work in parts.items():
         for g in set(work.gemms) - set(seconds):  # a stage repeats its layers' GEMMs: time each shape once
             seconds[g] = gemm_time(hw, g)
         gemm = sum(seconds[g] for g in work.gemms)
-        attention = work.attention_flops / (hw.peak_flops * hw.attention_efficiency)
-        compute[eff_kind] = compute.get(eff_kind, 0.0) + gemm + attention
+        compute[eff_kind] = compute.get(eff_kind, 0.0) + gemm + attention_time(hw, work)
         memory += elementwise_time(hw, work.mem_bytes)
-    return Seconds(compute, memory)
+        fixed += work.kernels * hw.kernel_s
+    return Seconds(compute, memory, fixed)
 
 
 def pass_times(cfg: RunConfig, hw: Hardware, sched: Schedule) -> dict:
@@ -158,6 +184,9 @@ def pass_times(cfg: RunConfig, hw: Hardware, sched: Schedule) -> dict:
     out = {}
     for key, parts in pass_work(cfg, hw, sched).items():
         out[key] = work_seconds(hw, parts).total(hw) if parts else 0.0
+    slower = hw.contention(min(cfg.world, hw.gpus_per_node))  # CPU ranks beyond the cores share them
+    if slower > 1:
+        out = {key: s * slower for key, s in out.items()}
     if cfg.tp > 1:
         net, sh = Network.of(hw), Shapes.of(cfg, hw)
         for st, layers in enumerate(cfg.stage_layers):

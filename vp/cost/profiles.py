@@ -21,9 +21,13 @@ Sources of the built-in profiles:
   Background User's Guide) and a pipeline fill of about four k-steps of 32;
 - mem_efficiency: assumed (elementwise kernels on large tensors reach roughly 80 % of HBM bandwidth); the
   calibrated profile a100_paper fits it.
+A measured profile (python -m harness.calibrate --measure) carries the microbenchmarks' tables in `measured`
+(vp.cost.tables reads them; the analytical fields, fitted to the same tables, answer outside them) and says where
+they were taken in `machine`.
 """
 from dataclasses import asdict, dataclass, field, fields
 
+from vp.cost.tables import Tables
 from vp.flops import DEVICE_PEAKS
 
 GiB = 1024**3
@@ -45,6 +49,9 @@ class Hardware:
     align_penalty: float = 0.23  # alignment: speed 1 / (1 + align_penalty (16 / aligned bytes - 1)) (gemm.py)
     efficiency: dict = field(default_factory=dict)  # per pass kind: multiplier on its modelled GEMM speed (1.0)
     pass_overhead_s: float = 0.0  # fixed cost of any pass (launches, Python, synchronisation)
+    kernel_s: float = 0.0  # fixed cost of each operation a pass issues (dispatch, launch; measured profiles)
+    cores: int = 0  # compute units the devices of a node share (CPU cores; 0: every device has its own)
+    optimizer_s_per_param: float = 0.0  # the optimizer step per parameter a device holds (measured; 0: not modelled)
     # network: gpus_per_node devices on NVLink, nodes on InfiniBand (vp.cost.network)
     gpus_per_node: int = 8
     link_bandwidth: float = 300e9  # bytes/s each way between two devices of one node
@@ -63,6 +70,16 @@ class Hardware:
     comm_bytes: float = 0.5 * GiB
     link_comm_bytes: float = 64 * 2**20
     fitted_to: str = ""  # what harness.calibrate fitted the profile to (a published table, a results folder)
+    machine: dict = field(default_factory=dict)  # measured profiles: host, device, torch, threads, date
+    measured: dict = field(default_factory=dict)  # measured profiles: gemm, attention, collectives tables
+
+    def __post_init__(self):
+        object.__setattr__(self, "tables", Tables.of(self.measured))
+
+    def contention(self, ranks_here: int) -> float:
+        """How much slower each device computes when `ranks_here` ranks share the node's `cores` (CPU runs with
+        more processes than cores; each was measured alone): 1 when devices do not share compute."""
+        return max(1.0, ranks_here / self.cores) if self.cores > 0 else 1.0
 
     def eff(self, kind: str) -> float:
         """Multiplier on the modelled GEMM speed of a pass kind (calibrated from real runs; 1.0 otherwise)."""

@@ -1,0 +1,206 @@
+"""python -m harness.calibrate --measure: this machine's hardware profile from microbenchmarks (vp.cost.measure),
+never from the runs it will predict.
+
+The GEMMs measured are a log grid of shapes and every GEMM the jobs of the given experiments (default smoke and
+tp_smoke) would run, as the cost model lists them (vp.cost.pass_work); attention likewise. The profile holds the
+tables and, fitted to them, the analytical model's parameters (peak, GEMM and attention ceilings, elementwise
+bandwidth, per-operation cost, link latency and bandwidth) that answer outside the tables, and `machine`: host,
+device, torch version, dtype, threads per rank, cores, load average and date.
+"""
+import datetime
+import os
+import platform
+import re
+import socket
+import statistics
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+from vp.cost import PROFILES, GiB, Hardware, fit_link, pass_work
+from vp.cost import measure as M
+from vp.cost.gemm import Gemm, alignment, quantization
+from vp.cost.tables import as_text, rows
+from vp.flops import DEVICE_NAMES
+from vp.metrics import device_peak
+from vp.schedule import build
+
+CPU_GRID = (16, 64, 256, 1024, 4096)  # each dimension of the log grid of GEMM shapes
+GPU_GRID = (64, 256, 1024, 4096, 16384)
+GRID_FLOPS = {"cpu": 4e9, "cuda": 1e13}  # grid shapes above this are left to the analytical model
+CPU_RANKS = 64  # the ranks of a CPU run share one node in the network model up to this many
+BUILTIN_OF = {"A100": "a100_80g", "H100": "h100", "H100 PCIe": "h100", "H200": "h200"}  # vp.flops model -> profile
+GROUPS = (2, 4, 8)  # group sizes of the collectives (the local sweeps run at most 8 ranks)
+COLLECTIVE_SIZES = [256, 16384, 2**20, 2**24]  # payload bytes (all_gather up to 64 MiB gathered)
+
+
+def machine(device: torch.device, dtype: str, threads: int) -> dict:
+    """Where and how the profile was measured: what a cached profile must match to be reused."""
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+    else:
+        name = _cpu_name() or platform.processor() or "cpu"
+    return {"host": socket.gethostname(), "device": device.type, "device_name": name, "torch": str(torch.__version__),
+            "dtype": dtype, "threads": threads, "cores": len(os.sched_getaffinity(0)),
+            "load_average": [round(x, 2) for x in os.getloadavg()],
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+
+
+def _cpu_name() -> str | None:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return None
+
+
+def default_name(device: str) -> str:
+    """The cached profile of this machine, device and torch: DEVICE_HOST_torchVERSION in the names Hydra takes."""
+    return re.sub(r"[^A-Za-z0-9_-]+", "_", f"{device}_{socket.gethostname()}_torch{torch.__version__}")
+
+
+def same_machine(profile: dict, device: str, dtype: str) -> bool:
+    have = profile.get("machine") or {}
+    return (have.get("host"), have.get("device"), have.get("torch"), have.get("dtype")) == \
+        (socket.gethostname(), device, torch.__version__, dtype)
+
+
+def job_shapes(experiments: list[str], act_bytes: int) -> tuple[set, set]:
+    """(GEMM (m, n, k), attention (batch x heads, seq, head dim)) of every pass of every job of the experiments."""
+    from hydra import initialize_config_dir
+
+    from harness.sweep import plan
+
+    skeleton = Hardware("shapes", 1.0, act_bytes=act_bytes)
+    gemms, attention = set(), set()
+    conf = str(Path(__file__).resolve().parents[1] / "conf")
+    with initialize_config_dir(conf, version_base="1.3"):
+        for name in experiments:
+            _, jobs = plan([f"experiment={name}", "backend=sim", "logger=off"])
+            for job in jobs:
+                run = job.run
+                sched = build(run.method, run.pp, run.microbatches, run.n_chunks)
+                for parts in pass_work(run, skeleton, sched).values():
+                    for work in parts.values():
+                        gemms |= {(g.m, g.n, g.k) for g in work.gemms}
+                        attention |= {(max(1, round(bh)), s, d) for bh, s, d, _ in work.attention}
+    return gemms, attention
+
+
+def grid_shapes(device: str) -> set:
+    dims = CPU_GRID if device == "cpu" else GPU_GRID
+    return {(m, n, k) for m in dims for n in dims for k in dims if 2.0 * m * n * k <= GRID_FLOPS[device]}
+
+
+def attention_shapes(from_jobs: set) -> set:
+    """Each (seq, head dim) the jobs use at their batch x heads, and at a quarter and four times it (the table
+    interpolates in batch x heads)."""
+    out = set(from_jobs)
+    for bh, s, d in from_jobs:
+        out |= {(max(1, bh // 4), s, d), (bh * 4, s, d)}
+    return out
+
+
+def measure_profile(name: str, device_type: str, dtype: str, experiments: list[str], budget_s: float,
+                    log=lambda line: print(line, file=sys.stderr, flush=True)) -> Hardware:
+    if device_type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda: torch sees no CUDA device here (a CPU build of torch, or no GPU); "
+                         "measure with --device cpu, or on a GPU node with a CUDA torch")
+    start = time.perf_counter()
+    device = torch.device("cuda", 0) if device_type == "cuda" else torch.device("cpu")
+    threads = 1 if device_type == "cpu" else torch.get_num_threads()
+    torch.set_num_threads(threads)  # as one of several ranks on this machine (vp.hostenv.cpu_threads)
+    torch_dtype = M.DTYPES[dtype]
+    act_bytes = torch.finfo(torch_dtype).bits // 8
+    here = machine(device, dtype, threads)
+    log(f"measuring {here['device_name']} on {here['host']} ({dtype}, {threads} thread(s) per rank, "
+        f"{here['cores']} cores, load average {here['load_average']})")
+    job_gemms, job_attention = job_shapes(experiments, act_bytes)
+    timer = M.Timer(device)
+    peak, how = device_peak(device)
+    # the jobs' shapes first, then the grid, within the budget
+    begin = time.perf_counter()
+    gemm_rows = M.gemms(sorted(job_gemms), device, torch_dtype, timer, begin + 0.8 * budget_s)
+    gemm_rows += M.gemms(sorted(grid_shapes(device_type) - job_gemms), device, torch_dtype, timer, begin + budget_s)
+    if not gemm_rows:
+        raise ValueError(f"--budget-s {budget_s}: no GEMM could be measured in that time; give more seconds")
+    log(f"  {len(gemm_rows)} GEMM shapes ({len(job_gemms)} from the jobs of {', '.join(experiments)}), "
+        f"{time.perf_counter() - start:.0f} s")
+    attention_rows = M.attention(sorted(attention_shapes(job_attention)), device, torch_dtype, timer)
+    element_rows = M.elementwise(device, torch_dtype, timer)
+    step = M.optimizer(device, timer)
+    log(f"  {len(attention_rows)} attention shapes, {len(element_rows)} elementwise sizes, "
+        f"{time.perf_counter() - start:.0f} s")
+    ranks = torch.cuda.device_count() if device_type == "cuda" else CPU_RANKS
+    groups = [n for n in GROUPS if n <= ranks]
+    collective_rows = M.collectives(device_type, groups, COLLECTIVE_SIZES) if groups else []
+    log(f"  {len(collective_rows)} collective and point-to-point timings over group sizes {groups}, "
+        f"{time.perf_counter() - start:.0f} s")
+    measured = {"gemm": gemm_rows, "attention": attention_rows, "elementwise": element_rows, "optimizer": step,
+                "collectives": collective_rows}
+    hw = fitted(name, device, dtype, peak, measured, here)
+    return replace(hw, measured={k: as_text(v) for k, v in measured.items()}, fitted_to=f"microbenchmarks ({how} peak), {time.perf_counter() - start:.0f} s")
+
+
+def fitted(name: str, device: torch.device, dtype: str, peak: float, measured: dict, here: dict) -> Hardware:
+    """The profile: the tables, and the analytical model's parameters fitted to them."""
+    act_bytes = torch.finfo(M.DTYPES[dtype]).bits // 8
+    if device.type == "cuda":
+        builtin = BUILTIN_OF.get(DEVICE_NAMES.get(here["device_name"], ""), "h100")
+        base = replace(PROFILES[builtin], peak_flops=peak,
+                       gpus_per_node=max(1, torch.cuda.device_count()),
+                       memory_bytes=float(torch.cuda.get_device_properties(device).total_memory))
+    else:
+        base = Hardware(name, peak, sms=0, tile_k_overhead=0, align_penalty=0.0, collective_latency=0.0,
+                        bytes_per_param=16.0 if dtype == "fp32" else 18.0, overhead_bytes=0.0,
+                        gpus_per_node=CPU_RANKS, cores=here["cores"], memory_bytes=_memory())
+    base = replace(base, name=name, act_bytes=act_bytes)
+    # GEMM ceiling: achieved over what the shape model allows, median over GEMMs of at least 1e8 FLOPs
+    large = [r for r in measured["gemm"] if 2.0 * r[0] * r[1] * r[2] >= 1e8] or measured["gemm"]
+    gemm_eff = statistics.median(2.0 * m * n * k / s / (peak * _shape_efficiency(base, Gemm(m, n, k, 1, act_bytes,
+                                                                                            act_bytes)))
+                                 for m, n, k, s in large)
+    attention_eff = statistics.median(2.0 * bh * s * s * d / fwd / peak for bh, s, d, fwd, _ in
+                                      measured["attention"]) if measured["attention"] else base.attention_efficiency
+    elem = measured["elementwise"]
+    kernel_s = min(s for _, s in elem)
+    big = [r for r in elem if r[0] >= 2**20] or elem
+    _, bandwidth = fit_link(big) if len(big) >= 2 else (0.0, elem[-1][0] / elem[-1][1])
+    p2p = [[b, s] for op, n, b, s in measured["collectives"] if op == "p2p"]
+    link = {}
+    if len(p2p) >= 2:
+        latency, link_bw = fit_link(p2p)
+        link = {"link_latency": latency, "link_bandwidth": link_bw}
+        if device.type == "cpu":
+            link |= {"ib_latency": latency, "ib_bandwidth": link_bw}
+    return replace(base, gemm_efficiency=min(1.0, gemm_eff), attention_efficiency=min(1.0, attention_eff),
+                   mem_bandwidth=bandwidth, mem_efficiency=1.0, kernel_s=kernel_s, machine=here,
+                   optimizer_s_per_param=measured["optimizer"][1] / measured["optimizer"][0],
+                   measured=measured, **link)
+
+
+def _shape_efficiency(hw: Hardware, g: Gemm) -> float:
+    fill = g.k / (g.k + hw.tile_k_overhead)
+    return quantization(hw, g) * fill * alignment(hw, g)
+
+
+def _memory() -> float:
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemTotal:"):
+            return float(line.split()[1]) * 1024
+    return 16 * GiB
+
+
+def summary(hw: Hardware) -> str:
+    t = {k: rows(v) for k, v in hw.measured.items()}
+    return (f"peak {hw.peak_flops / 1e9:.1f} GFLOP/s, GEMM ceiling {hw.gemm_efficiency:.2f}, attention "
+            f"{hw.attention_efficiency:.2f}, elementwise {hw.mem_bandwidth / 1e9:.2f} GB/s, per operation "
+            f"{hw.kernel_s * 1e6:.1f} us, optimizer {hw.optimizer_s_per_param * 1e9:.1f} ns per parameter, link {hw.link_latency * 1e6:.0f} us + {hw.link_bandwidth / 1e9:.2f} GB/s; "
+            f"tables: {len(t.get('gemm', []))} GEMMs, {len(t.get('attention', []))} attention shapes, "
+            f"{len(t.get('collectives', []))} collective timings")
+

@@ -1,0 +1,122 @@
+"""Predicted against measured: every run that has a real record and a sim record of the same config (a sweep with
+backend=both, or a real and a simulated sweep into one results folder), side by side with the error of each
+prediction, error = predicted / measured - 1. A report with such pairs opens with this table, a line of median and
+largest errors, and a figure of predicted against measured."""
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import pandas as pd  # noqa: E402
+from matplotlib.ticker import FormatStrFormatter, NullFormatter  # noqa: E402
+
+from harness.report.figures import DPI, Figure  # noqa: E402
+from harness.report.frame import MISSING, ranks_label  # noqa: E402
+from harness.report.tables import Table, _cell, _frame, _keys_part, _mesh_labels, _num, memory_unit  # noqa: E402
+
+TITLE = "Predicted vs measured"
+METRICS = (("iteration_time_s", "Iteration time (s)", ".4g"), ("tokens_per_s", "Tokens/s", ".4g"))
+
+
+def pairs(df: pd.DataFrame) -> pd.DataFrame:
+    """One row per (real run, sim run) of the same config, with the sim's columns suffixed _sim, and the errors
+    err_time, err_tokens (predicted / measured - 1) and err_memory (of the rank where |error| is largest) where
+    both ended ok."""
+    real, sim = df[df["backend"] == "real"], df[df["backend"] == "sim"]
+    out = real.merge(sim, on="config_key", suffixes=("", "_sim"))
+    if out.empty:
+        return out
+    out["hardware_sim"] = out["hardware_sim"].fillna(MISSING)
+    out = out.sort_values(["mesh_key", "seq_len", "method_rank", "method", "vocab_size", "variant",
+                           "hardware_sim", "run_id"], kind="stable").reset_index(drop=True)
+    both = (out["status"] == "ok") & (out["status_sim"] == "ok")
+    out["err_time"] = (out["iteration_time_s_sim"] / out["iteration_time_s"] - 1).where(both)
+    out["err_tokens"] = (out["tokens_per_s_sim"] / out["tokens_per_s"] - 1).where(both)
+    out["err_memory"] = [_worst(m, p) if ok else float("nan")
+                         for m, p, ok in zip(out["peak_memory_bytes"], out["peak_memory_bytes_sim"], both)]
+    return out
+
+
+def _worst(measured, predicted) -> float:
+    errors = [p / m - 1 for m, p in zip(measured or [], predicted or []) if m and p is not None]
+    return max(errors, key=abs) if errors else float("nan")
+
+
+def _pct(value) -> str:
+    return _num(value * 100 if pd.notna(value) else value, "+.1f")
+
+
+def table(p: pd.DataFrame) -> Table:
+    keys = [(r["mesh_key"], r["seq_len"], r["method"], r["variant"]) for r in p.to_dict("records")]
+    columns, rows = _keys_part(keys, ranks_label(p), _mesh_labels(p))
+    columns += [("", "Vocab"), ("", "Hardware")]
+    scale, unit = memory_unit(p)
+    for _, what, _ in METRICS:
+        columns += [(what, "measured"), (what, "predicted"), (what, "error (%)")]
+    columns += [(f"Peak memory per rank ({unit})", "measured"), (f"Peak memory per rank ({unit})", "predicted"),
+                (f"Peak memory per rank ({unit})", "error (%)")]
+    for r, row in zip(p.to_dict("records"), rows):
+        sim = {"status": r["status_sim"], **{col: r[f"{col}_sim"] for col, _, _ in METRICS},
+               "peak_memory_bytes": r["peak_memory_bytes_sim"]}
+        row += [r["vocab"], r["hardware_sim"]]
+        for (col, _, fmt), err in zip(METRICS, ("err_time", "err_tokens")):
+            row += [_cell(r, lambda x: x[col], fmt), _cell(sim, lambda x: x[col], fmt), _pct(r[err])]
+        row += [_cell(r, lambda x: _ranks(x["peak_memory_bytes"], scale), ""),
+                _cell(sim, lambda x: _ranks(x["peak_memory_bytes"], scale), ""), _pct(r["err_memory"])]
+    return Table("predicted_vs_measured", TITLE,
+                 "Runs with both a real record and a sim record of the same config: iteration time, tokens/s and "
+                 "peak memory of each rank as measured and as predicted by the cost model with the sim record's "
+                 "hardware profile; error = predicted / measured - 1 (memory: the rank with the largest error).",
+                 _frame(columns, rows), blocks=3)
+
+
+def _ranks(values, scale: float) -> str:
+    return " ".join(MISSING if v is None else f"{v / scale:.1f}" for v in values or [])
+
+
+def errors_line(p: pd.DataFrame) -> str:
+    """'Over N runs: iteration time median |error| x %, largest y %; ...' of the ok pairs."""
+    ok = p.dropna(subset=["err_time"])
+    if ok.empty:
+        return "No run ended ok both measured and predicted, so no error is given."
+    parts = []
+    for col, what in (("err_time", "iteration time"), ("err_tokens", "tokens/s"), ("err_memory", "peak memory")):
+        e = ok[col].dropna().abs()
+        if len(e):
+            parts.append(f"{what} median |error| {e.median() * 100:.1f} %, largest {e.max() * 100:.1f} %")
+    profiles = ", ".join(sorted(set(ok["hardware_sim"])))
+    return f"Over {len(ok)} runs predicted with {profiles}: " + "; ".join(parts) + "."
+
+
+def figure(p: pd.DataFrame, out: Path) -> Figure:
+    fig = Figure("Predicted against measured",
+                 "iteration time and peak memory (every rank) of each run, predicted by the cost model against "
+                 "measured; the diagonal is exact, the band +-10 %.")
+    ok = p.dropna(subset=["err_time"])
+    if ok.empty:
+        fig.skipped = "no run ended ok both measured and predicted"
+        return fig
+    scale, unit = memory_unit(ok)
+    f, axes = plt.subplots(1, 2, figsize=(8, 3.6))
+    panels = ((ok["iteration_time_s"], ok["iteration_time_s_sim"], "iteration time (s)"),
+              ([m / scale for ms in ok["peak_memory_bytes"] for m in ms],
+               [s / scale for ss in ok["peak_memory_bytes_sim"] for s in ss], f"peak memory per rank ({unit})"))
+    for ax, (measured, predicted, what) in zip(axes, panels):
+        measured, predicted = list(measured), list(predicted)
+        lo, hi = min(measured + predicted) * 0.8, max(measured + predicted) * 1.25
+        ax.fill_between([lo, hi], [lo * 0.9, hi * 0.9], [lo * 1.1, hi * 1.1], color="0.9", label="+-10 %")
+        ax.plot([lo, hi], [lo, hi], color="0.4", lw=0.8)
+        ax.scatter(measured, predicted, s=14, zorder=3)
+        ax.set(xscale="log", yscale="log", xlim=(lo, hi), ylim=(lo, hi), xlabel=f"measured {what}",
+               ylabel=f"predicted {what}")
+        for axis in (ax.xaxis, ax.yaxis):
+            axis.set_major_formatter(FormatStrFormatter("%g"))
+            axis.set_minor_formatter(NullFormatter())
+    axes[0].legend(loc="upper left", frameon=False)
+    f.tight_layout()
+    fig.paths = [out / "predicted_vs_measured.png", out / "predicted_vs_measured.pdf"]
+    f.savefig(fig.paths[0], dpi=DPI)
+    f.savefig(fig.paths[1], metadata={"CreationDate": None})
+    plt.close(f)
+    return fig

@@ -1,0 +1,172 @@
+"""A measured hardware profile: the microbenchmarks (vp.cost.measure), the tables the cost model reads where they
+cover a question (vp.cost.tables) with the analytical model elsewhere, python -m harness.calibrate --measure
+(written, reused), and the report's predicted-vs-measured table."""
+from dataclasses import replace
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from harness import measure as HM
+from harness_util import sweep
+from harness.calibrate import main as calibrate_main
+from vp.config import RunConfig
+from vp.cost import PROFILES, Hardware, comm_times, pass_times
+from vp.cost import measure as M
+from vp.cost.gemm import Gemm, gemm_time
+from vp.cost.network import ALL_REDUCE, BROADCAST, Network
+from vp.cost.tables import Tables, as_text, rows
+from vp.schedule import build
+
+CPU = Hardware("cpu", 1e11, sms=0, tile_k_overhead=0, align_penalty=0.0, gemm_efficiency=0.5, act_bytes=4,
+               gpus_per_node=64, link_latency=1e-4, link_bandwidth=1e9, collective_latency=0.0)
+
+
+def with_tables(hw: Hardware, **measured) -> Hardware:
+    return replace(hw, measured=measured)
+
+
+def test_a_measured_gemm_is_read_as_measured_and_interpolated_between_shapes():
+    hw = with_tables(CPU, gemm=[[256, 256, 256, 1e-3], [512, 256, 256, 4e-3]])
+    assert gemm_time(hw, Gemm(256, 256, 256)) == pytest.approx(1e-3)
+    # halfway in log2(m) between a shape at 2x256^3 FLOP/ms and one at 1x: the geometric mean rate
+    mid = gemm_time(hw, Gemm(362, 256, 256))
+    rate = 2 * 362 * 256 * 256 / mid
+    assert rate == pytest.approx((2 * 256**3 / 1e-3 * 2 * 512 * 256 * 256 / 4e-3) ** 0.5, rel=0.02)
+    # a batch of GEMMs of a measured shape; a speed multiplier of the pass kind still applies
+    assert gemm_time(hw, Gemm(256, 256, 256, batch=3), speedup=2.0) == pytest.approx(1.5e-3)
+
+
+def test_outside_the_measured_shapes_the_analytical_model_answers():
+    hw = with_tables(CPU, gemm=[[256, 256, 256, 1e-3]])
+    far = Gemm(4096, 4096, 256)
+    assert Tables.of(hw.measured).gemm_s(far.m, far.n, far.k) is None
+    assert gemm_time(hw, far) == gemm_time(CPU, far)
+
+
+def test_collectives_are_read_per_operation_and_group_size_within_the_measured_payloads():
+    rows = [["all_reduce", 2, 1024, 1e-4], ["all_reduce", 2, 4096, 4e-4], ["p2p", 2, 1024, 5e-5]]
+    net = Network.of(with_tables(CPU, collectives=rows))
+    assert net.collective(ALL_REDUCE, (0, 1), 1024) == pytest.approx(1e-4)
+    assert net.collective(ALL_REDUCE, (0, 1), 2048) == pytest.approx(2e-4)  # log-log between the two
+    assert net.collective(ALL_REDUCE, (0, 1), 10) == pytest.approx(1e-4)  # the latency floor below
+    analytic = Network.of(CPU)
+    assert net.collective(ALL_REDUCE, (0, 1), 1e6) == analytic.collective(ALL_REDUCE, (0, 1), 1e6)  # beyond
+    assert net.collective(ALL_REDUCE, (0, 1, 2), 1024) == analytic.collective(ALL_REDUCE, (0, 1, 2), 1024)
+    assert net.collective(BROADCAST, (0, 1), 1024) == analytic.collective(BROADCAST, (0, 1), 1024)
+    assert net.p2p(0, 1, 1024) == pytest.approx(5e-5)
+
+
+def test_a_table_stored_as_text_reads_back_as_its_rows():
+    table = [["all_reduce", 2, 1024, 1.5e-4], ["p2p", 2, 65536, 2e-3]]
+    assert rows(as_text(table)) == table
+    assert Tables.of({"collectives": as_text(table)}).collective_s("p2p", 2, 65536) == pytest.approx(2e-3)
+
+
+def test_attention_is_read_per_sequence_and_head_dim_and_scales_with_batch_x_heads():
+    t = Tables.of({"attention": [[4, 64, 16, 1e-4, 3e-4], [8, 64, 16, 2e-4, 5e-4]]})
+    assert t.attention_s(6, 64, 16, False) == pytest.approx(1.5e-4)
+    assert t.attention_s(16, 64, 16, True) == pytest.approx(1e-3)
+    assert t.attention_s(2, 64, 16, False) == pytest.approx(1e-4)
+    assert t.attention_s(4, 128, 16, False) is None
+
+
+def test_pass_times_follow_the_measured_tables():
+    cfg = RunConfig(method="vocab-2", pp=2, layers=4, hidden=64, heads=4, seq_len=32, micro_batch_size=4,
+                    vocab_size=2000, microbatches=4, device="cpu", dtype="fp32")
+    sched = build("vocab-2", 2, 4, 1)
+    from vp.cost import pass_work
+
+    shapes = {(g.m, g.n, g.k) for parts in pass_work(cfg, CPU, sched).values() for w in parts.values()
+              for g in w.gemms}
+    slow, fast = ([[*s, seconds] for s in shapes] for seconds in (2e-3, 1e-3))
+    t_slow, t_fast = (pass_times(cfg, with_tables(CPU, gemm=rows), sched) for rows in (slow, fast))
+    gemms_f = 4 * 2  # 4 GEMMs per layer, 2 layers per stage
+    assert t_slow[("F", 0)] - t_fast[("F", 0)] == pytest.approx(gemms_f * 1e-3, rel=1e-6)
+
+
+def test_ranks_beyond_the_cores_share_them():
+    cfg = RunConfig(method="baseline", pp=1, tp=4, tp_mode="1d", layers=2, hidden=64, heads=4, seq_len=32,
+                    vocab_size=2000, microbatches=2, device="cpu", dtype="fp32")
+    sched = build("baseline", 1, 2, 1)
+    alone = pass_times(cfg, replace(CPU, collective_latency=0.0), sched)
+    shared = pass_times(cfg, replace(CPU, cores=2), sched)
+    compute = pass_times(replace(cfg, tp=1), CPU, sched)
+    assert shared[("F", 0)] - alone[("F", 0)] > 0
+    assert replace(CPU, cores=2).contention(4) == 2.0 and CPU.contention(4) == 1.0
+    assert compute[("F", 0)] > 0
+
+
+def test_builtin_profiles_have_no_tables_and_keep_their_numbers():
+    for hw in PROFILES.values():
+        assert not hw.tables and hw.kernel_s == 0.0 and hw.cores == 0
+
+
+def test_microbenchmarks_time_what_they_say():
+    timer = M.Timer(torch.device("cpu"), target_s=0.002, max_reps=3)
+    rows = M.gemms([(64, 32, 16), (128, 128, 128)], torch.device("cpu"), torch.float32, timer, float("inf"))
+    assert [r[:3] for r in rows] == [[64, 32, 16], [128, 128, 128]] and all(r[3] > 0 for r in rows)
+    [att] = M.attention([(2, 16, 8)], torch.device("cpu"), torch.float32, timer)
+    assert att[:3] == [2, 16, 8] and att[3] > 0 and att[4] >= 0
+    elem = M.elementwise(torch.device("cpu"), torch.float32, timer, sizes=[64, 4096])
+    assert [r[0] for r in elem] == [3 * 64 * 4, 3 * 4096 * 4]
+
+
+@pytest.fixture
+def quick(monkeypatch):
+    """--measure with a small grid, two payloads and groups of 2: the real path, a few seconds."""
+    monkeypatch.setattr(HM, "CPU_GRID", (16, 64))
+    monkeypatch.setattr(HM, "COLLECTIVE_SIZES", [256, 4096])
+    monkeypatch.setattr(HM, "GROUPS", (2,))
+
+
+def test_calibrate_measure_writes_a_profile_that_sim_reads_and_reuses_it(quick, tmp_path, capsys, monkeypatch):
+    out = tmp_path / "hardware" / "box.yaml"
+    out.parent.mkdir()
+    argv = ["--measure", "--name", "box", "--out", str(out), "--budget-s", "5", "--shapes-from", "tp_smoke"]
+    assert calibrate_main(argv + ["--print-name"]) == 0
+    assert capsys.readouterr().out.strip() == "box"
+    body = OmegaConf.to_container(OmegaConf.load(out))
+    hw = Hardware.from_dict(body["profile"])
+    assert body["name"] == "box" and hw.machine["torch"] == str(torch.__version__) and hw.machine["device"] == "cpu"
+    assert hw.tables.gemm_s(16, 16, 16) is not None and hw.tables.collective_s("p2p", 2, 256) is not None
+    assert isinstance(hw.measured["gemm"], str)  # one YAML string per table: Hydra loads it in one step
+    assert {r[0] for r in rows(hw.measured["collectives"])} == {"all_reduce", "broadcast", "all_gather", "reduce",
+                                                                "p2p"}
+    cfg = RunConfig(method="baseline", pp=1, tp=2, tp_mode="1d", layers=4, hidden=64, heads=4, seq_len=32,
+                    micro_batch_size=4, vocab_size=2000, microbatches=2, device="cpu", dtype="fp32")
+    sched = build("baseline", 1, 2, 1)
+    assert all(t > 0 for k, t in pass_times(cfg, hw, sched).items() if k[0] in ("F", "B"))
+    assert comm_times(cfg, hw, sched) is not None
+    # a second call on the same host, device, torch and dtype keeps the profile without measuring
+    monkeypatch.setattr(HM, "measure_profile", lambda *a, **k: pytest.fail("measured again"))
+    before = out.read_text()
+    assert calibrate_main(argv + ["--reuse", "--print-name"]) == 0
+    assert out.read_text() == before and "reusing" in capsys.readouterr().err
+
+
+def test_calibrate_measure_refuses_a_builtin_name_and_a_missing_gpu(capsys, tmp_path):
+    assert calibrate_main(["--measure", "--name", "a100_paper"]) == 2
+    assert "built-in profile" in capsys.readouterr().err
+    if not torch.cuda.is_available():
+        assert calibrate_main(["--measure", "--name", "gpu_box", "--device", "cuda", "--out",
+                               str(tmp_path / "gpu_box.yaml")]) == 2
+        assert "no CUDA device" in capsys.readouterr().err and not (tmp_path / "gpu_box.yaml").exists()
+
+
+def test_backend_both_plans_the_real_jobs_and_their_predictions(tmp_path):
+    code, lines = sweep(tmp_path, "dry_run=true", "backend=both", "hardware=a100_paper", "method=vocab-2")
+    assert code == 0
+    real, sim = [line for line in lines if line.startswith("experiment smoke")]
+    assert "2 jobs, 0 done, 2 to run (backend=real, cluster=local)" in real
+    assert "2 jobs, 0 done, 2 to run (backend=sim, hardware=a100_paper)" in sim
+    ids = [line.split()[1] for line in lines if not line.startswith("experiment")]
+    assert len(set(ids)) == 4 and not (tmp_path / "results").exists()
+    code, _ = sweep(tmp_path, "dry_run=true", "backend=both", "hardware=no_such_profile")
+    assert code == 2  # the sim half is checked before the real half runs
+
+
+def test_a_gpu_profile_starts_from_the_builtin_of_every_device_model_named():
+    from vp.flops import DEVICE_PEAKS
+
+    assert set(HM.BUILTIN_OF) == set(DEVICE_PEAKS) and all(v in PROFILES for v in HM.BUILTIN_OF.values())

@@ -1,0 +1,190 @@
+"""Microbenchmarks of one machine, for a measured hardware profile (python -m harness.calibrate --measure).
+
+Every figure is timed the way the runtime times a pass (vp.runtime.loop.ActionTimer): time.perf_counter around
+the operation on CPU, CUDA events around it on a GPU (synchronised once per sample), the median of several
+samples after a warm-up. What is measured, in the run's dtype and with the threads one rank of a run gets:
+  gemm        seconds of C[m, n] = A[m, k] B[k, n] per shape, the weight given as the runtime's linear layers
+              hold it ([n, k], transposed);
+  attention   seconds of causal scaled_dot_product_attention forward and backward per (batch x heads, seq,
+              head dim);
+  elementwise seconds of out = x + y per size (3 tensors' bytes moved): a per-operation cost and a bandwidth;
+  optimizer   seconds of one AdamW step (the runtime's optimizer) per parameter;
+  collectives seconds of all_reduce, broadcast, all_gather and reduce per group size and payload, and of a
+              point-to-point message between two ranks (half a ping-pong), over gloo (CPU) or NCCL (GPU), each
+              the slowest rank's time, started together after a barrier.
+The tables go into the profile as they are (vp.cost.tables reads them); nothing here knows about runs.
+"""
+import os
+import statistics
+import tempfile
+import time
+from queue import Empty
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn.functional as F
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+OPS = ("all_reduce", "broadcast", "all_gather", "reduce")
+
+
+class Timer:
+    """Median seconds of fn() over samples, timed as the runtime times passes."""
+
+    def __init__(self, device: torch.device, target_s: float = 0.02, min_reps: int = 3, max_reps: int = 15):
+        self.device, self.target_s, self.min_reps, self.max_reps = device, target_s, min_reps, max_reps
+
+    def sample(self, fn) -> float:
+        if self.device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            torch.cuda.synchronize()
+            return start.elapsed_time(end) / 1e3
+        t0 = time.perf_counter()
+        fn()
+        return time.perf_counter() - t0
+
+    def __call__(self, fn) -> float:
+        first = self.sample(fn)  # warm-up (allocations, kernel selection), also sizes the number of samples
+        reps = max(self.min_reps, min(self.max_reps, int(self.target_s / max(first, 1e-7))))
+        return statistics.median(self.sample(fn) for _ in range(reps))
+
+
+def gemms(shapes, device: torch.device, dtype: torch.dtype, timer: Timer, deadline: float) -> list[list[float]]:
+    """[m, n, k, seconds] per shape (smallest first; shapes left when the deadline passes are not measured)."""
+    out = []
+    for m, n, k in sorted(shapes, key=lambda s: s[0] * s[1] * s[2]):
+        if time.perf_counter() > deadline:
+            break
+        a = torch.randn(m, k, device=device, dtype=dtype)
+        w = torch.randn(n, k, device=device, dtype=dtype)
+        out.append([m, n, k, timer(lambda: torch.matmul(a, w.t()))])
+    return out
+
+
+def attention(shapes, device: torch.device, dtype: torch.dtype, timer: Timer) -> list[list[float]]:
+    """[batch x heads, seq, head_dim, forward s, backward s] per shape: causal attention as the model runs it."""
+    out = []
+    for bh, s, d in shapes:
+        q, k, v = (torch.randn(1, bh, s, d, device=device, dtype=dtype, requires_grad=True) for _ in range(3))
+        grad = torch.randn(1, bh, s, d, device=device, dtype=dtype)
+        forward = timer(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True))
+
+        def step():
+            F.scaled_dot_product_attention(q, k, v, is_causal=True).backward(grad)
+
+        out.append([bh, s, d, forward, max(0.0, timer(step) - forward)])
+    return out
+
+
+def elementwise(device: torch.device, dtype: torch.dtype, timer: Timer, sizes=None) -> list[list[float]]:
+    """[bytes moved, seconds] of out = x + y, from a few hundred bytes to beyond the caches."""
+    out = []
+    for numel in sizes or [2**e for e in range(6, 25, 2)]:
+        x, y, z = (torch.randn(numel, device=device, dtype=dtype) for _ in range(3))
+        out.append([3 * numel * x.element_size(), timer(lambda: torch.add(x, y, out=z))])
+    return out
+
+
+def optimizer(device: torch.device, timer: Timer, numel: int = 2**21, tensors: int = 16) -> list[float]:
+    """[parameters, seconds] of one step of the runtime's optimizer (vp.runtime.loop: AdamW, its settings) over
+    `numel` fp32 parameters in `tensors` tensors."""
+    params = [torch.nn.Parameter(torch.randn(numel // tensors, device=device)) for _ in range(tensors)]
+    for q in params:
+        q.grad = torch.randn_like(q)
+    opt = torch.optim.AdamW(params, lr=1e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.01)
+    return [numel, timer(opt.step)]
+
+
+def _collective_rank(rank: int, world: int, init: str, device_type: str, threads: int, groups, sizes, reps,
+                     queue) -> None:
+    torch.set_num_threads(threads)
+    device = torch.device("cpu")
+    if device_type == "cuda":
+        device = torch.device("cuda", rank)
+        torch.cuda.set_device(device)
+    dist.init_process_group("nccl" if device_type == "cuda" else "gloo", init_method=init, rank=rank,
+                            world_size=world, **({"device_id": device} if device_type == "cuda" else {}))
+    try:
+        rows = []
+        for n in groups:
+            pg = dist.new_group(list(range(n)))  # every rank takes part in creating it
+            if rank >= n:
+                continue
+            for nbytes in [b for b in sizes if b * n <= 2**26]:  # all_gather's output: n payloads
+                t = torch.ones(max(1, nbytes // 4), device=device)
+                bufs = [torch.empty_like(t) for _ in range(n)]
+                calls = {"all_reduce": lambda: dist.all_reduce(t, group=pg),
+                         "broadcast": lambda: dist.broadcast(t, group=pg, group_src=0),
+                         "all_gather": lambda: dist.all_gather(bufs, t, group=pg),
+                         "reduce": lambda: dist.reduce(t, group=pg, group_dst=0)}
+                if n == 2:
+                    calls["p2p"] = lambda: _ping(t, rank, pg)
+                for op, call in calls.items():
+                    rows.append([op, n, nbytes, _slowest(call, pg, device, reps) / (2 if op == "p2p" else 1)])
+        if rank == 0:
+            queue.put(rows)
+    finally:
+        dist.barrier()
+        dist.destroy_process_group()
+
+
+def _ping(t, rank: int, pg) -> None:
+    if rank == 0:
+        dist.send(t, group=pg, group_dst=1)
+        dist.recv(t, group=pg, group_src=1)
+    else:
+        dist.recv(t, group=pg, group_src=0)
+        dist.send(t, group=pg, group_dst=0)
+
+
+def _slowest(call, pg, device: torch.device, reps: int) -> float:
+    """Median over reps of the slowest rank's seconds of one call, all ranks started after a barrier."""
+    call()  # warm-up: connections, buffers
+    samples = []
+    for _ in range(reps):
+        dist.barrier(group=pg)
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        call()
+        if device.type == "cuda":
+            torch.cuda.synchronize()
+        took = torch.tensor([time.perf_counter() - t0], device=device)
+        dist.all_reduce(took, op=dist.ReduceOp.MAX, group=pg)
+        samples.append(float(took.item()))
+    return statistics.median(samples)
+
+
+def collectives(device_type: str, groups: list[int], sizes: list[int], reps: int = 3,
+                threads: int = 1) -> list[list]:
+    """[op, group size, payload bytes, seconds] for every op, group size and payload, and [p2p, 2, bytes, s];
+    one process per rank of the largest group, started here."""
+    world = max(groups)
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    with tempfile.TemporaryDirectory() as tmp:
+        init = f"file://{os.path.join(tmp, 'rendezvous')}"
+        procs = [ctx.Process(target=_collective_rank, args=(r, world, init, device_type, threads, groups, sizes,
+                                                            reps, queue), daemon=True) for r in range(world)]
+        for p in procs:
+            p.start()
+        try:
+            rows = None
+            while rows is None:
+                try:
+                    rows = queue.get(timeout=1.0)
+                except Empty:
+                    if any(p.exitcode not in (None, 0) for p in procs):
+                        break
+        finally:
+            for p in procs:
+                p.join(timeout=60)
+                if p.is_alive():
+                    p.kill()
+    if rows is None or any(p.exitcode for p in procs):
+        raise RuntimeError(f"a collective benchmark process failed (exit codes {[p.exitcode for p in procs]})")
+    return rows

@@ -1,0 +1,94 @@
+"""Measured tables of a hardware profile (vp.cost.measure, written by python -m harness.calibrate --measure), read
+by the cost model where they cover a question; None elsewhere, and the analytical model answers instead:
+  gemm         interpolated in log-shape space: the achieved FLOP/s of the nearest measured shapes, weighted by
+               inverse squared distance in log2(m), log2(n), log2(k); None beyond MAX_LOG2_DISTANCE of any;
+  attention    per (seq, head dim) measured, linear in batch x heads between measured points, proportional
+               beyond the largest, the smallest's time below it (a floor of fixed costs);
+  collectives  per (op, group size) measured, log-log linear in payload bytes; the smallest's time below the
+               smallest payload (latency), None beyond the largest (the analytical network, fitted to the same
+               measurements, extrapolates).
+"""
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+MAX_LOG2_DISTANCE = 1.5  # a GEMM further than this (a factor of 2.8 in one dimension) from every measured one
+NEAREST = 4
+
+
+@dataclass(frozen=True, eq=False)
+class Tables:
+    gemm: np.ndarray = field(default_factory=lambda: np.zeros((0, 4)))  # log2 m, log2 n, log2 k, FLOP/s
+    attention: dict = field(default_factory=dict)  # (seq, head_dim) -> (bh[], forward s[], backward s[])
+    collectives: dict = field(default_factory=dict)  # (op, n) -> (bytes[], seconds[])
+
+    @classmethod
+    def of(cls, measured: dict | None) -> "Tables":
+        measured = {k: rows(v) for k, v in (measured or {}).items()}
+        measured_gemms = [r for r in measured.get("gemm") or [] if r[3] > 0]
+        gemm = np.array([[math.log2(m), math.log2(n), math.log2(k), 2.0 * m * n * k / s]
+                         for m, n, k, s in measured_gemms])
+        attention = {}
+        for bh, s, d, fwd, bwd in sorted(measured.get("attention") or []):
+            attention.setdefault((int(s), int(d)), []).append((bh, fwd, bwd))
+        collectives = {}
+        for op, n, nbytes, seconds in sorted(measured.get("collectives") or [], key=lambda r: (r[0], r[1], r[2])):
+            collectives.setdefault((op, int(n)), []).append((nbytes, seconds))
+        return cls(gemm.reshape(-1, 4),
+                   {k: tuple(np.array(c, dtype=float) for c in zip(*v)) for k, v in attention.items()},
+                   {k: tuple(np.array(c, dtype=float) for c in zip(*v)) for k, v in collectives.items()})
+
+    def gemm_s(self, m: int, n: int, k: int) -> float | None:
+        """Seconds of one [m, k] x [k, n] GEMM from the measured shapes around it, or None."""
+        if not len(self.gemm) or min(m, n, k) < 1:
+            return None
+        q = np.array([math.log2(m), math.log2(n), math.log2(k)])
+        dist = np.sqrt(((self.gemm[:, :3] - q) ** 2).sum(axis=1))
+        near = np.argsort(dist)[:NEAREST]
+        if dist[near[0]] > MAX_LOG2_DISTANCE:
+            return None
+        if dist[near[0]] < 1e-9:
+            rate = self.gemm[near[0], 3]
+        else:  # inverse-distance weights on log FLOP/s
+            w = 1.0 / dist[near] ** 2
+            rate = 2.0 ** (w @ np.log2(self.gemm[near, 3]) / w.sum())
+        return 2.0 * m * n * k / rate
+
+    def attention_s(self, bh: float, seq: int, head_dim: int, backward: bool) -> float | None:
+        """Seconds of causal attention forward (or backward) over bh batch x heads, or None."""
+        entry = self.attention.get((int(seq), int(head_dim)))
+        if entry is None:
+            return None
+        xs, ys = entry[0], entry[2 if backward else 1]
+        if bh > xs[-1]:
+            return float(ys[-1] * bh / xs[-1])
+        return float(np.interp(bh, xs, ys))
+
+    def collective_s(self, op: str, n: int, nbytes: float) -> float | None:
+        """Seconds of one collective (or 'p2p', n = 2) among n ranks of one machine, or None."""
+        entry = self.collectives.get((op, int(n)))
+        if entry is None or nbytes > entry[0][-1]:
+            return None
+        xs, ys = entry
+        if nbytes <= xs[0]:
+            return float(ys[0])
+        return float(2.0 ** np.interp(math.log2(nbytes), np.log2(xs), np.log2(ys)))
+
+    def __bool__(self) -> bool:
+        return bool(len(self.gemm) or self.attention or self.collectives)
+
+
+def as_text(table: list) -> str | list:
+    """A table as a profile stores it: one line per row, fields separated by spaces (a YAML string loads in one
+    step, where a list of lists is a config node per number: Hydra loads the profile once per job it composes)."""
+    if not table or not isinstance(table[0], list):
+        return table
+    return "\n".join(" ".join(x if isinstance(x, str) else f"{x:.6g}" for x in row) for row in table)
+
+
+def rows(table) -> list:
+    """The rows of a stored table (as_text), numbers as floats; a list is taken as it is."""
+    if not isinstance(table, str):
+        return table
+    return [[x if x.isidentifier() else float(x) for x in line.split()] for line in table.splitlines() if line.strip()]
