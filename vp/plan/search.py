@@ -19,11 +19,12 @@ from dataclasses import dataclass, field, replace
 from functools import lru_cache
 
 from vp.config import RunConfig
-from vp.cost import Hardware, pass_costs, static_bytes, tail_s
+from vp.cost import Hardware, pass_costs, pass_work, static_bytes, tail_s, work_seconds
+from vp.cost.memory import held_bytes
 from vp.metrics import throughput
 from vp.plan.bounds import activation_bounds, makespan_lower_bound
 from vp.plan.space import Problem, Rejection, candidates
-from vp.schedule import Schedule, build, simulate
+from vp.schedule import Costs, Schedule, build, simulate
 from vp.schedule.methods import get_method
 
 MEMORY = "peak memory above the device's"
@@ -116,10 +117,27 @@ def price(run: RunConfig, hw: Hardware) -> _Priced | Rejection:
     zero = [0.0] * run.pp
     if max(static) > hw.memory_bytes:
         return memory_rejection(_Priced(run, sk, None, static, 0.0, zero, zero, 0.0), hw, exact=False)
-    costs = pass_costs(run, hw, sk)
+    costs = compute_costs(run, hw, sk)
     tail = tail_s(run, hw, sk)
-    bound = throughput(run, makespan_lower_bound(sk, costs) + tail, run.world, hw.peak_flops)["tokens_per_s"]
-    return _Priced(run, sk, costs, static, tail, zero, [math.inf] * run.pp, bound)
+    return _Priced(run, sk, costs, static, tail, zero, [math.inf] * run.pp, _bound(run, hw, sk, costs, tail))
+
+
+def _bound(run: RunConfig, hw: Hardware, sk: Schedule, costs, tail: float) -> float:
+    return throughput(run, makespan_lower_bound(sk, costs) + tail, run.world, hw.peak_flops)["tokens_per_s"]
+
+
+def compute_costs(run: RunConfig, hw: Hardware, sk: Schedule) -> Costs:
+    """pass_costs without communication: each pass's own work (vp.cost.pass_work, work_seconds), to which
+    pass_times adds the stage's tensor-parallel collectives (never less than zero: a grid's credit for what its
+    SUMMA loop hides is at most those collectives' own time), and no collective or transfer time; the held
+    memory is pass_costs'. Every time is at most pass_costs', so a bound from these is a bound. The search
+    prices every candidate so, and asks pass_costs itself only of those it visits."""
+    compute, timed = {}, {}
+    for key, parts in pass_work(run, hw, sk).items():
+        if id(parts) not in timed:
+            timed[id(parts)] = work_seconds(hw, parts).total(hw) if parts else 0.0
+        compute[key] = timed[id(parts)]
+    return Costs(compute, {}, held_bytes(run, hw, sk))
 
 
 def bracket(p: _Priced, hw: Hardware, build_it: bool = False) -> None:
@@ -207,6 +225,9 @@ def search(problem: Problem, hw: Hardware, top: int = 10, prune: bool = True, lo
         if p.memory_lo > hw.memory_bytes:
             plan.reject(memory_rejection(p, hw, exact=p.act_lo == p.act_hi))
             continue
+        if not prune or race.could_enter(p):  # now the whole cost model: communication too
+            p.costs = pass_costs(p.run, hw, p.skeleton)
+            p.bound = _bound(p.run, hw, p.skeleton, p.costs, p.tail)
         if prune and not race.could_enter(p):
             if p.memory_hi <= hw.memory_bytes:
                 plan.feasible += 1
