@@ -43,6 +43,7 @@ def row_json(row: Row) -> dict:
 def summary(plan: Plan, experiment_file: str | None) -> dict:
     return {"candidates": plan.candidates, "feasible": plan.feasible, "simulated": plan.simulated,
             "pruned": plan.pruned, "undecided": plan.undecided, "seconds": round(plan.seconds, 2),
+            "cpu_seconds": round(plan.cpu_seconds, 2),
             "rejected": dict(sorted(plan.rejected.items(), key=lambda kv: -kv[1])),
             "top": [row_json(r) for r in plan.top],
             "best_per_method": {m: row_json(r) for m, r in plan.best_per_method.items()},
@@ -77,7 +78,8 @@ def describe(plan: Plan, hw, path: Path, experiment: str, folder: Path) -> str:
     lines = [f"{plan.candidates} candidates, {plan.feasible} feasible, {plan.simulated} simulated, "
              f"{plan.pruned} skipped by a safe bound" + (f", {plan.undecided} skipped before their memory was "
                                                           f"decided" if plan.undecided else "")
-             + f", {plan.seconds:.1f} s (hardware={hw.name}, {hw.memory_bytes / GiB:.0f} GiB per device)", "",
+             + f", {plan.seconds:.1f} s ({plan.cpu_seconds:.1f} s of CPU; hardware={hw.name}, "
+               f"{hw.memory_bytes / GiB:.0f} GiB per device)", "",
              f"top {len(plan.top)} by predicted tokens/s:", table(plan, hw), "", "best per method:", *best_lines(plan)]
     if plan.rejected:
         lines += ["", "rejected:"]

@@ -114,7 +114,8 @@ def test_plan_writes_an_experiment_that_the_sweep_reproduces(user_conf, capsys):
     from harness_util import records, sweep
 
     code = P.run(["model=tiny", "vocab=8k", "hardware=a100_80g", "plan.gpus=4", "plan.global_batch=8",
-                  "run.seq_len=128", "plan.top=3", "plan.json=true", "plan.name=t"])
+                  "run.seq_len=128", "plan.top=2", "plan.json=true", "plan.name=t",
+                  "plan.methods=[baseline,vocab-2,interleaved,vhalf]"])
     assert code == 0
     data = json.loads(capsys.readouterr().out)
     assert {"candidates", "feasible", "seconds", "rejected", "top", "best_per_method", "experiment_file"} <= set(data)

@@ -56,7 +56,8 @@ class Plan:
     simulated: int = 0
     pruned: int = 0  # feasible, skipped by a bound (never in the answer)
     undecided: int = 0  # skipped by a bound before their memory was decided (counted in neither feasible nor rejected)
-    seconds: float = 0.0
+    seconds: float = 0.0  # wall clock
+    cpu_seconds: float = 0.0  # this process's CPU time (the wall clock of a machine shared with others is not)
     rejected: dict = field(default_factory=dict)  # reason -> count
     examples: dict = field(default_factory=dict)  # reason -> the check's message for one candidate
     closest: list = field(default_factory=list)  # memory rejections nearest to fitting: (excess bytes, RunConfig)
@@ -100,7 +101,7 @@ def skeleton(run: RunConfig) -> Schedule:
     return Schedule(run.method, run.pp, run.microbatches, run.n_chunks, spec.placement, spec.vocab, spec.split_w)
 
 
-@lru_cache(maxsize=16)
+@lru_cache(maxsize=8)  # a pipeline of 64 ranks and 512 microbatches holds about 0.1 GiB
 def _built(method: str, pp: int, microbatches: int, chunks: int) -> Schedule:
     return build(method, pp, microbatches, chunks)
 
@@ -203,7 +204,7 @@ class _Race:
 def search(problem: Problem, hw: Hardware, top: int = 10, prune: bool = True, log=None) -> Plan:
     """The plan: every candidate counted (feasible or rejected per reason), the exact top-k, best per method and
     Pareto front. prune=False simulates every feasible candidate (the exhaustive reference)."""
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     plan, priced = Plan(), []
     for c in candidates(problem):
         plan.candidates += 1
@@ -219,8 +220,11 @@ def search(problem: Problem, hw: Hardware, top: int = 10, prune: bool = True, lo
     if log:
         log(f"{plan.candidates} candidates priced, {len(priced)} within memory by their static bytes, "
             f"{time.perf_counter() - t0:.1f} s; bounding and simulating")
-    race, cache = _Race(top), {}
-    for p in priced:
+    race, cache, said = _Race(top), {}, time.perf_counter()
+    for i, p in enumerate(priced):
+        if log and time.perf_counter() - said > 30:
+            said = time.perf_counter()
+            log(f"  {i} of {len(priced)} visited, {plan.simulated} simulated, {said - t0:.0f} s")
         bracket(p, hw)
         if p.memory_lo > hw.memory_bytes:
             plan.reject(memory_rejection(p, hw, exact=p.act_lo == p.act_hi))
@@ -251,7 +255,7 @@ def search(problem: Problem, hw: Hardware, top: int = 10, prune: bool = True, lo
         plan.best_per_method.setdefault(row.run.method, row)
     plan.pareto = pareto(plan.rows)
     plan.closest = [rej for _, _, rej in sorted(plan.closest, key=lambda x: -x[0])]
-    plan.seconds = time.perf_counter() - t0
+    plan.seconds, plan.cpu_seconds = time.perf_counter() - t0, time.process_time() - c0
     return plan
 
 
