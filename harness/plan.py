@@ -17,7 +17,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from harness import jobs as J
-from harness.plan_output import describe, experiment_text, figure, no_plan_message, summary, table
+from harness.plan_output import describe, experiment_text, figure, no_plan_message, readme, summary
 from harness.profiles import CONF, user_conf_dir, write_atomic
 from vp.plan import Problem, search
 
@@ -102,7 +102,7 @@ def run(argv: list[str], out=print) -> int:
     folder.mkdir(parents=True, exist_ok=True)
     data = summary(plan, str(path))
     write_atomic(folder / "plan.json", json.dumps(data, indent=1) + "\n")
-    write_atomic(folder / "plan.md", table(plan, hw) + "\n")
+    write_atomic(folder / "README.md", readme(plan, hw, experiment))
     figure(plan, hw, folder / "pareto.png")
     if cfg.plan.json:
         out(json.dumps(data, indent=1))

@@ -62,6 +62,15 @@ def table(plan: Plan, hw) -> str:
     return "\n".join(lines)
 
 
+def readme(plan: Plan, hw, experiment: str) -> str:
+    """plans/<experiment>/README.md: the table, the best per method and how to run them."""
+    return "\n".join([f"# {experiment}", "", f"Predicted with hardware={hw.name}: {plan.candidates} candidates, "
+                      f"{plan.feasible} feasible, {plan.simulated} simulated.", "", table(plan, hw), "",
+                      "Best per method:", "", *[f"- {line.strip()}" for line in best_lines(plan)], "",
+                      "![tokens/s against peak memory](pareto.png)", "",
+                      f"Run: `python -m harness.sweep experiment={experiment} cluster=slurm cluster.partition=NAME`", ""])
+
+
 def best_lines(plan: Plan) -> list[str]:
     base = plan.best_per_method.get("baseline")
     out = []
@@ -91,7 +100,7 @@ def describe(plan: Plan, hw, path: Path, experiment: str, folder: Path) -> str:
             r = rej.run
             lines.append(f"  {r.method} {r.dp} x {r.pp} x {r.tp} {r.tp_mode} mbs {r.micro_batch_size}: "
                          f"{rej.excess / GiB:.1f} GiB over; {_fix(rej)}")
-    lines += ["", f"experiment file: {path}", f"plan folder: {folder} (pareto.png, plan.md, plan.json)",
+    lines += ["", f"experiment file: {path}", f"plan folder: {folder} (README.md, pareto.png, plan.json)",
               f"run the plans:  python -m harness.sweep experiment={experiment} cluster=slurm cluster.partition=NAME",
               f"predict again:  python -m harness.sweep experiment={experiment} backend=sim"]
     return "\n".join(lines)
@@ -175,7 +184,8 @@ def figure(plan: Plan, hw, path: Path) -> Path:
     front = pd.DataFrame([{"peak memory (GiB)": r.peak_memory_bytes / GiB, "tokens/s": r.tokens_per_s}
                           for r in plan.pareto])
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    sns.scatterplot(data=df, x="peak memory (GiB)", y="tokens/s", hue="method", s=22, ax=ax)
+    palette = sns.color_palette("husl", df["method"].nunique())  # eleven methods: more than one palette cycle
+    sns.scatterplot(data=df, x="peak memory (GiB)", y="tokens/s", hue="method", palette=palette, s=22, ax=ax)
     ax.step(front["peak memory (GiB)"], front["tokens/s"], where="post", color="black", lw=1, label="Pareto front")
     ax.axvline(hw.memory_bytes / GiB, color="grey", ls="--", lw=0.8)
     ax.set_title(f"{plan.simulated} simulated of {plan.feasible} feasible plans ({hw.name})", fontsize=9)
