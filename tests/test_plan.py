@@ -147,3 +147,20 @@ def test_bad_input_says_what_would_fit(user_conf, capsys):
     assert P.run(common + ["plan.gpus=4", "method=baseline,vocab-2"]) == 2
     assert "searches the axes itself" in capsys.readouterr().err
     assert not (user_conf / "conf").exists()  # nothing written by a refused or empty plan
+
+
+def test_plan_check_says_which_profile_it_needs(user_conf, capsys):
+    from harness import plancheck
+
+    assert plancheck.main([]) == 2
+    err = capsys.readouterr().err
+    assert "calibrate --measure" in err and "PLAN_HW=NAME" in err
+    assert plancheck.main(["--hardware", "nosuchbox"]) == 2
+    assert "Could not find 'hardware/nosuchbox'" in capsys.readouterr().err
+
+
+def test_spearman_of_ranks():
+    from harness.plancheck import spearman
+
+    assert spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
+    assert spearman([1, 2, 3, 4], [40, 30, 20, 10]) == pytest.approx(-1.0)
