@@ -10,6 +10,7 @@ A command-line value for an axis (method=, run.dp= run.pp= run.tp= run.tp_mode= 
 run.micro_batch_size= run.microbatches= run.chunks= run.redis_last_layers=) fixes it.
 """
 import json
+import os
 import sys
 import warnings
 from pathlib import Path
@@ -120,4 +121,7 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except BrokenPipeError:  # `--help | head`: the reader left
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
