@@ -55,7 +55,7 @@ def main(argv=None) -> int:
         print(f"plan-check refused: {err}", file=sys.stderr)
         return 2
     from harness import plan as P
-    from harness.plan_output import experiment_text, row_json
+    from harness.plan_output import experiment_text
     from harness.profiles import write_atomic
     from harness.sweep import run as sweep
     from vp.plan import search
@@ -98,8 +98,8 @@ def main(argv=None) -> int:
         key = (r.method, r.dp, r.pp, r.tp, r.tp_mode, r.tp_depth, r.micro_batch_size, r.n_chunks, r.redis_last_layers)
         got = measured.get(key)
         rank = i + 1 if i < args.top else len(plan.rows) - len(chosen) + i + 1
-        d = row_json(row)
-        print(f"{rank:>14}  {' '.join(d['overrides'][:4]):<44} {row.tokens_per_s:>18,.0f}  "
+        what = f"{r.method} {r.dp}x{r.pp}x{r.tp} {r.tp_mode} mbs {r.micro_batch_size} m {r.microbatches}"
+        print(f"{rank:>14}  {what:<44} {row.tokens_per_s:>18,.0f}  "
               f"{got if got is None else f'{got:,.0f}':>17}")
         if got is not None:
             pred.append(row.tokens_per_s)
