@@ -10,7 +10,7 @@ ARGS ?=
 # one stamp per requested torch: asking for another build makes it out of date
 TORCH_STAMP := $(VENV)/.torch-$(shell printf '%s' '$(TORCH)' | cksum | cut -d' ' -f1)
 
-.PHONY: help venv test sweep report paper-tables paper-artifact calibrate-paper bench gpu-check slurm-up slurm-down clean
+.PHONY: help venv test sweep report paper-tables paper-artifact calibrate-paper plan-check bench gpu-check slurm-up slurm-down clean
 
 help:  ## this list
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z-]+:.*## / {printf "  make %-13s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -71,6 +71,10 @@ paper-artifact: venv  ## a100_paper against the published artifact MFU, and the 
 calibrate-paper: venv  ## refit conf/hardware/a100_paper.yaml to the published artifact MFU, then paper-artifact
 	$(PY) -m harness.calibrate --published paper_artifact --name a100_paper --overwrite-builtin
 	$(MAKE) paper-artifact
+
+PLAN_HW ?=
+plan-check: venv  ## plan a small GPT on 4 CPU processes, run the top 5 and bottom 2 for real, print Spearman (PLAN_HW=profile)
+	$(PY) -m harness.plancheck $(if $(PLAN_HW),--hardware $(PLAN_HW)) $(ARGS)
 
 bench: venv  ## vocabulary-layer and pipeline benchmarks (printed, never asserted)
 	$(PY) -m vp.bench vocab

@@ -121,6 +121,22 @@ class LimitsSchema:
 
 
 @dataclass
+class PlanSchema:
+    """python -m harness.plan's settings (conf/plan/default.yaml; docs/planner.md)."""
+    gpus: int = ranged(1, fix="the devices of one kind the run may use (dp x pp x tp)")
+    global_batch: int = ranged(1, fix="sequences per iteration over all replicas (dp x microbatches x "
+                                      "micro_batch_size)")
+    top: int = ranged(1, 1000, fix="how many of the best plans to list and write to the experiment file")
+    name: str | None = None  # the experiment file is plan_<name>.yaml; null: from model, vocab, hardware, gpus
+    json: bool = False  # print one JSON object instead of the tables
+    prune: bool = True  # skip candidates a safe bound shows cannot enter the answer; false: simulate every one
+    tp_in_node: bool = True  # tensor-parallel groups inside one node (tp <= hardware gpus_per_node)
+    methods: list[str] | None = None  # null: every method; method=NAME fixes one
+    out: str | None = None  # the experiment file; null: <user config folder>/experiment/plan_<name>.yaml
+    figures: str = "plans"  # the folder of plan_<name>/ (Pareto figure, table, JSON)
+
+
+@dataclass
 class GridSchema:
     setups: list[dict[str, Any]] = field(default_factory=list)  # zipped: each a dict of overrides
     product: dict[str, list[Any]] = field(default_factory=dict)  # every combination
@@ -146,6 +162,7 @@ class SweepSchema:
     hardware: HardwareSchema = field(default_factory=HardwareSchema)
     logger: LoggerSchema = field(default_factory=LoggerSchema)
     cluster: Any = MISSING  # LocalCluster or SlurmCluster, from the cluster file's own defaults
+    plan: Any = None  # python -m harness.plan only (PlanSchema, from conf/plan/default.yaml)
 
 
 CLUSTERS = {"local": LocalCluster, "slurm": SlurmCluster}
@@ -157,11 +174,12 @@ def register() -> None:
     cs.store(name="schema", node=SweepSchema)
     for name, schema in CLUSTERS.items():
         cs.store(name=f"schema_cluster_{name}", node=schema)
+    cs.store(name="schema_plan", node=PlanSchema)
 
 
 SECTIONS = {"": SweepSchema, "run": RunSchema, "model": ModelSchema, "vocab": VocabSchema, "method": MethodSchema,
             "hardware": HardwareSchema, "logger": LoggerSchema, "fault": FaultSchema, "grid": GridSchema,
-            "limits": LimitsSchema}
+            "limits": LimitsSchema, "plan": PlanSchema}
 
 
 def schema_of(path: str, cfg: DictConfig):

@@ -4,6 +4,7 @@ Every user error is a ValueError that names the field and says how to fix it; no
 """
 import math
 from dataclasses import asdict, dataclass, fields, replace
+from functools import cached_property
 
 from vp.mesh import Mesh, check_mesh
 from vp.schedule.methods import Method, chunks_for, get_method
@@ -60,7 +61,7 @@ class RunConfig:
     def n_chunks(self) -> int:
         return chunks_for(self.spec, self.chunks)
 
-    @property
+    @cached_property  # built once per config (the cost model asks for it per collective)
     def mesh(self) -> Mesh:
         return Mesh(dp=self.dp, pp=self.pp, tp=self.tp, tp_mode=self.tp_mode, tp_depth=self.tp_depth)
 

@@ -117,8 +117,12 @@ def pass_work(cfg: RunConfig, hw: Hardware, sched: Schedule) -> dict:
     (its forward part) and T (backward), the whole input layer in a first stage as IF and IB."""
     sh = Shapes.of(cfg, hw)
     v, last = sh.split.vocab_rows(cfg.padded_vocab_size), sched.n_stages - 1  # the output rows of one device
-    out = {}
+    out, alike = {}, {}  # stages of equal layers and role share one parts dict (a pipeline has few kinds)
     for st, layers in enumerate(cfg.stage_layers):
+        role = (layers, st == 0, st == last)
+        if role in alike:
+            out.update({(kind, st): alike[role][kind] for kind in ("F", "B", "W")})
+            continue
         for kind in ("F", "B", "W"):
             if kind == "W" and not sched.split_w:
                 out[(kind, st)] = {}
@@ -135,6 +139,7 @@ def pass_work(cfg: RunConfig, hw: Hardware, sched: Schedule) -> dict:
             if not sched.vocab_parallel and st == 0 and kind != "W":
                 parts["IF" if kind == "F" else "IB"] = sh.input(kind == "F")
             out[(kind, st)] = parts
+        alike[role] = {kind: out[(kind, st)] for kind in ("F", "B", "W")}
     if sched.vocab_parallel:
         s_gemms, t_gemms = sched.vocab.s_gemms, sched.vocab.t_gemms
         assert s_gemms + t_gemms == len(OUTPUT_GEMMS), sched.vocab
@@ -181,16 +186,19 @@ def work_seconds(hw: Hardware, parts: dict) -> Seconds:
 def pass_times(cfg: RunConfig, hw: Hardware, sched: Schedule) -> dict:
     """Seconds of every pass: {(kind, stage or None): seconds}, a stage's tensor-parallel collectives included
     (vp.cost.tensor.pass_comm_s: serial, less what a grid's prefetching SUMMA loop hides behind its GEMMs)."""
-    out = {}
+    out, timed = {}, {}  # parts shared by stages alike (pass_work) are timed once
     for key, parts in pass_work(cfg, hw, sched).items():
-        out[key] = work_seconds(hw, parts).total(hw) if parts else 0.0
+        if id(parts) not in timed:
+            timed[id(parts)] = work_seconds(hw, parts).total(hw) if parts else 0.0
+        out[key] = timed[id(parts)]
     slower = hw.contention(min(cfg.world, hw.gpus_per_node))  # CPU ranks beyond the cores share them
     if slower > 1:
         out = {key: s * slower for key, s in out.items()}
     if cfg.tp > 1:
         net, sh = Network.of(hw), Shapes.of(cfg, hw)
+        per_layer = {k: sum(gemm_time(hw, g) for g in sh.layer(k).gemms) for k in ("F", "B", "W")}
         for st, layers in enumerate(cfg.stage_layers):
-            gemm = {k: layers * sum(gemm_time(hw, g) for g in sh.layer(k).gemms) / hw.eff(k) for k in ("F", "B", "W")}
+            gemm = {k: layers * per_layer[k] / hw.eff(k) for k in ("F", "B", "W")}
             if not sched.split_w:  # the weight gradient runs in B, at B's speed
                 gemm["B"] += gemm["W"] * hw.eff("W") / hw.eff("B")
                 gemm["W"] = 0.0

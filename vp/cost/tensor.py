@@ -16,6 +16,7 @@ SUMMA loop hides: the runtime prefetches step t+1's blocks during step t's GEMM 
 Collectives issued once per iteration (the depth and batch all-reduces) run after the flush, like dp's.
 """
 from dataclasses import dataclass, replace
+from functools import cache
 
 from vp.config import RunConfig
 from vp.cost.gemm import Gemm
@@ -147,8 +148,14 @@ def vocab_row_steps(cfg: RunConfig, sched: Schedule, rank: int, split: Split) ->
 def _group(cfg: RunConfig, channel: str, rank: int) -> tuple[int, ...]:
     """The global ranks of a channel's group around the first device of pipeline rank `rank` (replica 0)."""
     axis = "row" if "." in channel else channel  # C0.row, IF.row, IB.row: a grid row (1-D: the tp group)
-    me = cfg.mesh.rank(0, rank, 0)
-    return next(g for g in groups(cfg.mesh, axis) if me in g)
+    mesh = cfg.mesh
+    return _group_index(mesh, axis)[mesh.rank(0, rank, 0)]
+
+
+@cache
+def _group_index(mesh, axis: str) -> dict[int, tuple[int, ...]]:
+    """Each global rank's group along an axis (the groups of one axis partition the ranks)."""
+    return {r: g for g in groups(mesh, axis) for r in g}
 
 
 def seconds(cfg: RunConfig, net: Network, cols: list[Collective], rank: int, per: int = 1) -> float:

@@ -1,0 +1,118 @@
+"""python -m harness.plancheck [--hardware NAME] [--results DIR]   (make plan-check [PLAN_HW=NAME])
+
+The planner against reality on this machine: plans a small vocabulary-heavy GPT on 4 CPU processes with a
+profile of this machine (default: the one `python -m harness.calibrate --measure` writes), runs the predicted
+top 5 and bottom 2 feasible plans for real through harness.sweep, and prints the rank correlation of measured
+against predicted tokens/s, ending with the line `spearman <value> measured-best-at-predicted-rank <k>`.
+Exit code 2 when no profile is found (the message says how to make one), 1 when a run failed.
+"""
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from hydra import initialize_config_dir
+
+from harness.profiles import CONF, user_conf_dir
+
+MODEL = ["model=small", "vocab=64k", "run.seq_len=128", "plan.gpus=4", "plan.global_batch=8", "run.device=cpu",
+         "run.dtype=fp32", "run.iterations=3", "run.warmup=1", "run.timeout_s=300"]
+
+
+def default_profile() -> str:
+    """The name `harness.calibrate --measure` gives this machine's profile, checked to exist."""
+    try:
+        from harness.measure import default_name
+    except ImportError:
+        raise ValueError("this checkout has no `python -m harness.calibrate --measure`; give a profile of this "
+                         "machine: make plan-check PLAN_HW=NAME (python -m harness.calibrate --results "
+                         "results/smoke --name NAME fits one from real runs)") from None
+    name = default_name("cpu")
+    if not (user_conf_dir() / "hardware" / f"{name}.yaml").exists():
+        raise ValueError(f"no measured profile {name} of this machine in {user_conf_dir() / 'hardware'}; run "
+                         f"`python -m harness.calibrate --measure` first (about a minute), or give "
+                         f"make plan-check PLAN_HW=NAME")
+    return name
+
+
+def spearman(xs: list[float], ys: list[float]) -> float:
+    import pandas as pd
+
+    return float(pd.Series(xs).rank().corr(pd.Series(ys).rank()))
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m harness.plancheck", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--hardware", default=None, help="a profile of this machine (default: the measured one)")
+    ap.add_argument("--results", default="results", help="results folder of the real runs (default results)")
+    ap.add_argument("--top", type=int, default=5)
+    ap.add_argument("--bottom", type=int, default=2)
+    args = ap.parse_args(argv)
+    try:
+        hardware = args.hardware or default_profile()
+    except ValueError as err:
+        print(f"plan-check refused: {err}", file=sys.stderr)
+        return 2
+    from harness import plan as P
+    from harness.plan_output import experiment_text
+    from harness.profiles import write_atomic
+    from harness.sweep import run as sweep
+    from vp.plan import search
+
+    name = f"check_{hardware}".replace(".", "_")
+    overrides = MODEL + [f"hardware={hardware}", f"plan.name={name}", f"plan.top={args.top}", "plan.prune=false"]
+    try:
+        cfg, given = P.compose_plan(overrides)
+        problem, hw = P.problem_of(cfg, given)
+    except ValueError as err:
+        print(f"plan-check refused: {err}", file=sys.stderr)
+        return 2
+    plan = search(problem, hw, top=args.top, prune=False, log=lambda s: print(s, flush=True))
+    if len(plan.rows) < args.top + args.bottom:
+        print(f"plan-check: only {len(plan.rows)} feasible plans, fewer than {args.top} + {args.bottom}",
+              file=sys.stderr)
+        return 1
+    chosen = plan.rows[:args.top] + plan.rows[-args.bottom:]
+    plan.top, plan.best_per_method = chosen, {}
+    experiment = f"plan_{name}"
+    path = P.experiment_path(cfg, name)
+    write_atomic(path, experiment_text(cfg, overrides, plan, experiment, hw))
+    print(f"plan: {len(plan.rows)} feasible of {plan.candidates}; running predicted ranks 1-{args.top} and "
+          f"{len(plan.rows) - args.bottom + 1}-{len(plan.rows)} for real ({path})", flush=True)
+    with initialize_config_dir(str(CONF), version_base="1.3"):
+        code = sweep([f"experiment={experiment}", "cluster=local", "logger=off", "report=false",
+                      f"results_dir={args.results}"])
+    if code:
+        return 1
+    measured = {}
+    for rec in (json.loads(p.read_text()) for p in (Path(args.results) / experiment).glob("????????????.json")):
+        if rec["status"] == "ok":
+            c = rec["config"]
+            measured[(c["method"], c["dp"], c["pp"], c["tp"], c["tp_mode"], c["tp_depth"], c["micro_batch_size"],
+                      c["chunks"], c.get("redis_last_layers"))] = rec["metrics"]["tokens_per_s"]
+    pred, meas, ranks = [], [], []
+    print("predicted rank  plan                                         predicted tokens/s  measured tokens/s")
+    for i, row in enumerate(chosen):
+        r = row.run
+        key = (r.method, r.dp, r.pp, r.tp, r.tp_mode, r.tp_depth, r.micro_batch_size, r.n_chunks, r.redis_last_layers)
+        got = measured.get(key)
+        rank = i + 1 if i < args.top else len(plan.rows) - len(chosen) + i + 1
+        what = f"{r.method} {r.dp}x{r.pp}x{r.tp} {r.tp_mode} mbs {r.micro_batch_size} m {r.microbatches}"
+        print(f"{rank:>14}  {what:<44} {row.tokens_per_s:>18,.0f}  "
+              f"{got if got is None else f'{got:,.0f}':>17}")
+        if got is not None:
+            pred.append(row.tokens_per_s)
+            meas.append(got)
+            ranks.append(rank)
+    if len(meas) < len(chosen):
+        print(f"plan-check: {len(chosen) - len(meas)} of the runs failed (results in {args.results}/{experiment})",
+              file=sys.stderr)
+        return 1
+    best = ranks[max(range(len(meas)), key=meas.__getitem__)]
+    print(f"spearman {spearman(pred, meas):.3f} measured-best-at-predicted-rank {best}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

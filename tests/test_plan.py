@@ -1,0 +1,166 @@
+"""The planner (vp.plan, harness.plan): its bounds hold against the simulator, its first choices are those of an
+exhaustive simulation through backend=sim, rejections carry their reason, a written plan reproduces its figures
+through harness.sweep backend=sim, and bad input is refused with what would fit."""
+import json
+import random
+from dataclasses import replace
+
+import pytest
+
+from harness.sim import simulate_job
+from vp.config import RunConfig
+from vp.cost import PROFILES, GiB
+from vp.plan import MEMORY, Problem, Rejection, candidates, search
+from vp.plan.bounds import activation_bounds, makespan_lower_bound
+from vp.schedule import Costs, build, simulate
+from vp.schedule.methods import METHODS
+
+SMALL = RunConfig(layers=8, hidden=512, heads=8, seq_len=256, vocab_size=32000, device="cuda", dtype="bf16")
+
+
+def _random_costs(s, rng) -> Costs:
+    comp = {(k, st): rng.uniform(0.1, 2) for k in "FBW" for st in range(s.n_stages)}
+    if not s.split_w:
+        comp.update({("W", st): 0.0 for st in range(s.n_stages)})
+    comp.update({(k, None): rng.uniform(0, 1) for k in ("S", "T", "IF", "IB")})
+    comm = {k: rng.uniform(0, 0.5) for k in ("C0", "C1", "C2", "IF", "IB", "S", "T")}
+    comm.update({("P2P", a, b): rng.uniform(0, 0.3) for a in range(s.pp) for b in range(s.pp) if a != b})
+    memory = {("F", st): rng.uniform(1, 3) for st in range(s.n_stages)}
+    memory[("S", None)] = rng.uniform(0, 2)
+    return Costs(comp, comm, memory)
+
+
+@pytest.mark.parametrize("method", list(METHODS))
+def test_bounds_hold_against_the_simulator(method):
+    """Random pass, collective and transfer times: the makespan bound never exceeds the simulated makespan; the
+    activation bracket from the generator's order holds the simulated peak; the walk of the built schedule is it."""
+    rng = random.Random(method)
+    chunks = 2 if METHODS[method].family.chunks == 0 else None
+    for pp in (2, 3, 4):
+        for m in (pp, 2 * pp, 3 * pp):
+            s = build(method, pp, m, chunks)
+            skeleton = replace(s, ranks=[])
+            for _ in range(3):
+                costs = _random_costs(s, rng)
+                result = simulate(s, costs)
+                assert makespan_lower_bound(skeleton, costs) <= result.makespan * (1 + 1e-12)
+                lo, hi = activation_bounds(skeleton, costs)
+                exact, _ = activation_bounds(s, costs)
+                for r in range(pp):
+                    assert exact[r] == pytest.approx(result.peak_activations[r], rel=1e-12)
+                    assert lo[r] <= exact[r] * (1 + 1e-12) and exact[r] <= hi[r] * (1 + 1e-12)
+
+
+def test_bound_is_tight_for_uniform_1f1b():
+    """With equal stages and free transfers the bound is 1F1B's makespan, (m + p - 1)(F + B): pruning bites."""
+    s = build("baseline", 4, 8)
+    costs = Costs({**{("F", st): 1.0 for st in range(4)}, **{("B", st): 2.0 for st in range(4)}})
+    assert makespan_lower_bound(replace(s, ranks=[]), costs) == simulate(s, costs).makespan == 33.0
+
+
+def _exhaustive(problem, hw):
+    """Every candidate through harness.sim (what backend=sim records), best first: the reference."""
+    rows = []
+    for c in candidates(problem):
+        if isinstance(c, Rejection):
+            continue
+        rec = simulate_job(c, hw, "x", {})
+        if rec["status"] == "ok":
+            rows.append((-rec["metrics"]["tokens_per_s"], max(rec["metrics"]["peak_memory_bytes"]), c))
+    return sorted(rows, key=lambda t: t[:2])
+
+
+def test_first_choices_equal_an_exhaustive_simulation():
+    hw = replace(PROFILES["a100_80g"], memory_bytes=2.3 * GiB)  # tight: memory rejects part of the space
+    problem = Problem(SMALL, 8, 16, methods=("baseline", "vocab-2", "interleaved", "vhalf-vocab-1", "redis"))
+    plan = search(problem, hw, top=5)
+    ref = _exhaustive(problem, hw)
+    assert plan.rejected.get(MEMORY) and plan.simulated < plan.feasible == len(ref)
+    assert [(r.run, r.tokens_per_s) for r in plan.top] == [(c, -t) for t, _, c in ref[:5]]
+    for method, row in plan.best_per_method.items():
+        assert row.tokens_per_s == max(-t for t, _, c in ref if c.method == method)
+    front = search(problem, hw, top=5, prune=False).pareto
+    assert [r.run for r in plan.pareto] == [r.run for r in front]
+
+
+def test_rejections_name_their_reason():
+    base = SMALL.with_(layers=6, heads=6, hidden=384)
+    plan = search(Problem(base, 8, 8, methods=("baseline", "interleaved")), replace(
+        PROFILES["a100_80g"], memory_bytes=2.2 * GiB), top=3)
+    for reason in ("layers not divisible over the stages (pp x chunks)", "microbatches < pp",
+                   "heads, hidden or ffn not divisible over tp", MEMORY):
+        assert plan.rejected.get(reason), (reason, plan.rejected)
+    assert "use a multiple of" in plan.examples["layers not divisible over the stages (pp x chunks)"]
+    assert sum(plan.rejected.values()) + plan.feasible + plan.undecided == plan.candidates
+    assert plan.closest and all(r.excess > 0 for r in plan.closest)
+
+
+def test_fixed_axes_are_kept():
+    plan = search(Problem(SMALL, 8, 16, fixed={"method": "vocab-2", "tp": 2}), PROFILES["a100_80g"], top=3)
+    assert plan.rows and all(r.run.method == "vocab-2" and r.run.tp == 2 for r in plan.rows)
+
+
+@pytest.fixture
+def user_conf(tmp_path, monkeypatch):
+    monkeypatch.setenv("VP_HARNESS_CONFIG", str(tmp_path / "conf"))
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+def test_plan_writes_an_experiment_that_the_sweep_reproduces(user_conf, capsys):
+    """plan.json=true prints the summary; the experiment file's jobs, through harness.sweep backend=sim, are the
+    plan's RunConfigs and reproduce its tokens/s."""
+    from harness import plan as P
+    from harness_util import records, sweep
+
+    code = P.run(["model=tiny", "vocab=8k", "hardware=a100_80g", "plan.gpus=4", "plan.global_batch=8",
+                  "run.seq_len=128", "plan.top=2", "plan.json=true", "plan.name=t",
+                  "plan.methods=[baseline,vocab-2,interleaved,vhalf]"])
+    assert code == 0
+    data = json.loads(capsys.readouterr().out)
+    assert {"candidates", "feasible", "seconds", "rejected", "top", "best_per_method", "experiment_file"} <= set(data)
+    assert data["experiment_file"] == str(user_conf / "conf" / "experiment" / "plan_t.yaml")
+    assert (user_conf / "plans" / "plan_t" / "pareto.png").stat().st_size > 0
+    assert sweep(user_conf, "experiment=plan_t", "backend=sim")[0] == 0
+    done = records(user_conf, "plan_t")
+    rows = data["top"] + list(data["best_per_method"].values())
+    assert len(done) == len({tuple(r["overrides"]) for r in rows})
+    for row in rows:
+        match = [r for r in done if all(r["config"][k] == row[k] for k in
+                                           ("method", "dp", "pp", "tp", "tp_mode", "micro_batch_size", "chunks"))]
+        assert match and match[0]["metrics"]["tokens_per_s"] == row["tokens_per_s"], row
+        assert max(match[0]["metrics"]["peak_memory_bytes"]) == row["peak_memory_bytes"]
+
+
+def test_bad_input_says_what_would_fit(user_conf, capsys):
+    from harness import plan as P
+
+    common = ["model=tiny", "vocab=8k", "run.seq_len=128", "plan.global_batch=8"]
+    assert P.run(common + ["plan.gpus=7"]) == 1
+    assert "plan.gpus=7 is prime" in capsys.readouterr().err
+    assert P.run(["model=30b", "vocab=256k", "hardware=a100_80g", "run.seq_len=4096", "plan.gpus=8",
+                  "plan.global_batch=8", "method=baseline"]) == 1
+    err = capsys.readouterr().err
+    assert "needs" in err and "GiB more" in err and "plan.gpus=16" in err
+    assert P.run(common) == 2
+    assert "plan.gpus is not set" in capsys.readouterr().err
+    assert P.run(common + ["plan.gpus=4", "method=baseline,vocab-2"]) == 2
+    assert "searches the axes itself" in capsys.readouterr().err
+    assert not (user_conf / "conf").exists()  # nothing written by a refused or empty plan
+
+
+def test_plan_check_says_which_profile_it_needs(user_conf, capsys):
+    from harness import plancheck
+
+    assert plancheck.main([]) == 2
+    err = capsys.readouterr().err
+    assert "calibrate --measure" in err and "PLAN_HW=NAME" in err
+    assert plancheck.main(["--hardware", "nosuchbox"]) == 2
+    assert "Could not find 'hardware/nosuchbox'" in capsys.readouterr().err
+
+
+def test_spearman_of_ranks():
+    from harness.plancheck import spearman
+
+    assert spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
+    assert spearman([1, 2, 3, 4], [40, 30, 20, 10]) == pytest.approx(-1.0)

@@ -1,0 +1,113 @@
+"""Safe bounds that let the planner skip simulating (or building) a candidate: a lower bound on the simulated
+makespan, and lower and upper bounds on each pipeline rank's peak of held activations. docs/planner.md proves
+them; tests/test_plan.py checks them against the simulator on every method.
+
+Makespan. The simulator runs each rank's actions one at a time, in order (vp.schedule.simulate). Every F of stage
+st of microbatch k needs F of stage st-1 of k (plus the transfer when the stages sit on two ranks), and F of stage
+0 waits for the IF all-reduce of k where the vocabulary is parallel; so nothing on rank r but its IF passes can
+start before H_r = [IF + its collective] + sum over stages s < r' of (F_s + transfer s -> s+1), r' the lowest
+stage on r. Hence makespan >= H_r + (all of r's compute but IF)            (bound A).
+B of stage r' of microbatch k is followed by B of stages r'-1 .. 0 of k (each after its successor's gradient
+arrives), then W of stage 0 where W is split; the last B of stage r' on rank r comes after every F and B of rank r
+(each is an ancestor of a B of stage r' on the same rank) and after every S of r (the last stage's B(k) waits for
+a collective every rank enters after its S(k)), and after every T where that collective follows T (Algorithm 1).
+Hence makespan >= H_r + (F, B, S [, T] of r) + sum over s < r' of (B_s + transfer s+1 -> s) [+ W_0]   (bound B).
+The bound is max over ranks of both; costs only: no schedule is built.
+
+Activations. Each rank's held activations follow the order of its actions alone (F and S add, B or W and T free:
+the simulator's rule), not their timing. The order of F, B and W is the generator's (building inserts the
+vocabulary passes and the transfers between them, which hold nothing), so the F part is exact without building;
+where build() inserts S and T (vocabulary-parallel methods other than interlaced), they alternate S(k) T(k)
+S(k+1) on every rank (the units are placed in one sorted order in which T(k) precedes S(k+1)), so at most one S
+is held: the F part <= peak <= the F part + one S.
+"""
+from functools import lru_cache
+
+from vp.schedule import Costs, Schedule
+from vp.schedule.methods import get_method
+
+
+def makespan_lower_bound(s: Schedule, costs: Costs) -> float:
+    """A lower bound on simulate(s, costs).makespan from the costs and the schedule's shape (s.ranks unused)."""
+    pp, m, v = s.pp, s.microbatches, s.vocab
+    stages = s.n_stages
+    rank_of = [s.where(st)[0] for st in range(stages)]
+
+    def p2p(a: int, b: int) -> float:
+        return costs.p2p(rank_of[a], rank_of[b]) if rank_of[a] != rank_of[b] else 0.0
+
+    head = [0.0] * stages  # earliest start of any F of stage st
+    back = [0.0] * stages  # what must follow the end of a B of stage st
+    head[0] = costs.time("IF", None) + costs.comm.get("IF", 0.0) if v.parallel else 0.0
+    back[0] = costs.time("W", 0) if s.split_w else 0.0
+    for st in range(1, stages):
+        head[st] = head[st - 1] + costs.time("F", st - 1) + p2p(st - 1, st)
+        back[st] = back[st - 1] + costs.time("B", st - 1) + p2p(st, st - 1)
+    vocab = {k: m * costs.time(k, None) for k in ("S", "T", "IF", "IB")} if v.parallel else {}
+    best = 0.0
+    for r in range(pp):
+        own = [s.stage(r, c) for c in range(s.chunks)]
+        low = min(own)
+        fb = m * sum(costs.time("F", st) + costs.time("B", st) for st in own)
+        w = m * sum(costs.time("W", st) for st in own) if s.split_w else 0.0
+        a = head[low] + fb + w + sum(t for k, t in vocab.items() if k != "IF")
+        b = head[low] + fb + vocab.get("S", 0.0) + back[low]
+        if v.grad_x_from in v.after_t:
+            b += vocab["T"]
+        best = max(best, a, b)
+    return best
+
+
+def _held_points(order: list, split_w: bool, chunks: int) -> list[tuple]:
+    """The distinct vectors of held counts (per chunk, then S) at each point where a rank's holding grows."""
+    held = [0] * (chunks + 1)
+    points = set()
+    for kind, _, c in order:
+        if kind == "F":
+            held[c] += 1
+        elif kind == "S":
+            held[-1] += 1
+        elif kind == "W" or (kind == "B" and not split_w):
+            held[c] -= 1
+            continue
+        elif kind == "T":
+            held[-1] -= 1
+            continue
+        else:
+            continue
+        points.add(tuple(held))
+    return sorted(points)
+
+
+@lru_cache(maxsize=4096)
+def generated_points(method: str, pp: int, microbatches: int, chunks: int) -> tuple:
+    """Per rank, the held-count vectors of the generator's order (S and T only where the generator places them)."""
+    spec = get_method(method)
+    order = spec.family.generate(pp, microbatches, chunks, spec.vocab)
+    return tuple(tuple(_held_points(acts, spec.split_w, chunks)) for acts in order)
+
+
+def built_points(s: Schedule) -> tuple:
+    """Per rank, the held-count vectors of a built schedule (exact, S and T included)."""
+    return s.memo("plan_held_points", lambda s: tuple(
+        tuple(_held_points([(a.kind, a.mb, a.chunk) for a in acts], s.split_w, s.chunks)) for acts in s.ranks))
+
+
+def _peak(points, s: Schedule, r: int, costs: Costs) -> float:
+    bytes_of = [costs.mem("F", s.stage(r, c)) for c in range(s.chunks)] + [costs.mem("S", None)]
+    return max((sum(n * b for n, b in zip(p, bytes_of)) for p in points), default=0.0)
+
+
+def activation_bounds(s: Schedule, costs: Costs) -> tuple[list[float], list[float]]:
+    """(lower, upper) bounds on each rank's peak held activation bytes; equal where they are exact. A schedule
+    with actions is walked exactly; a skeleton (no actions) from the generator's order."""
+    if s.ranks:
+        exact = [_peak(pts, s, r, costs) for r, pts in enumerate(built_points(s))]
+        return exact, exact
+    spec = get_method(s.method)
+    points = generated_points(s.method, s.pp, s.microbatches, s.chunks)
+    f_part = [_peak(pts, s, r, costs) for r, pts in enumerate(points)]
+    if not spec.vocab_parallel or spec.family.places_vocab:
+        return f_part, f_part
+    one_s = costs.mem("S", None)
+    return [max(f, one_s) for f in f_part], [f + one_s for f in f_part]

@@ -1,0 +1,275 @@
+"""The search: every candidate of the space (vp.plan.space) checked, priced by the cost model, bounded, and
+simulated by the one simulator where it may enter the answer; the answer is exact.
+
+A candidate is simulated unless a safe bound shows it can enter none of: the top-k by tokens/s, the best of its
+method, the Pareto front of tokens/s against peak memory (vp.plan.bounds; docs/planner.md). Candidates are visited
+in order of their bound, best first, so a bound is compared with the exact figures of everything that could beat
+it. A candidate's peak memory is exact where the order of its actions is known without building its schedule
+(methods whose vocabulary passes the generator places, or which have none); otherwise it is bracketed, and the
+schedule is built only where the bracket straddles the device's memory and the candidate is still in the race.
+Two candidates with the same schedule and the same costs are simulated once.
+
+tokens/s, MFU, peak memory and bubble are computed as backend=sim computes a record (harness.sim): makespan plus
+the tail after the flush, vp.metrics.throughput, static bytes plus held activations per pipeline rank.
+"""
+import heapq
+import math
+import time
+from dataclasses import dataclass, field, replace
+from functools import lru_cache
+
+from vp.config import RunConfig
+from vp.cost import Hardware, pass_costs, pass_work, static_bytes, tail_s, work_seconds
+from vp.cost.memory import held_bytes
+from vp.metrics import throughput
+from vp.plan.bounds import activation_bounds, makespan_lower_bound
+from vp.plan.space import Problem, Rejection, candidates
+from vp.schedule import Costs, Schedule, build, simulate
+from vp.schedule.methods import get_method
+
+MEMORY = "peak memory above the device's"
+
+
+@dataclass
+class Row:
+    run: RunConfig
+    tokens_per_s: float
+    mfu: float
+    iteration_s: float
+    peak_memory_bytes: float  # the largest over devices
+    peak_rank: int  # the pipeline rank that holds it
+    bubble: float  # mean idle fraction of the iteration (the record's bubble_rate)
+
+    def to_dict(self) -> dict:
+        r = self.run
+        return {"method": r.method, "dp": r.dp, "pp": r.pp, "tp": r.tp, "tp_mode": r.tp_mode, "tp_depth": r.tp_depth,
+                "micro_batch_size": r.micro_batch_size, "microbatches": r.microbatches, "chunks": r.n_chunks,
+                "redis_last_layers": r.redis_last_layers, "tokens_per_s": self.tokens_per_s, "mfu": self.mfu,
+                "iteration_s": self.iteration_s, "peak_memory_bytes": self.peak_memory_bytes,
+                "peak_rank": self.peak_rank, "bubble": self.bubble}
+
+
+@dataclass
+class Plan:
+    candidates: int = 0
+    feasible: int = 0
+    simulated: int = 0
+    pruned: int = 0  # feasible, skipped by a bound (never in the answer)
+    undecided: int = 0  # skipped by a bound before their memory was decided (counted in neither feasible nor rejected)
+    seconds: float = 0.0  # wall clock
+    cpu_seconds: float = 0.0  # this process's CPU time (the wall clock of a machine shared with others is not)
+    rejected: dict = field(default_factory=dict)  # reason -> count
+    examples: dict = field(default_factory=dict)  # reason -> the check's message for one candidate
+    closest: list = field(default_factory=list)  # memory rejections nearest to fitting: (excess bytes, RunConfig)
+    rows: list = field(default_factory=list)  # every simulated feasible candidate, best first
+    top: list = field(default_factory=list)
+    best_per_method: dict = field(default_factory=dict)
+    pareto: list = field(default_factory=list)  # by peak memory, rising; each row faster than all before it
+
+    def reject(self, rej: Rejection) -> None:
+        self.rejected[rej.reason] = self.rejected.get(rej.reason, 0) + 1
+        self.examples.setdefault(rej.reason, rej.message)
+        if rej.reason == MEMORY:
+            heapq.heappush(self.closest, (-rej.excess, id(rej), rej))
+            if len(self.closest) > 5:
+                heapq.heappop(self.closest)
+
+
+@dataclass
+class _Priced:
+    run: RunConfig
+    skeleton: Schedule
+    costs: object
+    static: list
+    tail: float
+    act_lo: list
+    act_hi: list
+    bound: float  # tokens/s no simulation of this candidate can exceed
+
+    @property
+    def memory_lo(self) -> float:
+        return max(s + a for s, a in zip(self.static, self.act_lo))
+
+    @property
+    def memory_hi(self) -> float:
+        return max(s + a for s, a in zip(self.static, self.act_hi))
+
+
+def skeleton(run: RunConfig) -> Schedule:
+    """The schedule's shape without its actions: all the cost model and the bounds read."""
+    spec = get_method(run.method)
+    return Schedule(run.method, run.pp, run.microbatches, run.n_chunks, spec.placement, spec.vocab, spec.split_w)
+
+
+@lru_cache(maxsize=8)  # a pipeline of 64 ranks and 512 microbatches holds about 0.1 GiB
+def _built(method: str, pp: int, microbatches: int, chunks: int) -> Schedule:
+    return build(method, pp, microbatches, chunks)
+
+
+def built(run: RunConfig) -> Schedule:
+    return _built(run.method, run.pp, run.microbatches, run.n_chunks)
+
+
+def price(run: RunConfig, hw: Hardware) -> _Priced | Rejection:
+    """The candidate's costs and bound, or its memory rejection where parameters and optimizer state alone (the
+    cheapest figure) exceed the device; activations are bracketed later (bracket()), where they are needed."""
+    sk = skeleton(run)
+    static = static_bytes(run, hw, sk)
+    zero = [0.0] * run.pp
+    if max(static) > hw.memory_bytes:
+        return memory_rejection(_Priced(run, sk, None, static, 0.0, zero, zero, 0.0), hw, exact=False)
+    costs = compute_costs(run, hw, sk)
+    tail = tail_s(run, hw, sk)
+    return _Priced(run, sk, costs, static, tail, zero, [math.inf] * run.pp, _bound(run, hw, sk, costs, tail))
+
+
+def _bound(run: RunConfig, hw: Hardware, sk: Schedule, costs, tail: float) -> float:
+    return throughput(run, makespan_lower_bound(sk, costs) + tail, run.world, hw.peak_flops)["tokens_per_s"]
+
+
+def compute_costs(run: RunConfig, hw: Hardware, sk: Schedule) -> Costs:
+    """pass_costs without communication: each pass's own work (vp.cost.pass_work, work_seconds), to which
+    pass_times adds the stage's tensor-parallel collectives (never less than zero: a grid's credit for what its
+    SUMMA loop hides is at most those collectives' own time), and no collective or transfer time; the held
+    memory is pass_costs'. Every time is at most pass_costs', so a bound from these is a bound. The search
+    prices every candidate so, and asks pass_costs itself only of those it visits."""
+    compute, timed = {}, {}
+    for key, parts in pass_work(run, hw, sk).items():
+        if id(parts) not in timed:
+            timed[id(parts)] = work_seconds(hw, parts).total(hw) if parts else 0.0
+        compute[key] = timed[id(parts)]
+    return Costs(compute, {}, held_bytes(run, hw, sk))
+
+
+def bracket(p: _Priced, hw: Hardware, build_it: bool = False) -> None:
+    """Bound p's held activations from the generator's order, or walk its built schedule (exact)."""
+    if build_it:
+        p.act_lo, p.act_hi = activation_bounds(built(p.run), p.costs)
+    elif math.isinf(p.act_hi[0]):
+        p.act_lo, p.act_hi = activation_bounds(p.skeleton, p.costs)
+
+
+def memory_rejection(c: _Priced, hw: Hardware, exact: bool) -> Rejection:
+    peak = c.memory_lo
+    rank = max(range(len(c.static)), key=lambda r: c.static[r] + c.act_lo[r])
+    at_least = "" if exact else "at least "
+    return Rejection(c.run, MEMORY, f"peak memory {at_least}{peak / 2**30:.1f} GiB on pipeline rank {rank} "
+                     f"(static {c.static[rank] / 2**30:.1f} GiB + activations {c.act_lo[rank] / 2**30:.1f} GiB) "
+                     f"exceeds the {hw.memory_bytes / 2**30:.0f} GiB of {hw.name}", peak - hw.memory_bytes)
+
+
+def _costs_key(costs) -> tuple:
+    return tuple(tuple(sorted(d.items(), key=repr)) for d in (costs.compute, costs.comm, costs.memory))
+
+
+def predict(c: _Priced, hw: Hardware, cache: dict) -> Row:
+    """The record backend=sim would write, reduced to the plan's figures (harness.sim.simulate_job)."""
+    run, sched = c.run, built(c.run)
+    key = (run.method, run.pp, run.microbatches, run.n_chunks, _costs_key(c.costs))
+    if key not in cache:
+        cache[key] = simulate(sched, c.costs)
+    result = cache[key]
+    seconds = result.makespan + c.tail
+    thr = throughput(run, seconds, run.world, hw.peak_flops)
+    peak = [s + a for s, a in zip(c.static, result.peak_activations)]
+    rank = max(range(len(peak)), key=peak.__getitem__)
+    bubble = sum(1.0 - b / seconds for b in result.busy) / len(result.busy)
+    return Row(run, thr["tokens_per_s"], thr["mfu"], seconds, peak[rank], rank, bubble)
+
+
+class _Race:
+    """What a candidate must beat to enter the answer: the k-th best, its method's best, the Pareto front."""
+
+    def __init__(self, top: int):
+        self.top, self.best_k, self.by_method, self.front = top, [], {}, []
+
+    def could_enter(self, c: _Priced) -> bool:
+        if len(self.best_k) < self.top or c.bound >= self.best_k[0]:
+            return True
+        if c.bound >= self.by_method.get(c.run.method, -1.0):
+            return True
+        return not any(tps >= c.bound and mem <= c.memory_lo for mem, tps in self.front)
+
+    def add(self, row: Row) -> None:
+        heapq.heappush(self.best_k, row.tokens_per_s)
+        if len(self.best_k) > self.top:
+            heapq.heappop(self.best_k)
+        m = row.run.method
+        self.by_method[m] = max(self.by_method.get(m, -1.0), row.tokens_per_s)
+        p = (row.peak_memory_bytes, row.tokens_per_s)
+        if not any(t >= p[1] and mm <= p[0] for mm, t in self.front):
+            self.front = [(mm, t) for mm, t in self.front if not (p[1] >= t and p[0] <= mm)] + [p]
+
+
+def search(problem: Problem, hw: Hardware, top: int = 10, prune: bool = True, log=None) -> Plan:
+    """The plan: every candidate counted (feasible or rejected per reason), the exact top-k, best per method and
+    Pareto front. prune=False simulates every feasible candidate (the exhaustive reference)."""
+    t0, c0 = time.perf_counter(), time.process_time()
+    plan, priced = Plan(), []
+    for c in candidates(problem):
+        plan.candidates += 1
+        if isinstance(c, Rejection):
+            plan.reject(c)
+            continue
+        p = price(c, hw)
+        if isinstance(p, Rejection):
+            plan.reject(p)
+        else:
+            priced.append(p)
+    priced.sort(key=lambda p: -p.bound)
+    if log:
+        log(f"{plan.candidates} candidates priced, {len(priced)} within memory by their static bytes, "
+            f"{time.perf_counter() - t0:.1f} s; bounding and simulating")
+    race, cache, said = _Race(top), {}, time.perf_counter()
+    for i, p in enumerate(priced):
+        if log and time.perf_counter() - said > 30:
+            said = time.perf_counter()
+            log(f"  {i} of {len(priced)} visited, {plan.simulated} simulated, {said - t0:.0f} s")
+        bracket(p, hw)
+        if p.memory_lo > hw.memory_bytes:
+            plan.reject(memory_rejection(p, hw, exact=p.act_lo == p.act_hi))
+            continue
+        if not prune or race.could_enter(p):  # now the whole cost model: communication too
+            p.costs = pass_costs(p.run, hw, p.skeleton)
+            p.bound = _bound(p.run, hw, p.skeleton, p.costs, p.tail)
+        if prune and not race.could_enter(p):
+            if p.memory_hi <= hw.memory_bytes:
+                plan.feasible += 1
+                plan.pruned += 1
+            else:
+                plan.undecided += 1
+            continue
+        if p.memory_hi > hw.memory_bytes:  # the bracket straddles the device: walk the built schedule
+            bracket(p, hw, build_it=True)
+            if p.memory_lo > hw.memory_bytes:
+                plan.reject(memory_rejection(p, hw, exact=True))
+                continue
+        row = predict(p, hw, cache)
+        plan.feasible += 1
+        plan.simulated += 1
+        plan.rows.append(row)
+        race.add(row)
+    plan.rows.sort(key=_rank_key)
+    plan.top = plan.rows[:top]
+    for row in plan.rows:
+        plan.best_per_method.setdefault(row.run.method, row)
+    plan.pareto = pareto(plan.rows)
+    plan.closest = [rej for _, _, rej in sorted(plan.closest, key=lambda x: -x[0])]
+    plan.seconds, plan.cpu_seconds = time.perf_counter() - t0, time.process_time() - c0
+    return plan
+
+
+def _rank_key(row: Row) -> tuple:
+    r = row.run
+    return (-row.tokens_per_s, row.peak_memory_bytes, r.method, r.dp, r.pp, r.tp, r.tp_mode, r.tp_depth,
+            r.micro_batch_size, r.n_chunks, r.redis_last_layers or 0)
+
+
+def pareto(rows: list[Row]) -> list[Row]:
+    """Rows no other row beats in both tokens/s (higher) and peak memory (lower), by memory rising."""
+    front, best = [], -1.0
+    for row in sorted(rows, key=lambda r: (r.peak_memory_bytes, -r.tokens_per_s)):
+        if row.tokens_per_s > best:
+            front.append(row)
+            best = row.tokens_per_s
+    return front
