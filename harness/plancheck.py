@@ -13,6 +13,7 @@ from pathlib import Path
 
 from hydra import initialize_config_dir
 
+from harness.measure import default_name
 from harness.profiles import CONF, user_conf_dir
 
 MODEL = ["model=small", "vocab=64k", "run.seq_len=128", "plan.gpus=4", "plan.global_batch=8", "run.device=cpu",
@@ -21,12 +22,6 @@ MODEL = ["model=small", "vocab=64k", "run.seq_len=128", "plan.gpus=4", "plan.glo
 
 def default_profile() -> str:
     """The name `harness.calibrate --measure` gives this machine's profile, checked to exist."""
-    try:
-        from harness.measure import default_name
-    except ImportError:
-        raise ValueError("this checkout has no `python -m harness.calibrate --measure`; give a profile of this "
-                         "machine: make plan-check PLAN_HW=NAME (python -m harness.calibrate --results "
-                         "results/smoke --name NAME fits one from real runs)") from None
     name = default_name("cpu")
     if not (user_conf_dir() / "hardware" / f"{name}.yaml").exists():
         raise ValueError(f"no measured profile {name} of this machine in {user_conf_dir() / 'hardware'}; run "
