@@ -6,8 +6,8 @@ per-rank results, or fails with the traceback of each rank that raised. Rendezvo
 The processes are forked from one forkserver that imported torch and vp once (PRELOAD): a spawned process pays
 about 3 s of CPU importing torch (a minute on a loaded 2-core machine), so a session's pools of 2, 4, 8 and 16
 ranks paid it 30 times. A fork of a process that has imported torch but run nothing is what DataLoader workers
-are; each process still starts its own gloo group after the fork. Runs of the product itself (vp.launch) keep
-their spawned processes: the tests of that path start them as a user's run does.
+are; each process still starts its own gloo group after the fork. The runs that tests start in this process
+(vp.launch.launch_local) fork their ranks from the same server (conftest.py).
 """
 import multiprocessing as mp
 import os
@@ -16,10 +16,12 @@ from datetime import timedelta
 
 # imported once in the forkserver, before any pool starts; a module that fails to import there is imported by each
 # process on first use instead (the forkserver ignores it), so the list is a speed-up, never a requirement
-PRELOAD = ["torch", "torch.distributed", "vp.run", "vp.reference", "vp.nccl", "vp.tp.context"]
+PRELOAD = ["torch", "torch.distributed", "vp.launch", "vp.run", "vp.reference", "vp.nccl", "vp.tp.context",
+           "vp.bench.peer"]
 
 
-def _context():
+def forked():
+    """The multiprocessing context whose processes fork from the preloaded server."""
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(PRELOAD)  # takes effect when the forkserver starts, with the first pool
     return ctx
@@ -45,7 +47,7 @@ def _worker(rank, world, init_method, conn):
 
 class DistPool:
     def __init__(self, world: int, tmpdir):
-        ctx = _context()
+        ctx = forked()
         self.world, self.conns, self.procs = world, [], []
         init = f"file://{tmpdir}/rendezvous-{world}"
         for rank in range(world):
