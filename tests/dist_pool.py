@@ -20,9 +20,28 @@ PRELOAD = ["torch", "torch.distributed", "vp.launch", "vp.run", "vp.reference", 
            "vp.bench.peer"]
 
 
+class _SpawnLikeProcess(mp.context.ForkServerProcess):
+    """A forked process that starts with the environment of the process that started it, as a spawned one does
+    (a plain forkserver child has the server's, from when the server started); its working folder and sys.path
+    are the starter's already (multiprocessing's preparation data)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._environ = dict(os.environ)
+
+    def run(self):
+        os.environ.clear()
+        os.environ.update(self._environ)
+        super().run()
+
+
+class _Context(mp.context.ForkServerContext):
+    Process = _SpawnLikeProcess
+
+
 def forked():
     """The multiprocessing context whose processes fork from the preloaded server."""
-    ctx = mp.get_context("forkserver")
+    ctx = _Context()
     ctx.set_forkserver_preload(PRELOAD)  # takes effect when the forkserver starts, with the first pool
     return ctx
 
