@@ -2,12 +2,13 @@ import os
 import signal
 import sys
 import tempfile
+import types
 from pathlib import Path
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from dist_pool import DistPool  # noqa: E402
+from dist_pool import DistPool, forked  # noqa: E402
 
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("WANDB_SILENT", "true")
@@ -32,3 +33,25 @@ def pools(tmp_path_factory):
     yield get
     for pool in made.values():
         pool.close()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def local_runs_fork_their_ranks():
+    """Runs that tests start in this process (vp.launch.launch_local, under harness sweeps and the peer bench) fork
+    their ranks from the pools' forkserver, which imported torch once, instead of spawning interpreters that import
+    it again (about 3 s of CPU per rank). What differs is only how a rank's interpreter comes to be: each still
+    unpickles its function and config, starts in the starter's folder with its environment at the start (as a
+    spawned one), starts its own process group, and is watched, killed and reported on by launch_local as in a
+    user's run. The spawned start itself is what the tests through the command line exercise
+    (python -m vp.train and python -m harness.sweep in tests/test_train_cli.py, test_refusals.py,
+    test_harness_runs.py and test_tp_train.py run as processes)."""
+    import vp.launch
+
+    def get_context(method):
+        assert method == "spawn", f"vp.launch asked for {method!r}; this fixture stands in for spawn only"
+        return forked()
+
+    patch = pytest.MonkeyPatch()
+    patch.setattr(vp.launch, "mp", types.SimpleNamespace(get_context=get_context))
+    yield
+    patch.undo()

@@ -1,16 +1,12 @@
 """The failure path: the culprit is the first rank to fail on its own, in time; NCCL's evidence (watchdog timeouts,
 CUDA out of memory in a NCCL call) is read as it would be on GPUs; injected faults under --emulate-nccl."""
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
 
 from vp.failure import RankEnd, classify, explain, log_evidence, read_error, write_error
 from vp.runtime.loop import NCCL_OOM
 
-ROOT = Path(__file__).parents[1]
 TINY = ["--pp", "2", "--layers", "2", "--hidden", "16", "--heads", "2", "--seq-len", "8", "--vocab-size", "101",
         "--microbatches", "4", "--iterations", "3", "--warmup", "1"]
 
@@ -75,15 +71,19 @@ def test_error_files_carry_the_time_of_the_failure(tmp_path):
     ("1:B0:oom", "vocab-2", "lazy", "oom"),
     ("1:B1:hang", "baseline", "both", "timeout"),
 ])
-def test_an_injected_fault_under_emulated_nccl_names_its_rank_within_the_timeout(fault, method, form, status):
+def test_an_injected_fault_under_emulated_nccl_names_its_rank_within_the_timeout(capsys, fault, method, form,
+                                                                                 status):
+    """vp.train's main in this process, its ranks real processes (python -m vp.train as a process: test_train_cli)."""
+    from vp.train import main
+
     timeout = 5 if status == "timeout" else 120  # a fault other than a hang must not wait for the timeout
     t0 = time.monotonic()
-    out = subprocess.run([sys.executable, "-m", "vp.train", "--method", method, *TINY, "--emulate-nccl", form,
-                          "--timeout-s", str(timeout), "--inject-fault", fault], capture_output=True, text=True,
-                         cwd=ROOT, timeout=300)
+    code = main(["--method", method, *TINY, "--emulate-nccl", form, "--timeout-s", str(timeout), "--inject-fault",
+                 fault])
     elapsed = time.monotonic() - t0
-    assert out.returncode == 1 and out.stdout == ""
-    line = next(line for line in out.stderr.splitlines() if line.startswith("run failed"))
+    out = capsys.readouterr()
+    assert code == 1 and out.out == ""
+    line = next(line for line in out.err.splitlines() if line.startswith("run failed"))
     assert line.startswith(f"run failed ({status}): rank 1"), line
     # the failure comes before the timeout, or for a hang right after it (plus the others' grace, plus start-up)
     assert elapsed < (2 * timeout + 60 if status == "timeout" else timeout), elapsed

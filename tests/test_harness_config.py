@@ -62,9 +62,12 @@ def test_a_value_for_a_grid_axis_replaces_the_axis(tmp_path):
     code, lines = sweep(tmp_path, "dry_run=true", "method=vocab-1", "vocab=8k")
     assert code == 0 and ": 1 jobs, 0 done, 1 to run" in lines[0]
     assert lines[1].split()[-2:] == ["method=vocab-1", "vocab=8k"]
-    code, lines = sweep(tmp_path, "dry_run=true", "experiment=paper_1f1b", "backend=sim", "model=10b")
-    assert code == 0 and ": 64 jobs" in lines[0]  # one of the three setups: model=10b (with its 16 ranks)
-    assert all("model=10b run.pp=16" in line for line in lines[1:])
+    code, lines = sweep(tmp_path, "dry_run=true", "experiment=paper_1f1b", "backend=sim", "model=10b",
+                        "method=vocab-1")  # one method: composing 4 group choices, not 32
+    assert code == 0 and ": 8 jobs" in lines[0]  # the 4 setups of model=10b (with its 16 ranks) of the 12, x 2 seq
+    assert all(" model=10b method=vocab-1 run.pp=16 " in line for line in lines[1:])
+    assert sorted(line.split("vocab=")[1].split()[0] for line in lines[1:]) == ["128k", "128k", "256k", "256k",
+                                                                               "32k", "32k", "64k", "64k"]
     code, lines = sweep(tmp_path, "dry_run=true", "~grid")  # no grid: the base config is the one job
     assert code == 0 and ": 1 jobs" in lines[0] and "(base config)" in lines[1]
     # end to end through the command line: the one job runs and is the only record

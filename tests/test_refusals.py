@@ -1,6 +1,5 @@
 """vp's command lines refuse what cannot work before any process starts (exit code 2, the field and the fix,
 nothing written), and a local run stops with all its processes on Ctrl-C."""
-import os
 import subprocess
 import sys
 import time
@@ -8,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from inproc import run_main
 from procs import ctrl_c, session_processes
 
 ROOT = Path(__file__).parents[1]
@@ -15,9 +15,9 @@ TINY = ["--method", "vocab-2", "--pp", "2", "--layers", "2", "--hidden", "32", "
         "--vocab-size", "500", "--microbatches", "4", "--iterations", "3", "--warmup", "1"]
 
 
-def vp(module: str, *args, cwd=ROOT, timeout=120):
-    return subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True, cwd=cwd,
-                          timeout=timeout, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+def vp(module: str, *args, cwd=ROOT):
+    """`python -m module args` with no GPU visible, in this process (tests/inproc.py): refusals start nothing."""
+    return run_main(module, *args, cwd=cwd)
 
 
 @pytest.mark.parametrize("args,message", [

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from inproc import run_main
+
 ROOT = Path(__file__).parents[1]
 TINY = ["--pp", "2", "--layers", "2", "--hidden", "32", "--heads", "2", "--seq-len", "16", "--vocab-size", "500",
         "--microbatches", "4", "--iterations", "3", "--warmup", "1"]
@@ -52,14 +54,14 @@ def test_bad_input_is_refused_before_any_process_starts(args, message):
             base[base.index(flag) + 1] = value
         else:
             base += [flag, value]
-    out = train(*base)
+    out = run_main("vp.train", *base)  # in this process: a refusal starts nothing (tests/inproc.py)
     assert out.returncode == 2 and out.stdout == ""
     assert message in out.stderr
     assert "rendezvous" not in out.stderr and "Traceback" not in out.stderr
 
 
 def test_launcher_world_size_must_match_pp():
-    out = train("--method", "baseline", *TINY, env={"RANK": "0", "WORLD_SIZE": "3"})
+    out = run_main("vp.train", "--method", "baseline", *TINY, env={"RANK": "0", "WORLD_SIZE": "3"})
     assert out.returncode == 2
     assert "started 3 processes but dp x pp x tp = 2" in out.stderr
 
