@@ -21,12 +21,12 @@ deadlock check only, untimed, since communicators outlive the first iteration). 
 collectives in opposite orders deadlock here; validate() also checks that order statically. Sends and receives
 keep their own channels, as in the default mode.
 """
-from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
-from vp.schedule.actions import COLLECTIVES, P2P, Action, Schedule
-from vp.schedule.rules import enters, local_needs, members, p2p_peer, root_of, waits_on
+from vp.schedule.actions import COLLECTIVES, P2P, Action, Collective, Schedule
+from vp.schedule.rules import local_needs, root_of, shapes
+from vp.schedule.rules import members as rules_members
 
 class ScheduleError(ValueError):
     """A schedule that cannot run; the message names rank, step and action."""
@@ -94,188 +94,315 @@ class SimResult:
                 "bubble_fraction": self.bubble_fraction, "peak_activations": self.peak_activations}
 
 
-class _Step(NamedTuple):
-    """What the simulator needs of one action that depends on the schedule alone (not on costs)."""
-    action: Action
-    needs: tuple  # keys of `end` this action waits for on its own rank (rules.local_needs)
-    entry: object  # the collective instance it enters, or None (rules.enters)
-    waits: tuple  # the collective instances it waits on (rules.waits_on)
-    stage: int | None  # F, B, W: its stage; sends and receives: the peer
-    match: tuple | None  # sends and receives: the key a send and its receive share
+# step codes of the plan: what the loop does with an action
+_PLAIN, _SEND, _RECV, _SYNC, _MISSING = range(5)  # compute with no collective; p2p; anything that enters or waits
+_MEM_NONE, _MEM_HOLD, _MEM_FREE = range(3)  # F, S hold their activations (peak counted); B/W, T free them
 
 
-def _plan(s: Schedule) -> list[list[_Step]]:
-    """Per rank, what each action needs, enters and waits on: once per schedule (a sweep simulates one schedule
-    with many costs)."""
+class _Plan(NamedTuple):
+    """What the simulator needs of a schedule, independent of costs, as integers: derived once per schedule object
+    (a sweep simulates one schedule with many costs; validate() and the caller share it).
+
+    steps[r][i]: (code, needs, a, b, c) where needs are the steps of rank r whose ends action i waits for
+    (rules.local_needs; a need that does not come earlier makes the step _MISSING, raised when the rank gets there);
+    _PLAIN: a = index of its duration in time_keys, b = index of its memory in mem_keys, c = _MEM_*;
+    _SEND: a = its channel (a send and its receive share one); _RECV: a = channel, b = index in p2p_keys;
+    _SYNC: a = (instance it enters or -1, entered at the end, instances it waits on, a collective action (C0 C1 C2),
+    index in time_keys), b, c as for _PLAIN.
+    """
+    steps: list  # per rank, per action: the tuple above
+    time_keys: list  # (kind, stage) for Costs.time
+    mem_keys: list  # (kind, stage) for Costs.mem
+    p2p_keys: list  # (src, dst) for Costs.p2p
+    channels: int  # number of send/receive channels
+    instances: list  # instance id -> Collective
+    members: list  # instance id -> the ranks of its group
+    roots: list  # instance id -> the rank it is sent from (C0, IB: receivers wait for it alone) or None
+
+
+def _plan(s: Schedule) -> _Plan:
     return s.memo("simulator_plan", _make_plan)
 
 
-def _make_plan(s: Schedule) -> list[list[_Step]]:
-    plan = []
+def _make_plan(s: Schedule) -> _Plan:
+    times, mems, p2ps, chans, insts = {}, {}, {}, {}, {}  # key -> its index (dicts keep the order of insertion)
+    instances = []
+
+    def index(table: dict, key) -> int:
+        return table.setdefault(key, len(table))
+
+    def instance(inst: Collective, mb: int) -> int:  # inst: of microbatch 0 (rules.shape)
+        got = insts.get((inst.group, inst.kind, mb))
+        if got is None:
+            got = insts[(inst.group, inst.kind, mb)] = len(instances)
+            instances.append(replace(inst, mb=mb))
+        return got
+
+    steps = []
     for r, acts in enumerate(s.ranks):
-        steps = []
-        for a in acts:
-            needs = tuple((r, *n) for n in local_needs(s, a))
-            if a.kind in P2P:
-                peer, match = p2p_peer(s, a)
-                steps.append(_Step(a, needs, None, (), peer, match))
+        seen: dict = {}  # (kind, mb, chunk) -> its latest step on this rank so far
+        shape: dict = {}  # (kind, chunk) -> _shape(), the same for every microbatch
+        out = []
+        for i, a in enumerate(acts):
+            kind, mb, chunk = a.kind, a.mb, a.chunk
+            sh = shape.get((kind, chunk))
+            if sh is None:
+                sh = shape[(kind, chunk)] = _shape(s, a)
+            code, need_shapes, x, mem, mode = sh
+            needs = []
+            for nk, nc in need_shapes:
+                j = seen.get((nk, mb, nc))
+                if j is None:
+                    needs = None
+                    break
+                needs.append(j)
+            seen[(kind, mb, chunk)] = i
+            if needs is None:  # raised when the rank gets there; a receive still waits for its send first
+                chan = index(chans, (x[0], r, (x[1], mb, x[2]))) if code == _RECV else -1
+                out.append((_MISSING, (), chan, 0, 0))
+            elif code == _SEND:
+                out.append((_SEND, tuple(needs), index(chans, (r, x[0], (x[1], mb, x[2]))), 0, 0))
+            elif code == _RECV:
+                out.append((_RECV, tuple(needs), index(chans, (x[0], r, (x[1], mb, x[2]))),
+                            index(p2ps, (x[0], r)), 0))
+            elif code == _PLAIN:
+                out.append((_PLAIN, tuple(needs), index(times, x), index(mems, mem) if mem else 0, mode))
             else:
-                st = s.stage(r, a.chunk) if a.kind in ("F", "B", "W") else None
-                steps.append(_Step(a, needs, enters(s, a), tuple(waits_on(s, a)), st, None))
-        plan.append(steps)
-    return plan
+                entry, at_end, waits, is_coll, dur = x
+                entry = instance(entry, mb) if entry else -1
+                waits = tuple(instance(w, mb) for w in waits)
+                out.append((_SYNC, tuple(needs), (entry, at_end, waits, is_coll, index(times, dur)),
+                            index(mems, mem) if mem else 0, mode))
+        steps.append(out)
+    members = [tuple(rules_members(s, inst.group)) for inst in instances]
+    roots = [root_of(s, inst.group) if inst.group in ("C0", "IB") else None for inst in instances]
+    return _Plan(steps, list(times), list(mems), list(p2ps), len(chans), instances, members, roots)
+
+
+def _shape(s: Schedule, a: Action) -> tuple:
+    """(code, needs, x, memory key, memory mode) of an action with its microbatch left out (rules.shape): needs are
+    (kind, chunk) pairs; x: p2p: (peer, kind, stage) of the match; _PLAIN: its time key; _SYNC: ((group, kind)
+    entered or None, entered at the end, ((group, kind) waited on, ...), a collective action, its time key)."""
+    sh = shapes(s)[a.rank][(a.kind, a.chunk)]
+    kind = a.kind
+    if kind in P2P:
+        return (_SEND if kind[0] == "S" else _RECV), sh.needs, (sh.peer, *sh.match), None, _MEM_NONE
+    st = s.stage(a.rank, a.chunk) if kind in ("F", "B", "W") else None
+    mem, mode = None, _MEM_NONE
+    if kind in ("F", "S"):
+        mem, mode = (kind, st), _MEM_HOLD
+    elif kind == "W" or (kind == "B" and not s.split_w):
+        mem, mode = ("F", st), _MEM_FREE
+    elif kind == "T":
+        mem, mode = ("S", None), _MEM_FREE
+    entry, waits = sh.entry, sh.waits
+    if entry is None and not waits and kind not in COLLECTIVES:
+        return _PLAIN, sh.needs, (kind, st), mem, mode
+    sync = (entry, bool(entry) and entry.phase == "end", waits, kind in COLLECTIVES, (kind, st))
+    return _SYNC, sh.needs, sync, mem, mode
 
 
 def simulate(s: Schedule, costs: Costs | None = None, strict: bool = False) -> SimResult:
-    """Run the schedule on the execution model above (strict: all of a rank's collectives on one queue)."""
+    """Run the schedule on the execution model above (strict: all of a rank's collectives on one queue).
+
+    Event-driven: each rank runs its actions in order until one must wait (a receive whose send is not posted, a
+    collective not complete, a communicator not created); it is then parked on that one event and run again when
+    the event happens, so each action is decided once and the cost is linear in the number of actions."""
     costs = costs or unit_costs(s)
     pp, ranks = s.pp, s.ranks
     plan = _plan(s)
+    steps, instances, members, roots = plan.steps, plan.instances, plan.members, plan.roots
+    dur = [costs.time(k, st) for k, st in plan.time_keys]
+    memd = [costs.mem(k, st) for k, st in plan.mem_keys]
+    p2p = [costs.p2p(src, dst) for src, dst in plan.p2p_keys]
+    comm = [costs.comm.get(inst.kind, 0.0) for inst in instances]
+    n_inst = len(instances)
     idx, clock = [0] * pp, [0.0] * pp
-    end: dict[tuple, float] = {}
-    entered: dict[tuple, dict[int, float]] = defaultdict(dict)
-    posted: dict[tuple, float] = {}
+    ends: list[list[float]] = [[] for _ in range(pp)]  # per rank, the end of each action done, in order
     timeline: list[list] = [[] for _ in range(pp)]
     busy, mem, peak = [0.0] * pp, [0.0] * pp, [0.0] * pp
-    changed = [False]  # an entry was recorded without the rank advancing
-    lazy: dict = defaultdict(dict)  # strict: ranks waiting to create a group entered at the end of an action
+    posted: list = [None] * plan.channels  # when each send was posted
+    receiver: list = [None] * plan.channels  # the rank parked on a receive of the channel
+    entered: list[dict] = [{} for _ in range(n_inst)]  # instance -> {rank: time it entered}
+    complete: list = [None] * n_inst  # instance -> when it completes on every rank (all-reduces; strict: all)
+    parked: list[list] = [[] for _ in range(n_inst)]  # instance -> ranks waiting for it (or for its creation)
+    lazy: dict = {}  # strict: ranks arrived at the creation of a group entered at the end of an action (IF)
     queue: list[list] = [[] for _ in range(pp)]  # strict: each rank's instances in the order it entered them
     head, free_at = [0] * pp, [0.0] * pp  # strict: first unfinished instance of each queue, and when it freed
-    done: dict = {}  # strict: instance -> completion time, the same on every member
+    at_head = [0] * n_inst  # strict: how many members have the instance at the head of their queue
     opened: dict = {}  # strict: group -> its first instance (creating the communicator blocks until all arrive)
+    work = list(range(pp - 1, -1, -1))  # ranks that may move; popped from the end: rank 0 first
+
+    def wake(inst):
+        work.extend(parked[inst])
+        parked[inst] = []
 
     def enter(inst, r, t):
-        entered[inst][r] = t
-        queue[r].append(inst)
-        changed[0] = True
+        got = entered[inst]
+        got[r] = t
         if strict:
-            advance()
+            q = queue[r]
+            q.append(inst)
+            if head[r] == len(q) - 1:
+                at_head[inst] += 1
+                if at_head[inst] == len(members[inst]):
+                    launch(inst)
+        elif roots[inst] is None:
+            if len(got) == pp:
+                complete[inst] = max(got.values()) + comm[inst]
+                wake(inst)
+        elif r == roots[inst]:
+            wake(inst)
 
-    def advance():
-        """Strict mode: start every instance that heads the queue of each member of its group."""
-        moved = True
-        while moved:
-            moved = False
-            for r in range(pp):
-                if head[r] == len(queue[r]):
-                    continue
-                inst = queue[r][head[r]]
-                group = members(s, inst.group)
-                if all(head[q] < len(queue[q]) and queue[q][head[q]] == inst for q in group):
-                    start = max(max(entered[inst][q], free_at[q]) for q in group)
-                    done[inst] = start + costs.comm.get(inst.kind, 0.0)
-                    for q in group:
-                        head[q], free_at[q] = head[q] + 1, done[inst]
-                    moved = True
+    def launch(first):
+        """Strict mode: start an instance that heads the queue of every member, and every one that then does."""
+        ready = [first]
+        while ready:
+            inst = ready.pop()
+            group, got = members[inst], entered[inst]
+            t = max(max(got[q], free_at[q]) for q in group)
+            complete[inst] = done = t + comm[inst]
+            for q in group:
+                head[q] += 1
+                free_at[q] = done
+                if head[q] < len(queue[q]):
+                    nxt = queue[q][head[q]]
+                    at_head[nxt] += 1
+                    if at_head[nxt] == len(members[nxt]):
+                        ready.append(nxt)
+            wake(inst)
 
     def completion(inst, r):
         """When rank r has the result of a collective instance, or None while it cannot be known."""
-        if strict:
-            return done.get(inst)
+        root = roots[inst]
+        if strict or root is None:
+            return complete[inst]
         got = entered[inst]
-        if inst.group in ("C0", "IB"):  # the root sends a copy to each rank
-            root = root_of(s, inst.group)
-            if root not in got or r not in got:
-                return None
-            return max(got[root], got[r]) + (0.0 if r == root else costs.comm.get(inst.kind, 0.0))
-        if len(got) < pp:
+        if root not in got or r not in got:
             return None
-        return max(got.values()) + costs.comm.get(inst.kind, 0.0)
+        return max(got[root], got[r]) + (0.0 if r == root else comm[inst])
 
-    def ready_after_local(r, i, a, needs):
-        t = clock[r]
-        for key in needs:
-            if key not in end:
-                raise ScheduleError(f"rank {r}, step {i} ({a.text()}): needs "
-                                    f"{Action(*key).text()} earlier on rank {r}\n" + s.grid((r, i), 6))
-            t = max(t, end[key])
-        return t
-
-    def step_p2p(r, i, a, needs, peer, key):
-        if a.kind[0] == "S":
-            posted[(r, peer, key)] = finish = ready_after_local(r, i, a, needs)
-            ready = finish
-        else:
-            sent = posted.get((peer, r, key))
-            if sent is None:  # asked again once the peer moved (most asks of a large schedule are these)
-                return False
-            ready = ready_after_local(r, i, a, needs)
-            finish = max(ready, sent) + costs.p2p(peer, r)
-        end[(r, a.kind, a.mb, a.chunk)] = finish
-        timeline[r].append((a, ready, finish))
-        clock[r], idx[r] = finish, i + 1
-        return True
-
-    def step(r):
-        i = idx[r]
-        a, needs, entry, waits, st, match = plan[r][i]
-        if match is not None:
-            return step_p2p(r, i, a, needs, st, match)
-        ready = ready_after_local(r, i, a, needs)
-        if strict and entry and opened.setdefault(entry.group, entry) == entry:
-            created = entered[entry] if entry.phase == "start" else lazy[entry]
+    def sync(r, i, ready, step) -> float | None:
+        """An action that enters or waits on collectives: its start, or None while it must wait (parked)."""
+        entry, at_end, waits, _, _ = step
+        if strict and entry >= 0 and opened.setdefault(instances[entry].group, entry) == entry:
+            created = lazy.setdefault(entry, {}) if at_end else entered[entry]
             if r not in created:
-                created[r] = ready
-                changed[0] = True
-                if entry.phase == "start":
+                if at_end:
+                    created[r] = ready
+                    if len(created) == len(members[entry]):
+                        wake(entry)
+                else:
                     enter(entry, r, ready)
-            if len(created) < len(members(s, entry.group)):
-                return False  # this rank waits in the communicator's creation (untimed: once per run)
-        if entry and entry.phase == "start" and r not in entered[entry]:
+                    if len(created) == len(members[entry]):
+                        wake(entry)
+            if len(created) < len(members[entry]):
+                parked[entry].append(r)  # waits in the communicator's creation (untimed: once per run)
+                return None
+        if entry >= 0 and not at_end and r not in entered[entry]:
             enter(entry, r, ready)
         start = ready
         for inst in waits:
             t = completion(inst, r)
             if t is None:
-                return False
+                parked[inst].append(r)
+                return None
             start = max(start, t)
-        if a.kind in COLLECTIVES:
-            end[(r, a.kind, a.mb, a.chunk)] = start
-            timeline[r].append((a, start, start))
-            clock[r], idx[r] = start, i + 1
-            return True
-        dur = costs.time(a.kind, st)
-        finish = start + dur
-        if a.kind in ("F", "S"):
-            mem[r] += costs.mem(a.kind, st)
-            peak[r] = max(peak[r], mem[r])
-        elif a.kind == "W" or (a.kind == "B" and not s.split_w):
-            mem[r] -= costs.mem("F", st)
-        elif a.kind == "T":
-            mem[r] -= costs.mem("S", None)
-        if entry and entry.phase == "end":
-            enter(entry, r, finish)
-        end[(r, a.kind, a.mb, a.chunk)] = finish
-        timeline[r].append((a, start, finish))
-        busy[r] += dur
-        clock[r], idx[r] = finish, i + 1
-        return True
+        return start
 
-    progress = True
-    while progress:
-        progress = False
-        for r in range(pp):
-            while idx[r] < len(ranks[r]) and step(r):
-                progress = True
-            progress = progress or changed[0]
-            changed[0] = False
+    while work:
+        r = work.pop()
+        i, n, t_clock = idx[r], len(steps[r]), clock[r]
+        plan_r, acts, end_r, tl = steps[r], ranks[r], ends[r], timeline[r]
+        while i < n:
+            code, needs, a, b, c = plan_r[i]
+            if code == _RECV:
+                sent = posted[a]
+                if sent is None:
+                    receiver[a] = r
+                    break
+                ready = t_clock
+                for j in needs:
+                    e = end_r[j]
+                    if e > ready:
+                        ready = e
+                sent = ready if not sent > ready else sent
+                finish = sent + p2p[b]
+                tl.append((acts[i], ready, finish))
+            else:
+                if code == _MISSING:
+                    if a >= 0 and posted[a] is None:
+                        receiver[a] = r
+                        break
+                    _missing(s, r, i)
+                ready = t_clock
+                for j in needs:
+                    e = end_r[j]
+                    if e > ready:
+                        ready = e
+                if code == _SEND:
+                    posted[a] = finish = ready
+                    waiting = receiver[a]
+                    if waiting is not None:
+                        receiver[a] = None
+                        work.append(waiting)
+                    tl.append((acts[i], ready, finish))
+                else:
+                    if code == _SYNC:
+                        start = sync(r, i, ready, a)
+                        if start is None:
+                            break
+                        if a[3]:  # a collective action: launched, done at once
+                            end_r.append(start)
+                            tl.append((acts[i], start, start))
+                            t_clock = start
+                            i += 1
+                            continue
+                        d = dur[a[4]]
+                    else:
+                        start, d = ready, dur[a]
+                    finish = start + d
+                    if c == _MEM_HOLD:
+                        mem[r] += memd[b]
+                        if mem[r] > peak[r]:
+                            peak[r] = mem[r]
+                    elif c == _MEM_FREE:
+                        mem[r] -= memd[b]
+                    if code == _SYNC and a[1]:
+                        enter(a[0], r, finish)
+                    tl.append((acts[i], start, finish))
+                    busy[r] += d
+            end_r.append(finish)
+            t_clock = finish
+            i += 1
+        idx[r], clock[r] = i, t_clock
     stuck = [r for r in range(pp) if idx[r] < len(ranks[r])]
     if stuck:
         lines = [f"rank {r} blocked at step {idx[r]} ({ranks[r][idx[r]].text()})" for r in stuck]
         if strict:
-            lines += [_queue_head(s, q, queue, head, entered) for q in range(pp) if head[q] < len(queue[q])]
+            lines += [_queue_head(instances, members, q, queue, head, entered) for q in range(pp)
+                      if head[q] < len(queue[q])]
         mode = "deadlock (one ordered queue of collectives per rank)" if strict else "deadlock"
         raise ScheduleError(f"{mode}: " + "; ".join(lines) + "\n" + s.grid((stuck[0], idx[stuck[0]]), 6))
-    makespan = max((max(e for _, _, e in tl) for tl in timeline if tl), default=0.0)
+    makespan = max((max(e) for e in ends if e), default=0.0)
     return SimResult(makespan, busy, peak, timeline)
 
 
-def _queue_head(s: Schedule, r: int, queue, head, entered) -> str:
+def _missing(s: Schedule, r: int, i: int):
+    a = s.ranks[r][i]
+    done = {(x.kind, x.mb, x.chunk) for x in s.ranks[r][:i]}
+    key = next(n for n in local_needs(s, a) if n not in done)
+    raise ScheduleError(f"rank {r}, step {i} ({a.text()}): needs {Action(r, *key).text()} earlier on rank {r}\n"
+                        + s.grid((r, i), 6))
+
+
+def _queue_head(instances, members, r: int, queue, head, entered) -> str:
     """Strict mode: why the collective at the head of rank r's queue cannot start."""
     inst = queue[r][head[r]]
-    missing = [q for q in members(s, inst.group) if q not in entered[inst]]
+    missing = [q for q in members[inst] if q not in entered[inst]]
     if missing:
-        return f"rank {r}'s queue waits at {inst.text()}, not entered by rank(s) {missing}"
-    behind = [f"rank {q} ({queue[q][head[q]].text()} first)" for q in members(s, inst.group)
+        return f"rank {r}'s queue waits at {instances[inst].text()}, not entered by rank(s) {missing}"
+    behind = [f"rank {q} ({instances[queue[q][head[q]]].text()} first)" for q in members[inst]
               if queue[q][head[q]] != inst]
-    return f"rank {r}'s queue waits at {inst.text()}, queued behind other collectives on {', '.join(behind)}"
+    return (f"rank {r}'s queue waits at {instances[inst].text()}, queued behind other collectives on "
+            f"{', '.join(behind)}")
