@@ -138,41 +138,50 @@ def _make_plan(s: Schedule) -> _Plan:
             instances.append(replace(inst, mb=mb))
         return got
 
+    def resolve(a: Action) -> tuple:  # _shape() with its keys turned into table indices
+        code, needs, x, mem, mode = _shape(s, a)
+        mem = index(mems, mem) if mem else 0
+        if code in (_SEND, _RECV):
+            x = (*x, index(p2ps, (x[0], a.rank)))
+        elif code == _PLAIN:
+            x = index(times, x)
+        else:
+            x = (*x[:4], index(times, x[4]))
+        return code, needs, x, mem, mode
+
     steps = []
     for r, acts in enumerate(s.ranks):
-        seen: dict = {}  # (kind, mb, chunk) -> its latest step on this rank so far
-        shape: dict = {}  # (kind, chunk) -> _shape(), the same for every microbatch
+        seen: dict = {}  # action -> its latest step on this rank so far (an Action equals its plain tuple)
+        shape: dict = {}  # (kind, chunk) -> resolve(), the same for every microbatch
         out = []
         for i, a in enumerate(acts):
-            kind, mb, chunk = a.kind, a.mb, a.chunk
-            sh = shape.get((kind, chunk))
+            mb = a.mb
+            sh = shape.get((a.kind, a.chunk))
             if sh is None:
-                sh = shape[(kind, chunk)] = _shape(s, a)
+                sh = shape[(a.kind, a.chunk)] = resolve(a)
             code, need_shapes, x, mem, mode = sh
-            needs = []
+            needs = ()
             for nk, nc in need_shapes:
-                j = seen.get((nk, mb, nc))
+                j = seen.get((r, nk, mb, nc))
                 if j is None:
                     needs = None
                     break
-                needs.append(j)
-            seen[(kind, mb, chunk)] = i
+                needs += (j,)
+            seen[a if a.rank == r else (r, a.kind, mb, a.chunk)] = i
             if needs is None:  # raised when the rank gets there; a receive still waits for its send first
-                chan = index(chans, (x[0], r, (x[1], mb, x[2]))) if code == _RECV else -1
+                chan = index(chans, (x[0], r, x[1], mb, x[2])) if code == _RECV else -1
                 out.append((_MISSING, (), chan, 0, 0))
             elif code == _SEND:
-                out.append((_SEND, tuple(needs), index(chans, (r, x[0], (x[1], mb, x[2]))), 0, 0))
+                out.append((_SEND, needs, index(chans, (r, x[0], x[1], mb, x[2])), 0, 0))
             elif code == _RECV:
-                out.append((_RECV, tuple(needs), index(chans, (x[0], r, (x[1], mb, x[2]))),
-                            index(p2ps, (x[0], r)), 0))
+                out.append((_RECV, needs, index(chans, (x[0], r, x[1], mb, x[2])), x[3], 0))
             elif code == _PLAIN:
-                out.append((_PLAIN, tuple(needs), index(times, x), index(mems, mem) if mem else 0, mode))
+                out.append((_PLAIN, needs, x, mem, mode))
             else:
                 entry, at_end, waits, is_coll, dur = x
                 entry = instance(entry, mb) if entry else -1
                 waits = tuple(instance(w, mb) for w in waits)
-                out.append((_SYNC, tuple(needs), (entry, at_end, waits, is_coll, index(times, dur)),
-                            index(mems, mem) if mem else 0, mode))
+                out.append((_SYNC, needs, (entry, at_end, waits, is_coll, dur), mem, mode))
         steps.append(out)
     members = [tuple(rules_members(s, inst.group)) for inst in instances]
     roots = [root_of(s, inst.group) if inst.group in ("C0", "IB") else None for inst in instances]
