@@ -1,11 +1,13 @@
 """python -m vp.bench sim [--json]: how the schedule simulator's cost grows with the schedule; printed, never asserted.
 
 Each row builds, validates and simulates one schedule (unit costs, as `python -m vp.schedule simulate`) in a fresh
-process, so that its peak memory (RSS) is its own; rows run round-robin, `--repeat` times, and the fastest round is
-shown with the spread (slowest / fastest). seconds = build + validate + simulate, what the command spends after
-parsing its arguments; simulate_s alone is what a sweep repeats per cost model. actions counts every action of the
-lowered schedule (passes, collectives, sends and receives). The ratios compare actions per second at each size with
-the smallest size of the same method, measured in the same run.
+process, so that its peak memory (RSS) is its own; rows run round-robin, `--repeat` times, and the round with the
+least CPU time is shown with the spread of CPU times (most / least). seconds = build + validate + simulate on the
+wall clock, what the command spends after parsing its arguments; cpu_s the same on the process's CPU clock, which a
+loaded machine disturbs less (build, validate, simulate: each step's CPU seconds; simulate alone is what a sweep
+repeats per cost model). actions counts every action of the lowered schedule (passes, collectives, sends and
+receives). ratio compares actions per CPU second at each size with the smallest size of the same method, measured
+in the same run: 1.0 is a cost linear in the schedule's size.
 """
 import json
 import resource
@@ -24,19 +26,20 @@ def measure(method: str, pp: int, microbatches: int, chunks: int | None) -> dict
     from vp.schedule import build, simulate, validate
 
     rss0 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    t0 = time.perf_counter()
+    c0, t0 = time.process_time(), time.perf_counter()
     sched = build(method, pp, microbatches, chunks)
-    t1 = time.perf_counter()
+    c1, t1 = time.process_time(), time.perf_counter()
     validate(sched)
-    t2 = time.perf_counter()
+    c2, t2 = time.process_time(), time.perf_counter()
     result = simulate(sched)
-    t3 = time.perf_counter()
+    c3, t3 = time.process_time(), time.perf_counter()
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     actions = sum(len(acts) for acts in sched.ranks)
     return {"method": method, "pp": pp, "microbatches": microbatches, "chunks": sched.chunks, "actions": actions,
-            "seconds": t3 - t0, "actions_per_s": actions / (t3 - t0), "build_s": t1 - t0, "validate_s": t2 - t1,
-            "simulate_s": t3 - t2, "simulate_actions_per_s": actions / (t3 - t2), "makespan": result.makespan,
-            "peak_rss_bytes": rss, "bytes_per_action": (rss - rss0) / actions}
+            "seconds": t3 - t0, "actions_per_s": actions / (t3 - t0), "cpu_s": c3 - c0,
+            "actions_per_cpu_s": actions / (c3 - c0), "build_cpu_s": c1 - c0, "validate_cpu_s": c2 - c1,
+            "simulate_cpu_s": c3 - c2, "makespan": result.makespan, "peak_rss_bytes": rss,
+            "bytes_per_action": (rss - rss0) / actions}
 
 
 def _in_child(method: str, pp: int, microbatches: int) -> dict:
@@ -54,24 +57,24 @@ def run(methods, sizes, repeat: int, as_json: bool) -> list[dict]:
         print(f"  round {n + 1} of {repeat} done", file=sys.stderr, flush=True)
     rows = []
     for i, row in enumerate(rounds[0]):
-        times = [rnd[i]["seconds"] for rnd in rounds]
-        best = min((rnd[i] for rnd in rounds), key=lambda x: x["seconds"])
+        times = [rnd[i]["cpu_s"] for rnd in rounds]
+        best = min((rnd[i] for rnd in rounds), key=lambda x: x["cpu_s"])
         rows.append({**best, "spread": max(times) / min(times), "repeat": repeat})
     for row in rows:
         first = next(r for r in rows if r["method"] == row["method"])
-        row["actions_per_s_vs_smallest"] = row["actions_per_s"] / first["actions_per_s"]
+        row["ratio"] = row["actions_per_cpu_s"] / first["actions_per_cpu_s"]
     if as_json:
         print(json.dumps(rows))
         return rows
-    print(f"build + validate + simulate, unit costs, one fresh process per row; best of {repeat} "
-          f"(spread = slowest / fastest); ratio = actions/s against the smallest size of the same method")
-    print(f"{'method':>20} {'pp':>4} {'mb':>5} {'v':>2} {'actions':>9} {'seconds':>8} {'spread':>6} "
-          f"{'actions/s':>10} {'ratio':>5} {'build':>6} {'valid.':>6} {'sim.':>6} {'peak GiB':>8} {'B/action':>8}")
+    print(f"build + validate + simulate, unit costs, one fresh process per row; best of {repeat} by CPU time "
+          f"(spread = most / least); ratio = actions per CPU second against the smallest size of the same method")
+    print(f"{'method':>20} {'pp':>4} {'mb':>5} {'v':>2} {'actions':>9} {'seconds':>8} {'cpu_s':>7} {'spread':>6} "
+          f"{'actions/cpu_s':>13} {'ratio':>5} {'build':>6} {'valid.':>6} {'sim.':>6} {'peak GiB':>8} {'B/action':>8}")
     for r in rows:
         print(f"{r['method']:>20} {r['pp']:>4} {r['microbatches']:>5} {r['chunks']:>2} {r['actions']:>9} "
-              f"{r['seconds']:>8.2f} {r['spread']:>6.2f} {r['actions_per_s']:>10.0f} "
-              f"{r['actions_per_s_vs_smallest']:>5.2f} {r['build_s']:>6.2f} {r['validate_s']:>6.2f} "
-              f"{r['simulate_s']:>6.2f} {r['peak_rss_bytes'] / GiB:>8.2f} {r['bytes_per_action']:>8.0f}")
+              f"{r['seconds']:>8.2f} {r['cpu_s']:>7.2f} {r['spread']:>6.2f} {r['actions_per_cpu_s']:>13.0f} "
+              f"{r['ratio']:>5.2f} {r['build_cpu_s']:>6.2f} {r['validate_cpu_s']:>6.2f} {r['simulate_cpu_s']:>6.2f} "
+              f"{r['peak_rss_bytes'] / GiB:>8.2f} {r['bytes_per_action']:>8.0f}")
     return rows
 
 

@@ -26,7 +26,7 @@ from typing import NamedTuple
 
 from vp.schedule.actions import Action, Schedule
 from vp.schedule.methods import VOCAB, chunks_for, get_method
-from vp.schedule.simulate import simulate
+from vp.schedule.simulate import collector_paused, simulate
 
 
 def lower(s: Schedule) -> Schedule:
@@ -138,18 +138,20 @@ def insert_vocab_passes(s: Schedule) -> Schedule:
     base = simulate(lower(replace(s, vocab=VOCAB["local"])))
     times = {(a.rank, a.kind, a.mb, a.chunk): (t0, t1) for tl in base.timeline for a, t0, t1 in tl}
     units = _units(s, times)
+    broadcasts = [[k for kind, k in u.actions if kind == "C0"] for u in units]
     out = []
     for r, acts in enumerate(s.ranks):
         starts = [times[(r, a.kind, a.mb, a.chunk)][0] for a in acts]
         at = {}  # stage-pass index -> actions inserted before it
         pos = 0  # never before the previous unit: the collective order is the same on every rank
         after = _after_inputs(s, acts)
-        for u in units:
+        for u, c0 in zip(units, broadcasts):
             delay = 0.0 if r == u.root else u.receivers
             if delay is not None:
                 pos = max(pos, bisect_left(starts, u.key[0] + delay))
-            pos = max(pos, max((after.get(k, 0) for kind, k in u.actions if kind == "C0"), default=0))
-            at.setdefault(pos, []).extend(Action(r, kind, k) for kind, k in u.actions)
+            for k in c0:
+                pos = max(pos, after.get(k, 0))
+            at.setdefault(pos, []).extend([Action(r, kind, k) for kind, k in u.actions])
         seq = []
         for i, a in enumerate(acts):
             seq += at.pop(i, [])
@@ -158,6 +160,7 @@ def insert_vocab_passes(s: Schedule) -> Schedule:
     return replace(s, ranks=out)
 
 
+@collector_paused
 def build(method: str, pp: int, microbatches: int, chunks: int | None = None) -> Schedule:
     """The lowered schedule of a method (the object the validator, simulator and runtime all take)."""
     spec = get_method(method)

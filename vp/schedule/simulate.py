@@ -21,12 +21,30 @@ deadlock check only, untimed, since communicators outlive the first iteration). 
 collectives in opposite orders deadlock here; validate() also checks that order statically. Sends and receives
 keep their own channels, as in the default mode.
 """
+import functools
+import gc
 from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
 from vp.schedule.actions import COLLECTIVES, P2P, Action, Collective, Schedule
 from vp.schedule.rules import local_needs, root_of, shapes
 from vp.schedule.rules import members as rules_members
+
+def collector_paused(fn):
+    """Run fn with Python's cyclic garbage collector paused: building, validating and simulating a schedule allocate
+    millions of small tuples that form no cycles, and each collection walks every live one, so with the collector on
+    the cost grows faster than the schedule."""
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+        if not gc.isenabled():
+            return fn(*args, **kwargs)
+        gc.disable()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            gc.enable()
+    return run
+
 
 class ScheduleError(ValueError):
     """A schedule that cannot run; the message names rank, step and action."""
@@ -106,7 +124,8 @@ class _Plan(NamedTuple):
     steps[r][i]: (code, needs, a, b, c) where needs are the steps of rank r whose ends action i waits for
     (rules.local_needs; a need that does not come earlier makes the step _MISSING, raised when the rank gets there);
     _PLAIN: a = index of its duration in time_keys, b = index of its memory in mem_keys, c = _MEM_*;
-    _SEND: a = its channel (a send and its receive share one); _RECV: a = channel, b = index in p2p_keys;
+    _SEND: a = its channel (a send and its receive share one), b = its link; _RECV: a = channel, b = index in
+    p2p_keys, c = its link;
     _SYNC: a = (instance it enters or -1, entered at the end, instances it waits on, a collective action (C0 C1 C2),
     index in time_keys), b, c as for _PLAIN.
     """
@@ -115,6 +134,7 @@ class _Plan(NamedTuple):
     mem_keys: list  # (kind, stage) for Costs.mem
     p2p_keys: list  # (src, dst) for Costs.p2p
     channels: int  # number of send/receive channels
+    links: list  # link id -> (src, dst, kind): one direction and kind of traffic between two ranks
     instances: list  # instance id -> Collective
     members: list  # instance id -> the ranks of its group
     roots: list  # instance id -> the rank it is sent from (C0, IB: receivers wait for it alone) or None
@@ -124,8 +144,24 @@ def _plan(s: Schedule) -> _Plan:
     return s.memo("simulator_plan", _make_plan)
 
 
+def p2p_in_order(s: Schedule) -> bool:
+    """Whether every action's inputs come earlier on its rank and each link (one direction and kind of traffic
+    between two ranks) receives exactly what it sends, in the order sent: validate()'s checks, from the plan."""
+    plan = _plan(s)
+    sent, received = [[] for _ in plan.links], [[] for _ in plan.links]
+    for steps in plan.steps:
+        for code, _, chan, b, c in steps:
+            if code == _SEND:
+                sent[b].append(chan)
+            elif code == _RECV:
+                received[c].append(chan)
+            elif code == _MISSING:
+                return False
+    return sent == received
+
+
 def _make_plan(s: Schedule) -> _Plan:
-    times, mems, p2ps, chans, insts = {}, {}, {}, {}, {}  # key -> its index (dicts keep the order of insertion)
+    times, mems, p2ps, chans, insts, links = {}, {}, {}, {}, {}, {}  # key -> its index (dicts keep insertion order)
     instances = []
 
     def index(table: dict, key) -> int:
@@ -142,7 +178,8 @@ def _make_plan(s: Schedule) -> _Plan:
         code, needs, x, mem, mode = _shape(s, a)
         mem = index(mems, mem) if mem else 0
         if code in (_SEND, _RECV):
-            x = (*x, index(p2ps, (x[0], a.rank)))
+            link = (a.rank, x[0], x[1]) if code == _SEND else (x[0], a.rank, x[1])
+            x = (*x, index(p2ps, (x[0], a.rank)), index(links, link))
         elif code == _PLAIN:
             x = index(times, x)
         else:
@@ -172,9 +209,9 @@ def _make_plan(s: Schedule) -> _Plan:
                 chan = index(chans, (x[0], r, x[1], mb, x[2])) if code == _RECV else -1
                 out.append((_MISSING, (), chan, 0, 0))
             elif code == _SEND:
-                out.append((_SEND, needs, index(chans, (r, x[0], x[1], mb, x[2])), 0, 0))
+                out.append((_SEND, needs, index(chans, (r, x[0], x[1], mb, x[2])), x[4], 0))
             elif code == _RECV:
-                out.append((_RECV, needs, index(chans, (x[0], r, x[1], mb, x[2])), x[3], 0))
+                out.append((_RECV, needs, index(chans, (x[0], r, x[1], mb, x[2])), x[3], x[4]))
             elif code == _PLAIN:
                 out.append((_PLAIN, needs, x, mem, mode))
             else:
@@ -185,7 +222,7 @@ def _make_plan(s: Schedule) -> _Plan:
         steps.append(out)
     members = [tuple(rules_members(s, inst.group)) for inst in instances]
     roots = [root_of(s, inst.group) if inst.group in ("C0", "IB") else None for inst in instances]
-    return _Plan(steps, list(times), list(mems), list(p2ps), len(chans), instances, members, roots)
+    return _Plan(steps, list(times), list(mems), list(p2ps), len(chans), list(links), instances, members, roots)
 
 
 def _shape(s: Schedule, a: Action) -> tuple:
@@ -211,6 +248,7 @@ def _shape(s: Schedule, a: Action) -> tuple:
     return _SYNC, sh.needs, sync, mem, mode
 
 
+@collector_paused
 def simulate(s: Schedule, costs: Costs | None = None, strict: bool = False) -> SimResult:
     """Run the schedule on the execution model above (strict: all of a rank's collectives on one queue).
 
@@ -281,110 +319,116 @@ def simulate(s: Schedule, costs: Costs | None = None, strict: bool = False) -> S
                         ready.append(nxt)
             wake(inst)
 
-    def completion(inst, r):
-        """When rank r has the result of a collective instance, or None while it cannot be known."""
-        root = roots[inst]
-        if strict or root is None:
-            return complete[inst]
-        got = entered[inst]
-        if root not in got or r not in got:
-            return None
-        return max(got[root], got[r]) + (0.0 if r == root else comm[inst])
-
-    def sync(r, i, ready, step) -> float | None:
-        """An action that enters or waits on collectives: its start, or None while it must wait (parked)."""
-        entry, at_end, waits, _, _ = step
-        if strict and entry >= 0 and opened.setdefault(instances[entry].group, entry) == entry:
-            created = lazy.setdefault(entry, {}) if at_end else entered[entry]
-            if r not in created:
-                if at_end:
-                    created[r] = ready
-                    if len(created) == len(members[entry]):
-                        wake(entry)
-                else:
-                    enter(entry, r, ready)
-                    if len(created) == len(members[entry]):
-                        wake(entry)
-            if len(created) < len(members[entry]):
-                parked[entry].append(r)  # waits in the communicator's creation (untimed: once per run)
-                return None
-        if entry >= 0 and not at_end and r not in entered[entry]:
-            enter(entry, r, ready)
-        start = ready
-        for inst in waits:
-            t = completion(inst, r)
-            if t is None:
-                parked[inst].append(r)
-                return None
-            start = max(start, t)
-        return start
+    def created(r, entry, at_end, ready) -> bool:
+        """Strict mode: whether the communicator of a group is there when rank r enters its first instance; until
+        every member has arrived the rank waits in its creation (untimed: once per run), parked."""
+        got = lazy.setdefault(entry, {}) if at_end else entered[entry]
+        if r not in got:
+            if at_end:
+                got[r] = ready
+            else:
+                enter(entry, r, ready)
+            if len(got) == len(members[entry]):
+                wake(entry)
+        if len(got) < len(members[entry]):
+            parked[entry].append(r)
+            return False
+        return True
 
     while work:
         r = work.pop()
-        i, n, t_clock = idx[r], len(steps[r]), clock[r]
-        plan_r, acts, end_r, tl = steps[r], ranks[r], ends[r], timeline[r]
+        i, plan_r, acts, end_r, tl = idx[r], steps[r], ranks[r], ends[r], timeline[r]
+        n, t_clock, t_busy, t_mem, t_peak = len(plan_r), clock[r], busy[r], mem[r], peak[r]
         while i < n:
             code, needs, a, b, c = plan_r[i]
-            if code == _RECV:
+            if code == _MISSING:
+                if a >= 0 and posted[a] is None:  # a receive waits for its send first
+                    receiver[a] = r
+                    break
+                _missing(s, r, i)
+            ready = t_clock
+            for j in needs:
+                e = end_r[j]
+                if e > ready:  # ready = max(ready, e)
+                    ready = e
+            if code == _PLAIN:
+                d = dur[a]
+                finish = ready + d
+                tl.append((acts[i], ready, finish))
+            elif code == _SEND:
+                posted[a] = finish = ready
+                waiting = receiver[a]
+                if waiting is not None:
+                    receiver[a] = None
+                    work.append(waiting)
+                tl.append((acts[i], ready, ready))
+                end_r.append(finish)
+                t_clock = finish
+                i += 1
+                continue
+            elif code == _RECV:
                 sent = posted[a]
                 if sent is None:
                     receiver[a] = r
                     break
-                ready = t_clock
-                for j in needs:
-                    e = end_r[j]
-                    if e > ready:
-                        ready = e
-                sent = ready if not sent > ready else sent
-                finish = sent + p2p[b]
+                finish = (sent if sent > ready else ready) + p2p[b]
                 tl.append((acts[i], ready, finish))
-            else:
-                if code == _MISSING:
-                    if a >= 0 and posted[a] is None:
-                        receiver[a] = r
+                end_r.append(finish)
+                t_clock = finish
+                i += 1
+                continue
+            else:  # _SYNC: enters and/or waits on collective instances
+                entry, at_end, waits, is_coll, d = a
+                if entry >= 0:
+                    if strict and opened.setdefault(instances[entry].group, entry) == entry and \
+                            not created(r, entry, at_end, ready):
                         break
-                    _missing(s, r, i)
-                ready = t_clock
-                for j in needs:
-                    e = end_r[j]
-                    if e > ready:
-                        ready = e
-                if code == _SEND:
-                    posted[a] = finish = ready
-                    waiting = receiver[a]
-                    if waiting is not None:
-                        receiver[a] = None
-                        work.append(waiting)
-                    tl.append((acts[i], ready, finish))
+                    if not at_end and r not in entered[entry]:
+                        enter(entry, r, ready)
+                start = ready
+                for inst in waits:
+                    root = roots[inst]
+                    if strict or root is None:
+                        done = complete[inst]
+                    else:  # sent from the root: this rank waits for the root alone
+                        got = entered[inst]
+                        if root in got and r in got:
+                            x, y = got[root], got[r]
+                            done = (y if y > x else x) + (0.0 if r == root else comm[inst])
+                        else:
+                            done = None
+                    if done is None:
+                        parked[inst].append(r)
+                        break
+                    if done > start:
+                        start = done
                 else:
-                    if code == _SYNC:
-                        start = sync(r, i, ready, a)
-                        if start is None:
-                            break
-                        if a[3]:  # a collective action: launched, done at once
-                            end_r.append(start)
-                            tl.append((acts[i], start, start))
-                            t_clock = start
-                            i += 1
-                            continue
-                        d = dur[a[4]]
-                    else:
-                        start, d = ready, dur[a]
-                    finish = start + d
-                    if c == _MEM_HOLD:
-                        mem[r] += memd[b]
-                        if mem[r] > peak[r]:
-                            peak[r] = mem[r]
-                    elif c == _MEM_FREE:
-                        mem[r] -= memd[b]
-                    if code == _SYNC and a[1]:
-                        enter(a[0], r, finish)
-                    tl.append((acts[i], start, finish))
-                    busy[r] += d
+                    done = start
+                if done is None:
+                    break
+                if is_coll:  # a collective action: launched, done at once
+                    tl.append((acts[i], start, start))
+                    end_r.append(start)
+                    t_clock = start
+                    i += 1
+                    continue
+                d = dur[d]
+                finish = start + d
+                if at_end:
+                    enter(entry, r, finish)
+                tl.append((acts[i], start, finish))
+            if c:  # memory: F and S hold, B/W and T free
+                if c == _MEM_HOLD:
+                    t_mem += memd[b]
+                    if t_mem > t_peak:
+                        t_peak = t_mem
+                else:
+                    t_mem -= memd[b]
+            t_busy += d
             end_r.append(finish)
             t_clock = finish
             i += 1
-        idx[r], clock[r] = i, t_clock
+        idx[r], clock[r], busy[r], mem[r], peak[r] = i, t_clock, t_busy, t_mem, t_peak
     stuck = [r for r in range(pp) if idx[r] < len(ranks[r])]
     if stuck:
         lines = [f"rank {r} blocked at step {idx[r]} ({ranks[r][idx[r]].text()})" for r in stuck]

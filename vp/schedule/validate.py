@@ -12,10 +12,11 @@ receives are not part of it: each direction of traffic has its own channel and a
 """
 from collections import Counter, defaultdict
 from dataclasses import replace
+from operator import itemgetter
 
 from vp.schedule.actions import KINDS, P2P, Schedule
 from vp.schedule.rules import members, shapes
-from vp.schedule.simulate import Costs, ScheduleError, simulate
+from vp.schedule.simulate import Costs, ScheduleError, collector_paused, p2p_in_order, simulate
 
 
 def _fail(s: Schedule, r: int, i: int, msg: str):
@@ -41,10 +42,13 @@ def expected_counts(s: Schedule) -> Counter:
     return want
 
 
+@collector_paused
 def validate(s: Schedule) -> Schedule:
     if len(s.ranks) != s.pp:
         raise ScheduleError(f"schedule has {len(s.ranks)} ranks but pp={s.pp}")
     for r, acts in enumerate(s.ranks):
+        if _fields_in_range(s, r, acts):
+            continue
         for i, a in enumerate(acts):
             if a.rank != r:
                 _fail(s, r, i, f"action says rank {a.rank} but sits in rank {r}'s list")
@@ -61,9 +65,31 @@ def validate(s: Schedule) -> Schedule:
                 where = f"rank {r}: {k}{mb}" + (f".{c}" if c else "")
                 raise ScheduleError(f"{where} appears {have[key]} time(s), expected {want[key]}\n" + s.grid())
 
+    if any(sh.peer == r for r, shape in enumerate(shapes(s)) for sh in shape.values()) or not p2p_in_order(s):
+        _check_needs_and_links(s)  # raises naming the first rank and step that breaks a check
+    _check_groups(s)
+    check_collective_order(s)
+    try:  # what runs with all of a rank's collectives on one ordered queue runs in the default mode too
+        simulate(s, Costs(), strict=True)
+    except ScheduleError:
+        simulate(s, Costs())  # raises ScheduleError naming each blocked rank on a deadlock
+        raise  # and with one ordered queue
+    return s
+
+
+def _fields_in_range(s: Schedule, r: int, acts: list) -> bool:
+    """Every action of rank r names rank r, a known kind, a microbatch and a chunk in range (checked in C)."""
+    if not acts:
+        return True
+    mbs, chunks = list(map(itemgetter(2), acts)), list(map(itemgetter(3), acts))
+    return (set(map(itemgetter(0), acts)) == {r} and set(map(itemgetter(1), acts)) <= set(KINDS)
+            and 0 <= min(mbs) and max(mbs) < s.microbatches and 0 <= min(chunks) and max(chunks) < s.chunks)
+
+
+def _check_needs_and_links(s: Schedule):
+    """Every action's inputs earlier on its rank, no send or receive within a rank, each link's traffic received as
+    sent: raised with the first rank and step that breaks one."""
     links = defaultdict(lambda: ([], []))  # (src, dst, kind) -> (keys sent, keys received), in order
-    groups = defaultdict(lambda: defaultdict(list))
-    entries = collective_entries(s)
     for r, (acts, shape) in enumerate(zip(s.ranks, shapes(s))):
         seen = set()
         for i, a in enumerate(acts):
@@ -79,8 +105,6 @@ def validate(s: Schedule) -> Schedule:
                     _fail(s, r, i, "a send or receive between two chunks of the same rank; pass it locally")
                 sender = a.kind[0] == "S"
                 links[(r, peer, key[0]) if sender else (peer, r, key[0])][0 if sender else 1].append(key)
-        for _, entry in entries[r]:
-            groups[entry.group][r].append(entry)
     for (src, dst, kind), (sent, received) in sorted(links.items()):
         what = "activations" if kind == "F" else "gradients"
         if sent == received:
@@ -95,6 +119,14 @@ def validate(s: Schedule) -> Schedule:
             raise ScheduleError(f"{what} rank {src} -> rank {dst} are received in another order than sent: "
                                 f"send {i} is microbatch {sent[i][1]} of stage {sent[i][2]}, receive {i} "
                                 f"expects microbatch {received[i][1]} of stage {received[i][2]}\n" + s.grid())
+
+
+def _check_groups(s: Schedule):
+    """Every rank enters each group's collectives in the same order."""
+    groups = defaultdict(lambda: defaultdict(list))
+    for r, entries in enumerate(collective_entries(s)):
+        for _, entry in entries:
+            groups[entry.group][r].append(entry)
     for group, per_rank in groups.items():
         ref = per_rank.get(members(s, group)[0], [])
         for r in members(s, group):
@@ -105,13 +137,6 @@ def validate(s: Schedule) -> Schedule:
                 raise ScheduleError(f"collective group {group}: rank {r} enters "
                                     f"{shown[0]} where rank {members(s, group)[0]} enters {shown[1]} (position {pos}); "
                                     f"all ranks must enter a group's collectives in the same order\n" + s.grid())
-    check_collective_order(s)
-    try:  # what runs with all of a rank's collectives on one ordered queue runs in the default mode too
-        simulate(s, Costs(), strict=True)
-    except ScheduleError:
-        simulate(s, Costs())  # raises ScheduleError naming each blocked rank on a deadlock
-        raise  # and with one ordered queue
-    return s
 
 
 def collective_entries(s: Schedule) -> list[list[tuple[int, object]]]:
