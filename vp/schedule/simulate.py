@@ -122,7 +122,8 @@ class _Plan(NamedTuple):
     (a sweep simulates one schedule with many costs; validate() and the caller share it).
 
     steps[r][i]: (code, needs, a, b, c) where needs are the steps of rank r whose ends action i waits for
-    (rules.local_needs; a need that does not come earlier makes the step _MISSING, raised when the rank gets there);
+    (rules.local_needs; a need that does not come earlier makes the step _MISSING, raised when the rank gets there;
+    the step just before is left out: it ends at the rank's clock);
     _PLAIN: a = index of its duration in time_keys, b = index of its memory in mem_keys, c = _MEM_*;
     _SEND: a = its channel (a send and its receive share one), b = its link; _RECV: a = channel, b = index in
     p2p_keys, c = its link;
@@ -184,7 +185,7 @@ def _make_plan(s: Schedule) -> _Plan:
             x = index(times, x)
         else:
             x = (*x[:4], index(times, x[4]))
-        return code, needs, x, mem, mode
+        return code, needs, x, mem, mode, (code, (), x, mem, mode)  # the last: one step for all that need nothing
 
     steps = []
     for r, acts in enumerate(s.ranks):
@@ -196,14 +197,15 @@ def _make_plan(s: Schedule) -> _Plan:
             sh = shape.get((a.kind, a.chunk))
             if sh is None:
                 sh = shape[(a.kind, a.chunk)] = resolve(a)
-            code, need_shapes, x, mem, mode = sh
+            code, need_shapes, x, mem, mode, _ = sh
             needs = ()
             for nk, nc in need_shapes:
                 j = seen.get((r, nk, mb, nc))
                 if j is None:
                     needs = None
                     break
-                needs += (j,)
+                if j != i - 1:  # the step just before ends at the rank's clock, which every step waits for
+                    needs += (j,)
             seen[a if a.rank == r else (r, a.kind, mb, a.chunk)] = i
             if needs is None:  # raised when the rank gets there; a receive still waits for its send first
                 chan = index(chans, (x[0], r, x[1], mb, x[2])) if code == _RECV else -1
@@ -213,7 +215,7 @@ def _make_plan(s: Schedule) -> _Plan:
             elif code == _RECV:
                 out.append((_RECV, needs, index(chans, (x[0], r, x[1], mb, x[2])), x[3], x[4]))
             elif code == _PLAIN:
-                out.append((_PLAIN, needs, x, mem, mode))
+                out.append((_PLAIN, needs, x, mem, mode) if needs else sh[5])
             else:
                 entry, at_end, waits, is_coll, dur = x
                 entry = instance(entry, mb) if entry else -1
