@@ -16,7 +16,8 @@ from operator import itemgetter
 
 from vp.schedule.actions import KINDS, P2P, Schedule
 from vp.schedule.rules import members, shapes
-from vp.schedule.simulate import Costs, ScheduleError, collector_paused, p2p_in_order, simulate
+from vp.schedule.plan import p2p_in_order
+from vp.schedule.simulate import Costs, ScheduleError, collector_paused, simulate
 
 
 def _fail(s: Schedule, r: int, i: int, msg: str):
