@@ -30,3 +30,18 @@ def test_peer_bench_refuses_bad_input_before_starting_anything(capsys):
     assert "rounds=0" in capsys.readouterr().err
     assert main(["peer", "--layers", "6"]) == 2  # interleaved needs a multiple of pp * chunks = 4
     assert "layers=6" in capsys.readouterr().err
+
+
+def test_sim_bench_rows_and_refusals(capsys):
+    """python -m vp.bench sim: one row per method and size, measured in its own process (no timings asserted)."""
+    assert main(["sim", "--json", "--methods", "vocab-2", "interleaved-vocab-2", "--sizes", "4x8"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [(r["method"], r["pp"], r["microbatches"], r["chunks"]) for r in rows] == [
+        ("vocab-2", 4, 8, 1), ("interleaved-vocab-2", 4, 8, 2)]
+    from vp.schedule import build
+    assert [r["actions"] for r in rows] == [sum(map(len, build(r["method"], 4, 8).ranks)) for r in rows]
+    assert all(r["cpu_s"] > 0 and r["ratio"] > 0 and r["peak_rss_bytes"] > 0 for r in rows)
+    assert main(["sim", "--sizes", "4by8"]) == 2
+    assert "--sizes '4by8'" in capsys.readouterr().err
+    assert main(["sim", "--methods", "interleaved", "--sizes", "4x6"]) == 2  # 6 is not a multiple of pp
+    assert "microbatches" in capsys.readouterr().err

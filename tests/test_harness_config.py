@@ -154,7 +154,7 @@ SMALL = [*TINY, "grid.product.vocab=[2k]", "grid.product.method=[baseline,vocab-
     (["limits.memory_gb=0.5"], "GiB are available; use a smaller seq_len, micro_batch_size, microbatches, hidden or "
                                "vocabulary, or set limits.memory_gb"),
     (["backend=sim", "run.pp=1024", "run.microbatches=1024", "model.layers=1024"],
-     "is above the schedule size limit of 65536"),
+     "is above the schedule size limit of 262144"),
     # the fault spec, checked against the schedule
     (["fault={method: vocab-2, at: '7:F2'}"], "fault rank 7 does not exist: dp=1 x pp=2 has ranks 0..1"),
     (["fault={method: vocab-2, at: '1:F99'}"], "fault action 'F99' is not executed by rank 1 of method=vocab-2"),

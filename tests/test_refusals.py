@@ -42,8 +42,8 @@ def test_vp_train_refuses_before_any_process_starts(tmp_path, args, message):
 
 
 @pytest.mark.parametrize("args,message", [
-    (["--pp", "100000", "--microbatches", "100000"], "is above the schedule size limit of 65536 (building and "
-                                                     "simulating grows with it"),
+    (["--pp", "100000", "--microbatches", "100000"], "is above the schedule size limit of 262144 (building, "
+                                                     "validating and simulating grow with it"),
     (["--pp", "2", "--microbatches", "4", "--png", "/missing/dir/a.png"], "the folder /missing/dir does not exist"),
     (["--pp", "2", "--microbatches", "4", "--png", "a.txt"], "the suffix must be one of .png, .pdf, .svg"),
     (["--pp", "2", "--microbatches", "4", "--png", "/proc/a.png"], "cannot write in /proc"),

@@ -9,7 +9,8 @@ from vp.config import RunConfig
 
 GiB = 1024**3
 MAX_TOKENS_PER_MICROBATCH = 131072  # micro_batch_size x seq_len above this is taken for a typo
-MAX_SCHEDULE_SIZE = 65536  # pp x microbatches x chunks: about 30 s and 0.5 GiB to build and simulate
+MAX_SCHEDULE_SIZE = 262144  # pp x microbatches x chunks: SIZE_COST to build, validate and simulate at the limit
+SIZE_COST = "about 75 CPU seconds and 1.7 GiB"  # vocab-2, pp 256 x 1024 microbatches, 2 loaded cores (vp.bench sim)
 PROCESS_BYTES = 0.4 * GiB  # a rank's Python, torch and communication buffers before any tensor of the run
 FAULT_MODES = ("exit", "raise", "hang", "oom")  # oom: what a NCCL call raises when CUDA is out of memory
 PICTURE_SUFFIXES = (".png", ".pdf", ".svg")
@@ -53,7 +54,7 @@ def check_schedule_size(pp: int, microbatches: int, chunks: int, limit: int, ove
     size = pp * microbatches * chunks
     if size > limit:
         raise ValueError(f"pp={pp} x microbatches={microbatches} x chunks={chunks} = {size} is above the schedule "
-                         f"size limit of {limit} (building and simulating grows with it: about 30 s and 0.5 GiB "
+                         f"size limit of {limit} (building, validating and simulating grow with it: {SIZE_COST} "
                          f"at {MAX_SCHEDULE_SIZE}); use fewer ranks or microbatches, or {override}")
 
 

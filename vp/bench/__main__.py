@@ -5,6 +5,7 @@ python -m vp.bench pipeline  real 2-rank CPU runs of a vocabulary-heavy GPT, aga
 python -m vp.bench tp        tensor-parallel grids: bytes per layer measured against the closed form, time
 python -m vp.bench peer      the same GPT under torch.distributed.pipelining and under this project (vp/bench/peer.py)
 python -m vp.bench tpsim     the cost model's 1-D, 2-D and 2.5-D at the 2.5-D paper's scale (vp/bench/tpsim.py)
+python -m vp.bench sim       the schedule simulator's time and memory over a ladder of sizes (vp/bench/sim.py)
 """
 import argparse
 import json
@@ -122,6 +123,25 @@ def peer_main(args) -> int:
     return 0 if fair else 1
 
 
+def sim_main(args) -> int:
+    from vp.bench import sim
+    from vp.config import RunConfig, check_config
+
+    try:
+        sizes = [sim.parse_size(x) for x in args.sizes] if args.sizes else list(sim.LADDER)
+        methods = args.methods or list(sim.METHODS)
+        if args.repeat < 1:
+            raise ValueError(f"--repeat {args.repeat} must be a positive integer")
+        for method in methods:
+            for pp, m in sizes:
+                check_config(RunConfig(method=method, pp=pp, microbatches=m, layers=pp * 2, vocab_size=max(1000, pp)))
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    sim.run(methods, sizes, args.repeat, args.json)
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m vp.bench", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -155,7 +175,14 @@ def main(argv=None) -> int:
     t.add_argument("--json", action="store_true", help="print a list of row objects")
     ts = sub.add_parser("tpsim", help="simulated 1-D, 2-D and 2.5-D weak and strong scaling to 64 devices")
     ts.add_argument("--json", action="store_true", help="print the rows and ratios as JSON")
+    sm = sub.add_parser("sim", help="build + validate + simulate time and peak memory, 32x128 up to 256x1024")
+    sm.add_argument("--json", action="store_true", help="print a list of row objects")
+    sm.add_argument("--methods", nargs="+", default=None, help="default: vocab-2 vhalf-vocab-2 interleaved-vocab-2")
+    sm.add_argument("--sizes", nargs="+", default=None, help="PPxMICROBATCHES, default: 32x128 64x256 128x512 256x1024")
+    sm.add_argument("--repeat", type=int, default=1, help="rounds over all rows; the fastest is shown with the spread")
     args = ap.parse_args(argv)
+    if args.what == "sim":
+        return sim_main(args)
     if args.what == "tpsim":
         from vp.bench.tpsim import run as run_tpsim
 

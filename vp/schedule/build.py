@@ -26,26 +26,39 @@ from typing import NamedTuple
 
 from vp.schedule.actions import Action, Schedule
 from vp.schedule.methods import VOCAB, chunks_for, get_method
-from vp.schedule.simulate import simulate
+from vp.schedule.simulate import collector_paused, simulate
 
 
 def lower(s: Schedule) -> Schedule:
     """Add SF/SB right after the pass that produces what they send and RF/RB right before their consumer."""
     out = []
     last = s.n_stages - 1
+
+    def around(r: int, kind: str, chunk: int) -> tuple[str | None, str | None]:
+        """The receive before and the send after a pass of (kind, chunk) on rank r, where its neighbour stage is
+        on another rank."""
+        if kind not in ("F", "B"):
+            return None, None
+        st = s.stage(r, chunk)
+        prev = st > 0 and s.where(st - 1)[0] != r
+        nxt = st < last and s.where(st + 1)[0] != r
+        if kind == "F":
+            return ("RF" if prev else None), ("SF" if nxt else None)
+        return ("RB" if nxt else None), ("SB" if prev else None)
+
     for r, acts in enumerate(s.ranks):
-        seq = []
+        seq, known = [], {}
         for a in acts:
-            st = s.stage(r, a.chunk) if a.kind in ("F", "B") else None
-            if a.kind == "F" and st > 0 and s.where(st - 1)[0] != r:
-                seq.append(Action(r, "RF", a.mb, a.chunk))
-            if a.kind == "B" and st < last and s.where(st + 1)[0] != r:
-                seq.append(Action(r, "RB", a.mb, a.chunk))
+            key = (a.kind, a.chunk)
+            got = known.get(key)
+            if got is None:
+                got = known[key] = around(r, *key)
+            before, after = got
+            if before:
+                seq.append(Action(r, before, a.mb, a.chunk))
             seq.append(a)
-            if a.kind == "F" and st < last and s.where(st + 1)[0] != r:
-                seq.append(Action(r, "SF", a.mb, a.chunk))
-            if a.kind == "B" and st > 0 and s.where(st - 1)[0] != r:
-                seq.append(Action(r, "SB", a.mb, a.chunk))
+            if after:
+                seq.append(Action(r, after, a.mb, a.chunk))
         out.append(seq)
     return replace(s, ranks=out)
 
@@ -108,17 +121,16 @@ def _start_of_pass_before(s: Schedule, times: dict, where: tuple[int, int]) -> d
     return out
 
 
-def _after_inputs(s: Schedule, acts: list[Action], u: _Unit) -> int:
-    """The earliest position of unit u on a rank: after the rank's own passes that the unit's root needs before
-    it can enter (C0(k): the rank's F(k) of every stage before the last). Entered any earlier, the collective
-    would sit on the rank's queue ahead of a pass that communicates (a tensor-parallel stage's all-reduces),
-    which the root waits for: a deadlock on one queue."""
-    needs = {k for kind, k in u.actions if kind == "C0"}
-    if not needs:
-        return 0
-    last = s.n_stages - 1
-    return max((i + 1 for i, a in enumerate(acts)
-                if a.kind == "F" and a.mb in needs and s.stage(a.rank, a.chunk) < last), default=0)
+def _after_inputs(s: Schedule, acts: list[Action]) -> dict[int, int]:
+    """Per microbatch k, the earliest position on a rank of a unit with C0(k): after the rank's own passes that
+    the unit's root needs before it can enter (the rank's F(k) of every stage before the last). Entered any
+    earlier, the collective would sit on the rank's queue ahead of a pass that communicates (a tensor-parallel
+    stage's all-reduces), which the root waits for: a deadlock on one queue."""
+    last, out = s.n_stages - 1, {}
+    for i, a in enumerate(acts):
+        if a.kind == "F" and s.stage(a.rank, a.chunk) < last:
+            out[a.mb] = i + 1
+    return out
 
 
 def insert_vocab_passes(s: Schedule) -> Schedule:
@@ -126,17 +138,20 @@ def insert_vocab_passes(s: Schedule) -> Schedule:
     base = simulate(lower(replace(s, vocab=VOCAB["local"])))
     times = {(a.rank, a.kind, a.mb, a.chunk): (t0, t1) for tl in base.timeline for a, t0, t1 in tl}
     units = _units(s, times)
+    broadcasts = [[k for kind, k in u.actions if kind == "C0"] for u in units]
     out = []
     for r, acts in enumerate(s.ranks):
         starts = [times[(r, a.kind, a.mb, a.chunk)][0] for a in acts]
         at = {}  # stage-pass index -> actions inserted before it
         pos = 0  # never before the previous unit: the collective order is the same on every rank
-        for u in units:
+        after = _after_inputs(s, acts)
+        for u, c0 in zip(units, broadcasts):
             delay = 0.0 if r == u.root else u.receivers
             if delay is not None:
                 pos = max(pos, bisect_left(starts, u.key[0] + delay))
-            pos = max(pos, _after_inputs(s, acts, u))
-            at.setdefault(pos, []).extend(Action(r, kind, k) for kind, k in u.actions)
+            for k in c0:
+                pos = max(pos, after.get(k, 0))
+            at.setdefault(pos, []).extend([Action(r, kind, k) for kind, k in u.actions])
         seq = []
         for i, a in enumerate(acts):
             seq += at.pop(i, [])
@@ -145,6 +160,7 @@ def insert_vocab_passes(s: Schedule) -> Schedule:
     return replace(s, ranks=out)
 
 
+@collector_paused
 def build(method: str, pp: int, microbatches: int, chunks: int | None = None) -> Schedule:
     """The lowered schedule of a method (the object the validator, simulator and runtime all take)."""
     spec = get_method(method)

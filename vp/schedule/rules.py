@@ -6,7 +6,10 @@ are sent from a root to each rank (a receiver waits for the root alone); IF is r
 rank; C1, C2 and the naive algorithm's barriers are all-reduces (everyone waits for everyone). What an
 algorithm enters and waits for comes from its row (methods.VOCAB), never from its name.
 """
-from vp.schedule.actions import Action, Collective, Schedule
+from dataclasses import replace
+from typing import NamedTuple
+
+from vp.schedule.actions import P2P, Action, Collective, Schedule
 
 LOCAL = tuple[str, int, int]  # (kind, mb, chunk) that must come earlier on the same rank
 
@@ -107,3 +110,39 @@ def p2p_peer(s: Schedule, a: Action) -> tuple[int, tuple[str, int, int]]:
     if a.kind == "RB":
         return s.where(st + 1)[0], ("B", a.mb, st + 1)
     raise AssertionError(f"{a} is not a p2p action")
+
+
+class Shape(NamedTuple):
+    """What the rules above say of an action, with its microbatch left out: they depend on its rank, kind and chunk
+    alone and name the action's own microbatch, so one shape serves every microbatch (shapes())."""
+    needs: tuple  # (kind, chunk) of the actions of the same microbatch that must come earlier on the rank
+    peer: int | None  # sends and receives: the other rank
+    match: tuple | None  # sends and receives: (kind, stage) of the key a send and its receive share (with mb)
+    entry: Collective | None  # the instance it enters, of microbatch 0
+    waits: tuple  # the instances it waits on, of microbatch 0
+
+
+def shape(s: Schedule, a: Action) -> Shape:
+    mb = a.mb
+    needs = local_needs(s, a)
+    entry, waits = enters(s, a), waits_on(s, a)
+    peer, match = p2p_peer(s, a) if a.kind in P2P else (None, None)
+    assert all(n[1] == mb for n in needs) and all(c.mb == mb for c in [entry, *waits] if c), a
+    assert match is None or match[1] == mb, a
+    return Shape(tuple((n[0], n[2]) for n in needs), peer, match and (match[0], match[2]),
+                 entry and replace(entry, mb=0), tuple(replace(w, mb=0) for w in waits))
+
+
+def shapes(s: Schedule) -> list[dict]:
+    """Per rank, {(kind, chunk): Shape} of every action it runs: once per schedule object (validate() and the
+    simulator read it)."""
+    def make(s: Schedule) -> list[dict]:
+        out = []
+        for acts in s.ranks:
+            seen = {}
+            for a in acts:
+                if (a.kind, a.chunk) not in seen:
+                    seen[(a.kind, a.chunk)] = shape(s, a)
+            out.append(seen)
+        return out
+    return s.memo("rule_shapes", make)

@@ -21,12 +21,29 @@ deadlock check only, untimed, since communicators outlive the first iteration). 
 collectives in opposite orders deadlock here; validate() also checks that order statically. Sends and receives
 keep their own channels, as in the default mode.
 """
-from collections import defaultdict
+import functools
+import gc
 from dataclasses import dataclass, field
-from typing import NamedTuple
 
-from vp.schedule.actions import COLLECTIVES, P2P, Action, Schedule
-from vp.schedule.rules import enters, local_needs, members, p2p_peer, root_of, waits_on
+from vp.schedule.actions import Action, Schedule
+from vp.schedule.plan import _MEM_HOLD, _MISSING, _PLAIN, _RECV, _SEND, _plan
+from vp.schedule.rules import local_needs
+
+def collector_paused(fn):
+    """Run fn with Python's cyclic garbage collector paused: building, validating and simulating a schedule allocate
+    millions of small tuples that form no cycles, and each collection walks every live one, so with the collector on
+    the cost grows faster than the schedule."""
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+        if not gc.isenabled():
+            return fn(*args, **kwargs)
+        gc.disable()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            gc.enable()
+    return run
+
 
 class ScheduleError(ValueError):
     """A schedule that cannot run; the message names rank, step and action."""
@@ -94,188 +111,214 @@ class SimResult:
                 "bubble_fraction": self.bubble_fraction, "peak_activations": self.peak_activations}
 
 
-class _Step(NamedTuple):
-    """What the simulator needs of one action that depends on the schedule alone (not on costs)."""
-    action: Action
-    needs: tuple  # keys of `end` this action waits for on its own rank (rules.local_needs)
-    entry: object  # the collective instance it enters, or None (rules.enters)
-    waits: tuple  # the collective instances it waits on (rules.waits_on)
-    stage: int | None  # F, B, W: its stage; sends and receives: the peer
-    match: tuple | None  # sends and receives: the key a send and its receive share
-
-
-def _plan(s: Schedule) -> list[list[_Step]]:
-    """Per rank, what each action needs, enters and waits on: once per schedule (a sweep simulates one schedule
-    with many costs)."""
-    return s.memo("simulator_plan", _make_plan)
-
-
-def _make_plan(s: Schedule) -> list[list[_Step]]:
-    plan = []
-    for r, acts in enumerate(s.ranks):
-        steps = []
-        for a in acts:
-            needs = tuple((r, *n) for n in local_needs(s, a))
-            if a.kind in P2P:
-                peer, match = p2p_peer(s, a)
-                steps.append(_Step(a, needs, None, (), peer, match))
-            else:
-                st = s.stage(r, a.chunk) if a.kind in ("F", "B", "W") else None
-                steps.append(_Step(a, needs, enters(s, a), tuple(waits_on(s, a)), st, None))
-        plan.append(steps)
-    return plan
-
-
+@collector_paused
 def simulate(s: Schedule, costs: Costs | None = None, strict: bool = False) -> SimResult:
-    """Run the schedule on the execution model above (strict: all of a rank's collectives on one queue)."""
+    """Run the schedule on the execution model above (strict: all of a rank's collectives on one queue).
+
+    Event-driven: each rank runs its actions in order until one must wait (a receive whose send is not posted, a
+    collective not complete, a communicator not created); it is then parked on that one event and run again when
+    the event happens, so each action is decided once and the cost is linear in the number of actions."""
     costs = costs or unit_costs(s)
     pp, ranks = s.pp, s.ranks
     plan = _plan(s)
+    steps, instances, members, roots = plan.steps, plan.instances, plan.members, plan.roots
+    dur = [costs.time(k, st) for k, st in plan.time_keys]
+    memd = [costs.mem(k, st) for k, st in plan.mem_keys]
+    p2p = [costs.p2p(src, dst) for src, dst in plan.p2p_keys]
+    comm = [costs.comm.get(inst.kind, 0.0) for inst in instances]
+    n_inst = len(instances)
     idx, clock = [0] * pp, [0.0] * pp
-    end: dict[tuple, float] = {}
-    entered: dict[tuple, dict[int, float]] = defaultdict(dict)
-    posted: dict[tuple, float] = {}
+    ends: list[list[float]] = [[] for _ in range(pp)]  # per rank, the end of each action done, in order
     timeline: list[list] = [[] for _ in range(pp)]
     busy, mem, peak = [0.0] * pp, [0.0] * pp, [0.0] * pp
-    changed = [False]  # an entry was recorded without the rank advancing
-    lazy: dict = defaultdict(dict)  # strict: ranks waiting to create a group entered at the end of an action
+    posted: list = [None] * plan.channels  # when each send was posted
+    receiver: list = [None] * plan.channels  # the rank parked on a receive of the channel
+    entered: list[dict] = [{} for _ in range(n_inst)]  # instance -> {rank: time it entered}
+    complete: list = [None] * n_inst  # instance -> when it completes on every rank (all-reduces; strict: all)
+    parked: list[list] = [[] for _ in range(n_inst)]  # instance -> ranks waiting for it (or for its creation)
+    lazy: dict = {}  # strict: ranks arrived at the creation of a group entered at the end of an action (IF)
     queue: list[list] = [[] for _ in range(pp)]  # strict: each rank's instances in the order it entered them
     head, free_at = [0] * pp, [0.0] * pp  # strict: first unfinished instance of each queue, and when it freed
-    done: dict = {}  # strict: instance -> completion time, the same on every member
+    at_head = [0] * n_inst  # strict: how many members have the instance at the head of their queue
     opened: dict = {}  # strict: group -> its first instance (creating the communicator blocks until all arrive)
+    work = list(range(pp - 1, -1, -1))  # ranks that may move; popped from the end: rank 0 first
+
+    def wake(inst):
+        work.extend(parked[inst])
+        parked[inst] = []
 
     def enter(inst, r, t):
-        entered[inst][r] = t
-        queue[r].append(inst)
-        changed[0] = True
-        if strict:
-            advance()
-
-    def advance():
-        """Strict mode: start every instance that heads the queue of each member of its group."""
-        moved = True
-        while moved:
-            moved = False
-            for r in range(pp):
-                if head[r] == len(queue[r]):
-                    continue
-                inst = queue[r][head[r]]
-                group = members(s, inst.group)
-                if all(head[q] < len(queue[q]) and queue[q][head[q]] == inst for q in group):
-                    start = max(max(entered[inst][q], free_at[q]) for q in group)
-                    done[inst] = start + costs.comm.get(inst.kind, 0.0)
-                    for q in group:
-                        head[q], free_at[q] = head[q] + 1, done[inst]
-                    moved = True
-
-    def completion(inst, r):
-        """When rank r has the result of a collective instance, or None while it cannot be known."""
-        if strict:
-            return done.get(inst)
         got = entered[inst]
-        if inst.group in ("C0", "IB"):  # the root sends a copy to each rank
-            root = root_of(s, inst.group)
-            if root not in got or r not in got:
-                return None
-            return max(got[root], got[r]) + (0.0 if r == root else costs.comm.get(inst.kind, 0.0))
-        if len(got) < pp:
-            return None
-        return max(got.values()) + costs.comm.get(inst.kind, 0.0)
+        got[r] = t
+        if strict:
+            q = queue[r]
+            q.append(inst)
+            if head[r] == len(q) - 1:
+                at_head[inst] += 1
+                if at_head[inst] == len(members[inst]):
+                    launch(inst)
+        elif roots[inst] is None:
+            if len(got) == pp:
+                complete[inst] = max(got.values()) + comm[inst]
+                wake(inst)
+        elif r == roots[inst]:
+            wake(inst)
 
-    def ready_after_local(r, i, a, needs):
-        t = clock[r]
-        for key in needs:
-            if key not in end:
-                raise ScheduleError(f"rank {r}, step {i} ({a.text()}): needs "
-                                    f"{Action(*key).text()} earlier on rank {r}\n" + s.grid((r, i), 6))
-            t = max(t, end[key])
-        return t
+    def launch(first):
+        """Strict mode: start an instance that heads the queue of every member, and every one that then does."""
+        ready = [first]
+        while ready:
+            inst = ready.pop()
+            group, got = members[inst], entered[inst]
+            t = max(max(got[q], free_at[q]) for q in group)
+            complete[inst] = done = t + comm[inst]
+            for q in group:
+                head[q] += 1
+                free_at[q] = done
+                if head[q] < len(queue[q]):
+                    nxt = queue[q][head[q]]
+                    at_head[nxt] += 1
+                    if at_head[nxt] == len(members[nxt]):
+                        ready.append(nxt)
+            wake(inst)
 
-    def step_p2p(r, i, a, needs, peer, key):
-        if a.kind[0] == "S":
-            posted[(r, peer, key)] = finish = ready_after_local(r, i, a, needs)
-            ready = finish
-        else:
-            sent = posted.get((peer, r, key))
-            if sent is None:  # asked again once the peer moved (most asks of a large schedule are these)
-                return False
-            ready = ready_after_local(r, i, a, needs)
-            finish = max(ready, sent) + costs.p2p(peer, r)
-        end[(r, a.kind, a.mb, a.chunk)] = finish
-        timeline[r].append((a, ready, finish))
-        clock[r], idx[r] = finish, i + 1
+    def created(r, entry, at_end, ready) -> bool:
+        """Strict mode: whether the communicator of a group is there when rank r enters its first instance; until
+        every member has arrived the rank waits in its creation (untimed: once per run), parked."""
+        got = lazy.setdefault(entry, {}) if at_end else entered[entry]
+        if r not in got:
+            if at_end:
+                got[r] = ready
+            else:
+                enter(entry, r, ready)
+            if len(got) == len(members[entry]):
+                wake(entry)
+        if len(got) < len(members[entry]):
+            parked[entry].append(r)
+            return False
         return True
 
-    def step(r):
-        i = idx[r]
-        a, needs, entry, waits, st, match = plan[r][i]
-        if match is not None:
-            return step_p2p(r, i, a, needs, st, match)
-        ready = ready_after_local(r, i, a, needs)
-        if strict and entry and opened.setdefault(entry.group, entry) == entry:
-            created = entered[entry] if entry.phase == "start" else lazy[entry]
-            if r not in created:
-                created[r] = ready
-                changed[0] = True
-                if entry.phase == "start":
-                    enter(entry, r, ready)
-            if len(created) < len(members(s, entry.group)):
-                return False  # this rank waits in the communicator's creation (untimed: once per run)
-        if entry and entry.phase == "start" and r not in entered[entry]:
-            enter(entry, r, ready)
-        start = ready
-        for inst in waits:
-            t = completion(inst, r)
-            if t is None:
-                return False
-            start = max(start, t)
-        if a.kind in COLLECTIVES:
-            end[(r, a.kind, a.mb, a.chunk)] = start
-            timeline[r].append((a, start, start))
-            clock[r], idx[r] = start, i + 1
-            return True
-        dur = costs.time(a.kind, st)
-        finish = start + dur
-        if a.kind in ("F", "S"):
-            mem[r] += costs.mem(a.kind, st)
-            peak[r] = max(peak[r], mem[r])
-        elif a.kind == "W" or (a.kind == "B" and not s.split_w):
-            mem[r] -= costs.mem("F", st)
-        elif a.kind == "T":
-            mem[r] -= costs.mem("S", None)
-        if entry and entry.phase == "end":
-            enter(entry, r, finish)
-        end[(r, a.kind, a.mb, a.chunk)] = finish
-        timeline[r].append((a, start, finish))
-        busy[r] += dur
-        clock[r], idx[r] = finish, i + 1
-        return True
-
-    progress = True
-    while progress:
-        progress = False
-        for r in range(pp):
-            while idx[r] < len(ranks[r]) and step(r):
-                progress = True
-            progress = progress or changed[0]
-            changed[0] = False
+    while work:
+        r = work.pop()
+        i, plan_r, acts, end_r, tl = idx[r], steps[r], ranks[r], ends[r], timeline[r]
+        n, t_clock, t_busy, t_mem, t_peak = len(plan_r), clock[r], busy[r], mem[r], peak[r]
+        while i < n:
+            code, needs, a, b, c = plan_r[i]
+            if code == _MISSING:
+                if a >= 0 and posted[a] is None:  # a receive waits for its send first
+                    receiver[a] = r
+                    break
+                _missing(s, r, i)
+            ready = t_clock
+            for j in needs:
+                e = end_r[j]
+                if e > ready:  # ready = max(ready, e)
+                    ready = e
+            if code == _PLAIN:
+                d = dur[a]
+                finish = ready + d
+                tl.append((acts[i], ready, finish))
+            elif code == _SEND:
+                posted[a] = finish = ready
+                waiting = receiver[a]
+                if waiting is not None:
+                    receiver[a] = None
+                    work.append(waiting)
+                tl.append((acts[i], ready, ready))
+                end_r.append(finish)
+                t_clock = finish
+                i += 1
+                continue
+            elif code == _RECV:
+                sent = posted[a]
+                if sent is None:
+                    receiver[a] = r
+                    break
+                finish = (sent if sent > ready else ready) + p2p[b]
+                tl.append((acts[i], ready, finish))
+                end_r.append(finish)
+                t_clock = finish
+                i += 1
+                continue
+            else:  # _SYNC: enters and/or waits on collective instances
+                entry, at_end, waits, is_coll, d = a
+                if entry >= 0:
+                    if strict and opened.setdefault(instances[entry].group, entry) == entry and \
+                            not created(r, entry, at_end, ready):
+                        break
+                    if not at_end and r not in entered[entry]:
+                        enter(entry, r, ready)
+                start = ready
+                for inst in waits:
+                    root = roots[inst]
+                    if strict or root is None:
+                        done = complete[inst]
+                    else:  # sent from the root: this rank waits for the root alone
+                        got = entered[inst]
+                        if root in got and r in got:
+                            x, y = got[root], got[r]
+                            done = (y if y > x else x) + (0.0 if r == root else comm[inst])
+                        else:
+                            done = None
+                    if done is None:
+                        parked[inst].append(r)
+                        break
+                    if done > start:
+                        start = done
+                else:
+                    done = start
+                if done is None:
+                    break
+                if is_coll:  # a collective action: launched, done at once
+                    tl.append((acts[i], start, start))
+                    end_r.append(start)
+                    t_clock = start
+                    i += 1
+                    continue
+                d = dur[d]
+                finish = start + d
+                if at_end:
+                    enter(entry, r, finish)
+                tl.append((acts[i], start, finish))
+            if c:  # memory: F and S hold, B/W and T free
+                if c == _MEM_HOLD:
+                    t_mem += memd[b]
+                    if t_mem > t_peak:
+                        t_peak = t_mem
+                else:
+                    t_mem -= memd[b]
+            t_busy += d
+            end_r.append(finish)
+            t_clock = finish
+            i += 1
+        idx[r], clock[r], busy[r], mem[r], peak[r] = i, t_clock, t_busy, t_mem, t_peak
     stuck = [r for r in range(pp) if idx[r] < len(ranks[r])]
     if stuck:
         lines = [f"rank {r} blocked at step {idx[r]} ({ranks[r][idx[r]].text()})" for r in stuck]
         if strict:
-            lines += [_queue_head(s, q, queue, head, entered) for q in range(pp) if head[q] < len(queue[q])]
+            lines += [_queue_head(instances, members, q, queue, head, entered) for q in range(pp)
+                      if head[q] < len(queue[q])]
         mode = "deadlock (one ordered queue of collectives per rank)" if strict else "deadlock"
         raise ScheduleError(f"{mode}: " + "; ".join(lines) + "\n" + s.grid((stuck[0], idx[stuck[0]]), 6))
-    makespan = max((max(e for _, _, e in tl) for tl in timeline if tl), default=0.0)
+    makespan = max((max(e) for e in ends if e), default=0.0)
     return SimResult(makespan, busy, peak, timeline)
 
 
-def _queue_head(s: Schedule, r: int, queue, head, entered) -> str:
+def _missing(s: Schedule, r: int, i: int):
+    a = s.ranks[r][i]
+    done = {(x.kind, x.mb, x.chunk) for x in s.ranks[r][:i]}
+    key = next(n for n in local_needs(s, a) if n not in done)
+    raise ScheduleError(f"rank {r}, step {i} ({a.text()}): needs {Action(r, *key).text()} earlier on rank {r}\n"
+                        + s.grid((r, i), 6))
+
+
+def _queue_head(instances, members, r: int, queue, head, entered) -> str:
     """Strict mode: why the collective at the head of rank r's queue cannot start."""
     inst = queue[r][head[r]]
-    missing = [q for q in members(s, inst.group) if q not in entered[inst]]
+    missing = [q for q in members[inst] if q not in entered[inst]]
     if missing:
-        return f"rank {r}'s queue waits at {inst.text()}, not entered by rank(s) {missing}"
-    behind = [f"rank {q} ({queue[q][head[q]].text()} first)" for q in members(s, inst.group)
+        return f"rank {r}'s queue waits at {instances[inst].text()}, not entered by rank(s) {missing}"
+    behind = [f"rank {q} ({instances[queue[q][head[q]]].text()} first)" for q in members[inst]
               if queue[q][head[q]] != inst]
-    return f"rank {r}'s queue waits at {inst.text()}, queued behind other collectives on {', '.join(behind)}"
+    return (f"rank {r}'s queue waits at {instances[inst].text()}, queued behind other collectives on "
+            f"{', '.join(behind)}")

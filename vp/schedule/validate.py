@@ -11,10 +11,13 @@ enters) must therefore be acyclic; where every group spans all ranks that means 
 receives are not part of it: each direction of traffic has its own channel and a receive blocks only its consumer.
 """
 from collections import Counter, defaultdict
+from dataclasses import replace
+from operator import itemgetter
 
 from vp.schedule.actions import KINDS, P2P, Schedule
-from vp.schedule.rules import enters, local_needs, members, p2p_peer
-from vp.schedule.simulate import Costs, ScheduleError, simulate
+from vp.schedule.rules import members, shapes
+from vp.schedule.plan import p2p_in_order
+from vp.schedule.simulate import Costs, ScheduleError, collector_paused, simulate
 
 
 def _fail(s: Schedule, r: int, i: int, msg: str):
@@ -40,11 +43,13 @@ def expected_counts(s: Schedule) -> Counter:
     return want
 
 
+@collector_paused
 def validate(s: Schedule) -> Schedule:
     if len(s.ranks) != s.pp:
         raise ScheduleError(f"schedule has {len(s.ranks)} ranks but pp={s.pp}")
-    have = Counter()
     for r, acts in enumerate(s.ranks):
+        if _fields_in_range(s, r, acts):
+            continue
         for i, a in enumerate(acts):
             if a.rank != r:
                 _fail(s, r, i, f"action says rank {a.rank} but sits in rank {r}'s list")
@@ -52,36 +57,59 @@ def validate(s: Schedule) -> Schedule:
                 _fail(s, r, i, f"unknown kind {a.kind!r}")
             if not 0 <= a.mb < s.microbatches or not 0 <= a.chunk < s.chunks:
                 _fail(s, r, i, f"microbatch or chunk out of range (microbatches={s.microbatches}, chunks={s.chunks})")
-            if a.kind not in P2P:
-                have[tuple(a)] += 1
+    have = Counter(a for acts in s.ranks for a in acts if a.kind not in P2P)  # an Action equals its plain tuple
     want = expected_counts(s)
-    for key in sorted(set(have) | set(want)):
-        if have[key] != want[key]:
-            r, k, mb, c = key
-            where = f"rank {r}: {k}{mb}" + (f".{c}" if c else "")
-            raise ScheduleError(f"{where} appears {have[key]} time(s), expected {want[key]}\n" + s.grid())
+    if not dict.__eq__(have, want):  # (Counter's own == walks both in Python)
+        for key in sorted(set(have) | set(want)):
+            if have[key] != want[key]:
+                r, k, mb, c = key
+                where = f"rank {r}: {k}{mb}" + (f".{c}" if c else "")
+                raise ScheduleError(f"{where} appears {have[key]} time(s), expected {want[key]}\n" + s.grid())
 
+    if any(sh.peer == r for r, shape in enumerate(shapes(s)) for sh in shape.values()) or not p2p_in_order(s):
+        _check_needs_and_links(s)  # raises naming the first rank and step that breaks a check
+    _check_groups(s)
+    check_collective_order(s)
+    try:  # what runs with all of a rank's collectives on one ordered queue runs in the default mode too
+        simulate(s, Costs(), strict=True)
+    except ScheduleError:
+        simulate(s, Costs())  # raises ScheduleError naming each blocked rank on a deadlock
+        raise  # and with one ordered queue
+    return s
+
+
+def _fields_in_range(s: Schedule, r: int, acts: list) -> bool:
+    """Every action of rank r names rank r, a known kind, a microbatch and a chunk in range (checked in C)."""
+    if not acts:
+        return True
+    mbs, chunks = list(map(itemgetter(2), acts)), list(map(itemgetter(3), acts))
+    return (set(map(itemgetter(0), acts)) == {r} and set(map(itemgetter(1), acts)) <= set(KINDS)
+            and 0 <= min(mbs) and max(mbs) < s.microbatches and 0 <= min(chunks) and max(chunks) < s.chunks)
+
+
+def _check_needs_and_links(s: Schedule):
+    """Every action's inputs earlier on its rank, no send or receive within a rank, each link's traffic received as
+    sent: raised with the first rank and step that breaks one."""
     links = defaultdict(lambda: ([], []))  # (src, dst, kind) -> (keys sent, keys received), in order
-    groups = defaultdict(lambda: defaultdict(list))
-    for r, acts in enumerate(s.ranks):
+    for r, (acts, shape) in enumerate(zip(s.ranks, shapes(s))):
         seen = set()
         for i, a in enumerate(acts):
-            for need in local_needs(s, a):
-                if need not in seen:
-                    _fail(s, r, i, f"needs {need[0]}{need[1]}" + (f".{need[2]}" if need[2] else "")
-                          + f" earlier on rank {r}")
-            seen.add((a.kind, a.mb, a.chunk))
-            if a.kind in P2P:
-                peer, key = p2p_peer(s, a)
+            sh = shape[(a.kind, a.chunk)]
+            mb = a.mb
+            for kind, chunk in sh.needs:
+                if (kind, mb, chunk) not in seen:
+                    _fail(s, r, i, f"needs {kind}{mb}" + (f".{chunk}" if chunk else "") + f" earlier on rank {r}")
+            seen.add((a.kind, mb, a.chunk))
+            if sh.peer is not None:
+                peer, key = sh.peer, (sh.match[0], mb, sh.match[1])
                 if peer == r:
                     _fail(s, r, i, "a send or receive between two chunks of the same rank; pass it locally")
                 sender = a.kind[0] == "S"
                 links[(r, peer, key[0]) if sender else (peer, r, key[0])][0 if sender else 1].append(key)
-            entry = enters(s, a)
-            if entry:
-                groups[entry.group][r].append(entry)
     for (src, dst, kind), (sent, received) in sorted(links.items()):
         what = "activations" if kind == "F" else "gradients"
+        if sent == received:
+            continue
         if sorted(sent) != sorted(received):
             extra = sorted(set(sent) ^ set(received))[0]
             side = "send without a receive" if extra in sent else "receive without a send"
@@ -92,6 +120,14 @@ def validate(s: Schedule) -> Schedule:
             raise ScheduleError(f"{what} rank {src} -> rank {dst} are received in another order than sent: "
                                 f"send {i} is microbatch {sent[i][1]} of stage {sent[i][2]}, receive {i} "
                                 f"expects microbatch {received[i][1]} of stage {received[i][2]}\n" + s.grid())
+
+
+def _check_groups(s: Schedule):
+    """Every rank enters each group's collectives in the same order."""
+    groups = defaultdict(lambda: defaultdict(list))
+    for r, entries in enumerate(collective_entries(s)):
+        for _, entry in entries:
+            groups[entry.group][r].append(entry)
     for group, per_rank in groups.items():
         ref = per_rank.get(members(s, group)[0], [])
         for r in members(s, group):
@@ -102,15 +138,26 @@ def validate(s: Schedule) -> Schedule:
                 raise ScheduleError(f"collective group {group}: rank {r} enters "
                                     f"{shown[0]} where rank {members(s, group)[0]} enters {shown[1]} (position {pos}); "
                                     f"all ranks must enter a group's collectives in the same order\n" + s.grid())
-    check_collective_order(s)
-    simulate(s, Costs())  # raises ScheduleError naming each blocked rank on a deadlock
-    simulate(s, Costs(), strict=True)  # and with all of a rank's collectives on one ordered queue
-    return s
 
 
 def collective_entries(s: Schedule) -> list[list[tuple[int, object]]]:
-    """Per rank, the collective instances it enters, in order, with the step that enters each."""
-    return [[(i, e) for i, e in ((i, enters(s, a)) for i, a in enumerate(acts)) if e] for acts in s.ranks]
+    """Per rank, the collective instances it enters, in order, with the step that enters each (one object per
+    instance, shared by the ranks)."""
+    def make(s: Schedule) -> list[list[tuple[int, object]]]:
+        made = {}  # (group, kind, mb) -> its Collective
+        out = []
+        for acts, shape in zip(s.ranks, shapes(s)):
+            seq = []
+            for i, a in enumerate(acts):
+                e = shape[(a.kind, a.chunk)].entry
+                if e:
+                    inst = made.get((e.group, e.kind, a.mb))
+                    if inst is None:
+                        inst = made[(e.group, e.kind, a.mb)] = replace(e, mb=a.mb)
+                    seq.append((i, inst))
+            out.append(seq)
+        return out
+    return s.memo("collective_entries", make)
 
 
 def crossed(entries: list[list[tuple[int, object]]]) -> list[tuple[int, tuple, tuple]] | None:
@@ -119,6 +166,12 @@ def crossed(entries: list[list[tuple[int, object]]]) -> list[tuple[int, tuple, t
     entries: per rank, (step, instance) in the order the rank enters them. The cycle comes back as segments
     (rank, (step, instance) entered first, (step, instance) entered later), each held by one rank's order,
     each segment's later instance being the next segment's first: two segments for two crossed ranks."""
+    first = [inst for _, inst in entries[0]] if entries else []
+    if len(set(first)) == len(first) and all([inst for _, inst in seq] == first for seq in entries[1:]):
+        return None  # one common order, each instance once: the graph is a chain
+    nodes = _cyclic(entries)
+    if not nodes:
+        return None
     pos = [{inst: n for n, (_, inst) in enumerate(seq)} for seq in entries]
     for a in range(len(entries)):  # two ranks in opposite orders: the common case, and the clearest message
         for b in range(a + 1, len(entries)):
@@ -126,26 +179,10 @@ def crossed(entries: list[list[tuple[int, object]]]) -> list[tuple[int, tuple, t
             for (pa, sb, y), (pa2, sb2, x) in zip(common, common[1:]):
                 if pa2 < pa:  # rank b enters y then x; rank a enters x before y
                     return [(a, entries[a][pa2], entries[a][pa]), (b, (sb, y), (sb2, x))]
-    before, count = {}, Counter()  # instance -> [(rank, the instance that rank entered just before)]; in-degree
-    nodes = {inst for seq in entries for _, inst in seq}
+    before = {}  # instance -> [(rank, the instance that rank entered just before)]
     for r, seq in enumerate(entries):
         for (_, x), (_, y) in zip(seq, seq[1:]):
             before.setdefault(y, []).append((r, x))
-            count[y] += 1
-    ready = [x for x in nodes if not count[x]]
-    nexts = {}
-    for y, preds in before.items():
-        for r, x in preds:
-            nexts.setdefault(x, []).append(y)
-    while ready:  # Kahn: what is left afterwards lies on or behind a cycle
-        x = ready.pop()
-        nodes.discard(x)
-        for y in nexts.get(x, []):
-            count[y] -= 1
-            if not count[y]:
-                ready.append(y)
-    if not nodes:
-        return None
     cur = next(inst for seq in entries for _, inst in seq if inst in nodes)
     walked, at = [], {}  # walk back through predecessors left until one repeats
     while cur not in at:
@@ -161,6 +198,26 @@ def crossed(entries: list[list[tuple[int, object]]]) -> list[tuple[int, tuple, t
             segments.append([r, x, y])
     step = [{inst: i for i, inst in seq} for seq in entries]
     return [(r, (step[r][x], x), (step[r][y], y)) for r, x, y in segments]
+
+
+def _cyclic(entries: list[list[tuple[int, object]]]) -> set:
+    """The instances on or behind a cycle of the precedence graph (Kahn's algorithm, linear in the entries); empty
+    when it is acyclic."""
+    nexts, count = {}, Counter()  # instance -> the instances some rank enters right after it; in-degree
+    nodes = {inst for seq in entries for _, inst in seq}
+    for seq in entries:
+        for (_, x), (_, y) in zip(seq, seq[1:]):
+            nexts.setdefault(x, []).append(y)
+            count[y] += 1
+    ready = [x for x in nodes if not count[x]]
+    while ready:  # what is left afterwards lies on or behind a cycle
+        x = ready.pop()
+        nodes.discard(x)
+        for y in nexts.get(x, []):
+            count[y] -= 1
+            if not count[y]:
+                ready.append(y)
+    return nodes
 
 
 def check_collective_order(s: Schedule):

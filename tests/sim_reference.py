@@ -1,0 +1,99 @@
+"""What the simulator computed before its event-driven loop, to the bit: the cases, their digest and the fixture.
+
+tests/fixtures/simulator_reference.json was written by `python -m tests.sim_reference --write` from the round-robin
+simulator (commit 7ae41d4, before vp/schedule/simulate.py became event-driven) and must change only with a
+deliberate change of the execution model. Each case is a schedule with costs and a mode; its digest holds the
+makespan, per-rank busy and peak activations as float.hex and a hash of every action's start and end (or the
+ScheduleError's text). Records are simulated records of the paper grids (backend=sim), compared field by field but
+for `env` (times and the code's fingerprint).
+"""
+import hashlib
+import json
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+from vp.schedule import Schedule, ScheduleError, build, simulate, unit_costs
+
+HERE = Path(__file__).parent
+FIXTURE = HERE / "fixtures" / "simulator_reference.json"
+
+# pass, stage-weight and communication costs away from the unit defaults: unequal stages, per-pair p2p times,
+# every collective kind with its own time, S held in memory
+COSTS = {
+    "unit": None,
+    "uneven": dict(passes={"F": 1.3, "B": 2.1, "W": 0.7, "S": 0.45, "T": 0.35, "IF": 0.05, "IB": 0.15},
+                   comm={"C0": 0.21, "C1": 0.13, "C2": 0.17, "IF": 0.03, "IB": 0.07, "S": 0.11, "T": 0.09,
+                         "P2P": 0.05, ("P2P", 0, 1): 0.31, ("P2P", 2, 1): 0.02},
+                   memory={("S", None): 0.6}),
+}
+
+
+def costs_of(s: Schedule, name: str):
+    spec = COSTS[name]
+    if spec is None:
+        return unit_costs(s)
+    weights = [0.5 + 0.37 * ((7 * st) % 5) for st in range(s.n_stages)]
+    c = unit_costs(s, spec["passes"], weights, spec["comm"])
+    c.memory.update(spec["memory"])
+    return c
+
+
+def digest(s: Schedule, costs, strict: bool) -> dict:
+    try:
+        res = simulate(s, costs, strict=strict)
+    except ScheduleError as err:
+        return {"error": str(err)}
+    h = hashlib.sha1()
+    for r, tl in enumerate(res.timeline):
+        for a, t0, t1 in tl:
+            h.update(f"{r} {a.text(True)} {t0.hex()} {t1.hex()};".encode())
+    return {"makespan": float(res.makespan).hex(), "busy": [float(b).hex() for b in res.busy],
+            "peak": [float(p).hex() for p in res.peak_activations], "timeline": h.hexdigest()}
+
+
+def schedules() -> dict[str, Schedule]:
+    """The golden schedules, three that deadlock (crossed collective orders, a lazily created communicator) and one
+    with a pass whose input is missing."""
+    out = {f"golden/{f.stem}": Schedule.from_text(f.read_text()) for f in sorted((HERE / "golden").glob("*.txt"))}
+    out["crossed-fixture"] = Schedule.from_text((HERE / "fixtures" / "vocab-1-crossed-order.txt").read_text())
+    s = build("vocab-2", 4, 8)
+    acts = list(s.ranks[0])
+    i, j = (next(n for n, x in enumerate(acts) if x.text() == t) for t in ("IF4", "C0:0"))
+    acts[i], acts[j] = acts[j], acts[i]
+    out["crossed-swap"] = replace(s, ranks=[acts] + s.ranks[1:])
+    s = build("vocab-2", 2, 4)
+
+    def move(acts, token, after):
+        rest = [a for a in acts if a.text() != token]
+        k = next(n for n, a in enumerate(rest) if a.text() == after)
+        return rest[:k + 1] + [next(a for a in acts if a.text() == token)] + rest[k + 1:]
+    out["lazy-communicator"] = replace(s, ranks=[move(s.ranks[0], "C0:0", "IF1"), move(s.ranks[1], "IF2", "C0:0")])
+    s = build("vocab-2", 3, 6)
+    out["missing-input"] = replace(s, ranks=[s.ranks[0], [a for a in s.ranks[1] if a.text() != "F2"], s.ranks[2]])
+    return out
+
+
+def schedule_digests() -> dict:
+    return {f"{name}/{costs}/{'strict' if strict else 'default'}": digest(s, costs_of(s, costs), strict)
+            for name, s in schedules().items() for costs in COSTS for strict in (False, True)}
+
+
+def record_digest(case: dict) -> dict:
+    """A simulated record of case["record"]'s run on case["hardware"], but for env."""
+    from harness.sim import simulate_job
+    from vp.config import RunConfig
+    from vp.cost import Hardware
+
+    record = case["record"]
+    rec = simulate_job(RunConfig.from_dict(record["config"]), Hardware.from_dict(case["hardware"]),
+                       record["experiment"], record.get("labels") or {})
+    return {"hardware": case["hardware"], "record": json.loads(json.dumps({k: v for k, v in rec.items()
+                                                                             if k != "env"}))}
+
+
+if __name__ == "__main__" and sys.argv[1:] == ["--write"]:
+    records = json.loads(FIXTURE.read_text())["records"] if FIXTURE.exists() else []
+    FIXTURE.write_text(json.dumps({"schedules": schedule_digests(),
+                                   "records": [record_digest(r) for r in records]}, indent=1, sort_keys=True) + "\n")
+    print(f"wrote {FIXTURE}")

@@ -1,0 +1,22 @@
+"""The simulator computes what it computed before its event-driven loop, to the bit (tests/sim_reference.py):
+makespan, per-rank busy and peak activations, every action's start and end, in the default and the strict mode, and
+the same error texts for schedules that deadlock or miss an input; and simulated records of the paper grids."""
+import json
+
+import pytest
+
+from tests.sim_reference import FIXTURE, record_digest, schedule_digests
+
+REFERENCE = json.loads(FIXTURE.read_text())
+
+
+def test_schedules_simulate_as_before_to_the_bit():
+    got = schedule_digests()
+    assert got.keys() == REFERENCE["schedules"].keys()
+    differ = [name for name, want in REFERENCE["schedules"].items() if got[name] != want]
+    assert not differ, f"{len(differ)} cases differ from tests/fixtures/simulator_reference.json: {differ[:5]}"
+
+
+@pytest.mark.parametrize("case", REFERENCE["records"], ids=lambda c: c["record"]["run_id"])
+def test_paper_grid_records_as_before(case):
+    assert record_digest(case) == case
