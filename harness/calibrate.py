@@ -194,7 +194,7 @@ def measure_main(args) -> int:
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    out = write_profile(hw, out, f"microbenchmarks of {hw.machine['device_name']} on {hw.machine['host']} "
+    out = profiles.write_profile(hw, out, f"microbenchmarks of {hw.machine['device_name']} on {hw.machine['host']} "
                                  f"({hw.machine['date']})")
     print(f"wrote {out}: {summary(hw)}", file=sys.stderr)
     print(name if args.print_name else f"use it with: {profiles.usage(out, name)}")

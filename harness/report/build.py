@@ -15,7 +15,7 @@ from vp.checks import writable_path
 from harness.report.figures import Figure, all_figures
 from harness.report.findings import findings
 from harness.report.frame import STATUS_LABEL, records_frame, summary
-from harness.report import predicted
+import harness.report.predicted as predicted
 from harness.report.published import published_tables
 from harness.report.render import latex, markdown
 from harness.report.scaling import ASSUMPTIONS, scaling_tables

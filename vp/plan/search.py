@@ -20,10 +20,11 @@ from functools import lru_cache
 
 from vp.config import RunConfig
 from vp.cost import Hardware, pass_costs, pass_work, static_bytes, tail_s, work_seconds
-from vp.cost.memory import held_bytes
+from vp.cost.memory import comm_buffer_bytes, held_bytes
 from vp.metrics import throughput
 from vp.plan.bounds import activation_bounds, makespan_lower_bound
 from vp.plan.space import Problem, Rejection, candidates
+from vp.run import rank_communicators
 from vp.schedule import Costs, Schedule, build, simulate
 from vp.schedule.methods import get_method
 
@@ -114,7 +115,7 @@ def price(run: RunConfig, hw: Hardware) -> _Priced | Rejection:
     """The candidate's costs and bound, or its memory rejection where parameters and optimizer state alone (the
     cheapest figure) exceed the device; activations are bracketed later (bracket()), where they are needed."""
     sk = skeleton(run)
-    static = static_bytes(run, hw, sk)
+    static = fixed_bytes(run, hw, sk)
     zero = [0.0] * run.pp
     if max(static) > hw.memory_bytes:
         return memory_rejection(_Priced(run, sk, None, static, 0.0, zero, zero, 0.0), hw, exact=False)
@@ -125,6 +126,20 @@ def price(run: RunConfig, hw: Hardware) -> _Priced | Rejection:
 
 def _bound(run: RunConfig, hw: Hardware, sk: Schedule, costs, tail: float) -> float:
     return throughput(run, makespan_lower_bound(sk, costs) + tail, run.world, hw.peak_flops)["tokens_per_s"]
+
+
+def fixed_bytes(run: RunConfig, hw: Hardware, sk: Schedule) -> list[float]:
+    """Per stage, what a device holds whatever the schedule's order: parameters, gradients and optimizer state, and
+    NCCL's buffers of the communicators it holds, exactly as harness.sim counts them for the record's peak (the
+    links and pipeline channels a schedule uses are read from the built schedule, once per schedule and mesh)."""
+    key = (run.method, run.pp, run.microbatches, run.n_chunks, run.dp, run.tp, run.tp_mode, run.tp_depth)
+    if key not in _HELD:
+        held = rank_communicators(run, built(run))
+        _HELD[key] = [held[run.mesh.rank(0, p, 0)] for p in range(run.pp)]
+    return [s + comm_buffer_bytes(h, hw) for s, h in zip(static_bytes(run, hw, sk), _HELD[key])]
+
+
+_HELD: dict = {}  # communicators per stage by schedule and mesh: a function of those alone
 
 
 def compute_costs(run: RunConfig, hw: Hardware, sk: Schedule) -> Costs:
