@@ -164,3 +164,14 @@ def test_spearman_of_ranks():
 
     assert spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
     assert spearman([1, 2, 3, 4], [40, 30, 20, 10]) == pytest.approx(-1.0)
+
+
+@pytest.mark.parametrize("method", sorted(METHODS))
+def test_communicators_do_not_depend_on_the_microbatch_count(method):
+    """What lets the planner count NCCL buffers from the smallest schedule of a kind (vp.plan.search)."""
+    from vp.run import rank_communicators
+
+    for pp in (2, 4):
+        runs = [RunConfig(method=method, pp=pp, microbatches=m, layers=8) for m in (pp, 2 * pp, 3 * pp)]
+        held = [rank_communicators(r, build(method, pp, r.microbatches, r.n_chunks)) for r in runs]
+        assert held[0] == held[1] == held[2]

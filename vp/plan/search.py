@@ -130,16 +130,23 @@ def _bound(run: RunConfig, hw: Hardware, sk: Schedule, costs, tail: float) -> fl
 
 def fixed_bytes(run: RunConfig, hw: Hardware, sk: Schedule) -> list[float]:
     """Per stage, what a device holds whatever the schedule's order: parameters, gradients and optimizer state, and
-    NCCL's buffers of the communicators it holds, exactly as harness.sim counts them for the record's peak (the
-    links and pipeline channels a schedule uses are read from the built schedule, once per schedule and mesh)."""
-    key = (run.method, run.pp, run.microbatches, run.n_chunks, run.dp, run.tp, run.tp_mode, run.tp_depth)
+    NCCL's buffers of the communicators it holds, exactly as harness.sim counts them for the record's peak."""
+    return [s + comm_buffer_bytes(h, hw) for s, h in zip(static_bytes(run, hw, sk), stage_communicators(run))]
+
+
+def stage_communicators(run: RunConfig) -> tuple:
+    """The communicators device 0 of each stage holds. The channels and links a schedule uses depend on its method,
+    pipeline and chunks, not on how many microbatches pass (tests/test_plan.py checks m = pp, 2pp, 3pp), so the
+    smallest schedule of the kind answers for all, once per mesh."""
+    key = (run.method, run.pp, run.n_chunks, run.dp, run.tp, run.tp_mode, run.tp_depth)
     if key not in _HELD:
-        held = rank_communicators(run, built(run))
-        _HELD[key] = [held[run.mesh.rank(0, p, 0)] for p in range(run.pp)]
-    return [s + comm_buffer_bytes(h, hw) for s, h in zip(static_bytes(run, hw, sk), _HELD[key])]
+        small = replace(run, microbatches=run.pp)
+        held = rank_communicators(small, _built(run.method, run.pp, run.pp, run.n_chunks))
+        _HELD[key] = tuple(held[run.mesh.rank(0, p, 0)] for p in range(run.pp))
+    return _HELD[key]
 
 
-_HELD: dict = {}  # communicators per stage by schedule and mesh: a function of those alone
+_HELD: dict = {}  # a function of its key alone (see stage_communicators)
 
 
 def compute_costs(run: RunConfig, hw: Hardware, sk: Schedule) -> Costs:
