@@ -98,6 +98,8 @@ def test_redis_places_layers_as_the_official_code():
     assert cfg.stage_layers == [2, 3, 3, 0]  # no N: the official default --final-stage-num-layers 0
     with pytest.raises(ValueError, match="redis_last_layers=7 leaves fewer than one layer"):
         RunConfig(method="redis", pp=4, layers=8, redis_last_layers=7).stage_layers
+    with pytest.raises(ValueError, match=r"other 127 stages of layers=64; use pp <= 65, or a model with at least 127"):
+        redis_layers(64, 128, 0)  # more stages than layers: no value of N helps
 
 
 def _swap(s: Schedule, rank: int, a: str, b: str) -> Schedule:

@@ -138,8 +138,10 @@ def redis_layers(layers: int, pp: int, last: int) -> list[int]:
     rest split over stages 0..p-2 with the remainders on the later ones (p-2, p-3, ...), so that stage 0, which
     holds the input layer, never gains one."""
     if not isinstance(last, int) or not 0 <= last <= layers - (pp - 1):
+        fix = (f"use 0..{layers - (pp - 1)}" if layers >= pp - 1 else
+               f"use pp <= {layers + 1}, or a model with at least {pp - 1} layers")
         raise ValueError(f"redis_last_layers={last} leaves fewer than one layer for each of the other "
-                         f"{pp - 1} stages of layers={layers}; use 0..{layers - (pp - 1)}")
+                         f"{pp - 1} stages of layers={layers}; {fix}")
     base, extra = divmod(layers - last, pp - 1)
     return [base + (1 if s >= pp - 1 - extra else 0) for s in range(pp - 1)] + [last]
 
