@@ -4,7 +4,7 @@ Submits one job with 2 tasks (nodes=1, ntasks_per_node=2, cpus_per_task=1) to
 partition "debug" with submitit.SlurmExecutor, waits for it and prints what each
 task saw in submitit.JobEnvironment(). Exits 0 only if ranks 0 and 1 of 2 answered.
 
-Usage:  /work/main/.venv/bin/python scripts/slurm-check.py [--partition debug] [--timeout 120]
+Usage:  .venv/bin/python scripts/slurm-check.py [--partition debug] [--timeout 120]
 
 Note: with accounting off, submitit warns that `sacct` fails ("Bypassing sacct
 error"); that is expected: results are still collected from the job folder.
