@@ -48,3 +48,37 @@ def test_hardware_profile_refuses_unknown_fields():
         Hardware.from_dict({"name": "x", "peak_flops": 1.0, "bogus": 2})
     with pytest.raises(ValueError, match="peak_flops"):
         Hardware.from_dict({"name": "x", "peak_flops": 0})
+
+
+@pytest.mark.parametrize("method,rank0", [("vhalf", "4A + L"), ("vhalf-vocab-2", "5A + S"), ("vhalf-vocab-1", "6A + S")])
+def test_vhalf_peak_memory_by_hand(method, rank0):
+    """pp 2, 3 microbatches, one layer per stage. Rank 0 runs stages 0 and 3 (the last). Per microbatch a layer
+    holds A = 34 s h act/2 bytes; vhalf's last stage also L = its fp32 softmax (4 n V) and input (act n h); a
+    vocabulary shard's S holds S = 4 n V/2 + act n h. The official order of rank 0 (zbv_greedy, v-half-vocab):
+    vhalf       F0.0 F0.1 F1.0 B0.1 W0.1 F1.1 F2.0 ...: at F2.0 it holds F1.0 F1.1 F2.0 and F0.0 (whose W comes
+                last): 4A + L (B0.1 frees the softmax less the logits' gradient, W0.1 the rest);
+    vocab-2     the backward slots 6 later: F0.0 .. F2.0 (5 forwards) before W0.1, with S1 held: 5A + S;
+    vocab-1     12 later: all 6 forwards before the first W, S1 held: 6A + S."""
+    hw = PROFILES["a100_80g"]
+    cfg = RunConfig(method=method, pp=2, layers=4, hidden=64, heads=4, seq_len=16, vocab_size=1000, microbatches=3)
+    sched = build(method, 2, 3, cfg.n_chunks)
+    n, h, v, act = 16, 64, 1000, hw.act_bytes
+    by_hand = {"4A + L": 4 * 34 * n * h * act / 2 + 4 * n * v + act * n * h,
+               "5A + S": 5 * 34 * n * h * act / 2 + 4 * n * v // 2 + act * n * h,
+               "6A + S": 6 * 34 * n * h * act / 2 + 4 * n * v // 2 + act * n * h}
+    assert simulate(sched, pass_costs(cfg, hw, sched)).peak_activations[0] == by_hand[rank0]
+
+
+def test_split_w_frees_the_softmax_at_b_and_the_rest_at_w():
+    """vhalf's last stage: B frees the fp32 softmax but the logits' gradient (act bytes, the output linear's output
+    gradient, which W needs with its input); where B computes the weight gradient too (1F1B) it frees all."""
+    hw = PROFILES["a100_80g"]
+    cfg = RunConfig(method="vhalf", pp=2, layers=4, hidden=64, heads=4, seq_len=16, vocab_size=1000, microbatches=3)
+    costs = pass_costs(cfg, hw, build("vhalf", 2, 3, cfg.n_chunks))
+    last = 3
+    assert costs.mem("B", last) == 16 * 1000 * (4 - hw.act_bytes)
+    assert costs.mem("W", last) == costs.mem("F", last) - costs.mem("B", last)
+    assert costs.mem("B", 0) == 0 and costs.mem("W", 0) == costs.mem("F", 0)
+    cfg = RunConfig(method="baseline", pp=2, layers=4, hidden=64, heads=4, seq_len=16, vocab_size=1000,
+                    microbatches=3)
+    assert ("B", 1) not in pass_costs(cfg, hw, build("baseline", 2, 3)).memory

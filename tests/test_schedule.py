@@ -111,7 +111,7 @@ def test_peak_activations_of_each_method(pp):
     assert peak["vocab-2"] == pp + 1
     assert peak["interlaced"] == 3 * pp // 2
     assert peak["vhalf"] <= pp / 2 + 1
-    assert peak["vhalf-vocab-2"] <= pp / 2 + 1.5
+    assert peak["vhalf-vocab-2"] <= pp / 2 + 2  # the official pattern delays B by one microbatch (6 slots)
 
 
 @pytest.mark.parametrize("method", ["vocab-1", "vocab-2"])

@@ -75,14 +75,24 @@ def comm_buffer_bytes(held: Communicators, hw: Hardware) -> float:
 
 def held_bytes(cfg: RunConfig, hw: Hardware, sched: Schedule) -> dict:
     """What F of each stage (and S) holds per microbatch until its B or W (or T) frees it, on one device: the
-    output layer's fp32 softmax of its rows for its token block, and that block's whole-hidden input."""
+    output layer's fp32 softmax of its rows for its token block, and that block's whole-hidden input.
+
+    Where W is split (V-Half), B frees ("B", stage) of it and W the rest: W computes each linear's weight gradient
+    from the linear's saved input and the output gradient B made (the official WeightGradStore keeps exactly
+    those two), so a transformer layer keeps as much as it saved (the linears' inputs, 7h of the 16h elements per
+    token a layer saves, plus the 9h output gradients B adds) and is counted whole until W, while the last
+    stage's output layer frees its fp32 softmax at B and keeps the logits' gradient (in the activation type, the
+    output linear's output gradient) and its input until W."""
     split = Split.of(cfg)
     n, h, v = cfg.micro_batch_size * cfg.seq_len // split.blocks, cfg.hidden, cfg.padded_vocab_size
     memory = {}
     for st, layers in enumerate(cfg.stage_layers):
         held = layers * layer_activation_bytes(cfg, hw)
         if not sched.vocab_parallel and st == sched.n_stages - 1:
-            held += n * split.vocab_rows(v) * 4 + n * h * hw.act_bytes  # fp32 softmax of its rows, the input
+            rows = split.vocab_rows(v)
+            held += n * rows * 4 + n * h * hw.act_bytes  # fp32 softmax of its rows, the input
+            if sched.split_w:  # B frees the softmax; W needs the logits' gradient (act_bytes) and the input
+                memory[("B", st)] = n * rows * (4 - hw.act_bytes)
         memory[("F", st)] = held
     if sched.vocab_parallel:
         memory[("S", None)] = n * split.vocab_rows(v, cfg.pp) * 4 + n * h * hw.act_bytes

@@ -59,16 +59,22 @@ def makespan_lower_bound(s: Schedule, costs: Costs) -> float:
 
 
 def _held_points(order: list, split_w: bool, chunks: int) -> list[tuple]:
-    """The distinct vectors of held counts (per chunk, then S) at each point where a rank's holding grows."""
-    held = [0] * (chunks + 1)
+    """The distinct vectors of held counts (per chunk before its B, per chunk between B and W, then S) at each
+    point where a rank's holding grows (B only releases: Costs.mem("B") is part of what F holds)."""
+    held = [0] * (2 * chunks + 1)
     points = set()
     for kind, _, c in order:
         if kind == "F":
             held[c] += 1
         elif kind == "S":
             held[-1] += 1
-        elif kind == "W" or (kind == "B" and not split_w):
+        elif kind == "B":
             held[c] -= 1
+            if split_w:
+                held[chunks + c] += 1
+            continue
+        elif kind == "W":
+            held[chunks + c] -= 1
             continue
         elif kind == "T":
             held[-1] -= 1
@@ -94,7 +100,9 @@ def built_points(s: Schedule) -> tuple:
 
 
 def _peak(points, s: Schedule, r: int, costs: Costs) -> float:
-    bytes_of = [costs.mem("F", s.stage(r, c)) for c in range(s.chunks)] + [costs.mem("S", None)]
+    stages = [s.stage(r, c) for c in range(s.chunks)]
+    bytes_of = ([costs.mem("F", st) for st in stages] + [costs.mem("W", st) for st in stages]
+                + [costs.mem("S", None)])
     return max((sum(n * b for n, b in zip(p, bytes_of)) for p in points), default=0.0)
 
 

@@ -25,7 +25,8 @@ class VocabAlgorithm:
     extra_warmup: int = 0  # extra warm-up forwards (1F1B, interleaved), so S/C1/T fit before the last stage's B
     s_gemms: int = 0  # of the output layer's three GEMMs (logits, grad X, grad W): how many S computes ...
     t_gemms: int = 0  # ... and how many T computes
-    vhalf_gap: int = 0  # V-Half slots needed between the last stage's F and B (V-Half delays its backward slots)
+    vhalf_gap: int = 0  # V-Half slots by which the backward slots are delayed, room for S and T between the last
+    # stage's F and B (official stable_pattern_v_half: 6 for one barrier, 12 for two)
     barriers: int = 0  # communication barriers per microbatch (points where compute waits for a collective)
 
     @property
@@ -45,9 +46,9 @@ VOCAB = {
         VocabAlgorithm("local", parallel=False),
         VocabAlgorithm("naive", parallel=True, synchronous=True, grad_x_from="T", s_gemms=1, t_gemms=2, barriers=3),
         VocabAlgorithm("alg1", parallel=True, after_s=("C1",), after_t=("C2",), grad_x_from="C2", extra_warmup=2,
-                       s_gemms=1, t_gemms=2, vhalf_gap=3, barriers=2),
+                       s_gemms=1, t_gemms=2, vhalf_gap=12, barriers=2),
         VocabAlgorithm("alg2", parallel=True, after_s=("C1",), grad_x_from="C1", extra_warmup=1, s_gemms=2,
-                       t_gemms=1, vhalf_gap=2, barriers=1),
+                       t_gemms=1, vhalf_gap=6, barriers=1),
     ]
 }
 

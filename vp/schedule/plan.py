@@ -11,7 +11,7 @@ from vp.schedule.rules import root_of, shapes
 
 # step codes of the plan: what the loop does with an action
 _PLAIN, _SEND, _RECV, _SYNC, _MISSING = range(5)  # compute with no collective; p2p; anything that enters or waits
-_MEM_NONE, _MEM_HOLD, _MEM_FREE = range(3)  # F, S hold their activations (peak counted); B/W, T free them
+_MEM_NONE, _MEM_HOLD, _MEM_FREE = range(3)  # F, S hold their activations (peak counted); B, W, T free them
 
 
 class _Plan(NamedTuple):
@@ -136,8 +136,10 @@ def _shape(s: Schedule, a: Action) -> tuple:
     mem, mode = None, _MEM_NONE
     if kind in ("F", "S"):
         mem, mode = (kind, st), _MEM_HOLD
-    elif kind == "W" or (kind == "B" and not s.split_w):
+    elif kind == "B" and not s.split_w:
         mem, mode = ("F", st), _MEM_FREE
+    elif kind in ("B", "W"):  # W split: B releases its part of F's memory, W the rest (Costs.mem)
+        mem, mode = (kind, st), _MEM_FREE
     elif kind == "T":
         mem, mode = ("S", None), _MEM_FREE
     entry, waits = sh.entry, sh.waits

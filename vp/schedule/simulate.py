@@ -56,7 +56,9 @@ class Costs:
     compute[(kind, stage)] for F/B/W and compute[(kind, None)] for S/T/IF/IB (per rank);
     comm[kind] for the collective instances (C0, C1, C2, IF, IB, and S/T of the naive algorithm),
     comm[("P2P", src, dst)] per transfer between two ranks and 'P2P' for any pair not named;
-    memory[(kind, stage)] is what F (or S) holds until its B or W (or T) releases it.
+    memory[(kind, stage)] is what F (or S) holds until its B or W (or T) releases it; where W is split,
+    memory[("B", stage)] is the part of F's that B releases (what only the input gradient needed) and W releases
+    the rest (what the weight gradient needs: 0 for B by default, so W releases all).
     """
     compute: dict = field(default_factory=dict)
     comm: dict = field(default_factory=dict)
@@ -69,6 +71,8 @@ class Costs:
         return self.comm.get(("P2P", src, dst), self.comm.get("P2P", 0.0))
 
     def mem(self, kind: str, stage: int | None) -> float:
+        if kind == "W":  # W releases what F holds and B did not release
+            return self.mem("F", stage) - self.mem("B", stage)
         return self.memory.get((kind, stage), self.memory.get((kind, None), 0.0))
 
 

@@ -1,12 +1,21 @@
-"""V-Half (Qi et al., arXiv 2405.15362): a repeating building block, squeezed at both ends.
+"""V-Half (Qi et al., arXiv 2405.15362): a repeating building block, as the official generator builds it
+(zero-bubble-pipeline-parallelism, scheduler/zbv_greedy.py, PipelineGraph.create_schedule with mem setup 'half').
 
 Time is cut into unit slots; each stage pass (F, B or W of one chunk) takes one. The building block gives every
-pass of microbatch mb a slot, repeating every 6 slots. Alone it idles during warm-up and cool-down, so, as the
-official generator does (zero-bubble-pipeline-parallelism, zbv_greedy.py), the two ends are squeezed: visiting
-passes in slot order, each warm-up or cool-down pass moves to the earliest free slot after what it needs, unless
-that raises its rank's activation peak above the block's steady-state peak. The slots are then compacted (every
-pass as early as its rank's order allows) and the cool-down squeezed again, which the compaction made room for.
-Weight passes W fill the free slots of their rank, first come first served.
+pass of microbatch mb a slot, repeating every 6 slots; weight passes W fill the free slots of their rank, the W of a
+chunk-1 B before that of a chunk-0 B (put_w with split W). Each rank runs its passes in slot order. This is the
+generator the paper's V-Half runs used (arXiv 2411.05288, Table 6: the repository's v-half-vocab branch, which
+calls schedule_from_pattern with do_reorder=False since vocabulary parallelism was added to it); with vocabulary
+parallelism its stable pattern delays both backward slots by 6 (one barrier, Algorithm 2) or 12 (two, Algorithm
+1) slots, the room its S and T passes take between the last stage's F and B.
+
+The main branch instead squeezes both ends (do_reorder=True; `squeeze=True` here): visiting passes in slot order,
+each warm-up or cool-down pass moves to the earliest free slot after what it needs, unless that raises its rank's
+activation peak above the block's steady-state peak. The slots are then compacted (every pass as early as its
+rank's order allows) and the cool-down squeezed again, which the compaction made room for. That shortens warm-up
+and cool-down at the same peak count (about 0.5 % more MFU on the paper's V-Half grid, 128 microbatches), but lets
+rank 0 hold up to p/4 + 1 forwards of the last stage at once (the plain block: 1), each with that stage's
+output-layer activations.
 """
 from collections import deque
 
@@ -19,8 +28,8 @@ def pattern(pp: int, shift: int = 0) -> list[list[int]] | None:
     """Slots of one microbatch's passes (in PASSES order) on each rank, or None where they collide.
 
     Rank i runs F of chunk 0 (stage i) at slot 2i, F of chunk 1 (stage 2p-1-i) at 3p-i-2, B of chunk 1 at
-    3p+g+2i-1 and B of chunk 0 at 6p+g-i-2 (g = 3 for even p). `shift` delays both backward slots, to leave the
-    vocabulary passes room between the last stage's F and B.
+    3p+g+2i-1 and B of chunk 0 at 6p+g-i-2 (g = 3 for even p). `shift` delays both backward slots (the
+    vocabulary algorithm's vhalf_gap, a multiple of 6 so that the slots keep their residues).
     """
     gap = 3 if pp % 2 == 0 else 0
     blocks = []
@@ -30,18 +39,6 @@ def pattern(pp: int, shift: int = 0) -> list[list[int]] | None:
             return None
         blocks.append(block)
     return blocks
-
-
-def shift_for(pp: int, gap: int) -> int:
-    """Smallest delay of the backward slots that leaves `gap` slots from the last stage's F to its B.
-
-    The last stage (rank 0, chunk 1) runs F at slot 3p-2 and B at 3p+g-1+shift.
-    """
-    g = 3 if pp % 2 == 0 else 0
-    shift = 0
-    while pattern(pp, shift) is None or g + 1 + shift < gap:
-        shift += 1
-    return shift
 
 
 def _needs(pp: int, r: int, i: int, mb: int) -> list[tuple[int, int, int]]:
@@ -141,14 +138,29 @@ def _compact(pp: int, slots: Slots) -> Slots:
     return start
 
 
-def vhalf(pp: int, microbatches: int, chunks: int = 2, vocab=None) -> list[list[tuple[str, int, int]]]:
-    """V-Half: the building block per microbatch, squeezed at both ends; W in free slots.
+def _put_w(slots: dict) -> list[tuple[str, int, int]]:
+    """A rank's passes in slot order, a W in each free slot after its B: of the pending ones, the oldest W of
+    chunk 1 first, else the oldest of chunk 0 (the official put_w with split W)."""
+    at = {t: (PASSES[i][0], mb, PASSES[i][1]) for (i, mb), t in slots.items()}
+    acts, pending = [], {1: deque(), 0: deque()}
+    for t in range(max(at) + 1):
+        if t in at:
+            acts.append(at[t])
+            if at[t][0] == "B":
+                pending[at[t][2]].append(("W", at[t][1], at[t][2]))
+        elif pending[1] or pending[0]:
+            acts.append(pending[1].popleft() if pending[1] else pending[0].popleft())
+    return acts + list(pending[1]) + list(pending[0])
 
-    The vocabulary algorithm's vhalf_gap is kept between the last stage's F and B in the steady state (the block
-    has 4 slots there on an even pipeline; on an odd one its backward slots are delayed). Warm-up and cool-down
-    are squeezed without it: there the vocabulary passes wait for idle ranks rather than hold memory."""
-    block = pattern(pp, shift_for(pp, vocab.vhalf_gap if vocab else 0))
+
+def vhalf(pp: int, microbatches: int, chunks: int = 2, vocab=None,
+          squeeze: bool = False) -> list[list[tuple[str, int, int]]]:
+    """V-Half: the building block per microbatch, backward slots delayed by the vocabulary algorithm's vhalf_gap;
+    W in free slots. squeeze: both ends squeezed, as the zero-bubble main branch does (see the module)."""
+    block = pattern(pp, vocab.vhalf_gap if vocab else 0)
     slots = [{(i, mb): t + 6 * mb for i, t in enumerate(block[r]) for mb in range(microbatches)} for r in range(pp)]
+    if not squeeze:
+        return [_put_w(s) for s in slots]
     slots = _squeeze(pp, microbatches, slots, warmup=True)
     slots = _squeeze(pp, microbatches, _compact(pp, slots), warmup=False)
     return [_with_w(s) for s in slots]
