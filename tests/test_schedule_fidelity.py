@@ -89,11 +89,7 @@ def test_vocab_placement_has_slack_for_the_broadcast(extra, official):
 def test_the_broadcast_hides_under_a_pass():
     """A C0 of half a forward adds less than a tenth of what it would if every rank waited for each broadcast."""
     free, slow = _vocab_makespan("vocab-2", "").makespan, _vocab_makespan("vocab-2", "C0=0.5").makespan
-    assert slow - free < 0.1 * 16 * 0.5
-    s = build("vhalf-vocab-2", 4, 16)
-    passes, _ = parse_costs("F=1,B=1,W=1,S=0.2,T=0.2,IF=0.05,IB=0.05")
-    free, slow = (simulate(s, unit_costs(s, passes, None, c)).makespan for c in ({}, {"C0": 0.25}))
-    assert slow - free < 0.15 * 16 * 0.25
+    assert slow - free < 0.1 * 16 * 0.5  # V-Half enters C0 where the official code does: test_schedule_vhalf_vocab
 
 
 @pytest.mark.parametrize("pp,m", [(2, 8), (3, 9), (4, 8), (4, 16), (5, 20), (8, 32), (4, 5)])

@@ -26,7 +26,7 @@ from typing import NamedTuple
 
 from vp.schedule.actions import Action, Schedule
 from vp.schedule.methods import VOCAB, chunks_for, get_method
-from vp.schedule.simulate import collector_paused, simulate
+from vp.schedule.simulate import Costs, collector_paused, simulate
 
 
 def lower(s: Schedule) -> Schedule:
@@ -133,10 +133,16 @@ def _after_inputs(s: Schedule, acts: list[Action]) -> dict[int, int]:
     return out
 
 
+def unit_times(s: Schedule, costs: Costs | None = None) -> dict:
+    """(rank, kind, mb, chunk) -> (start, end) of every action of s's stage passes, lowered and simulated without
+    vocabulary passes (unit_costs unless costs are given)."""
+    base = simulate(lower(replace(s, vocab=VOCAB["local"])), costs)
+    return {(a.rank, a.kind, a.mb, a.chunk): (t0, t1) for tl in base.timeline for a, t0, t1 in tl}
+
+
 def insert_vocab_passes(s: Schedule) -> Schedule:
     """Place S/T/IF/IB and C0/C1/C2 into a schedule of stage passes (see the module docstring)."""
-    base = simulate(lower(replace(s, vocab=VOCAB["local"])))
-    times = {(a.rank, a.kind, a.mb, a.chunk): (t0, t1) for tl in base.timeline for a, t0, t1 in tl}
+    times = unit_times(s)
     units = _units(s, times)
     broadcasts = [[k for kind, k in u.actions if kind == "C0"] for u in units]
     out = []
@@ -169,5 +175,6 @@ def build(method: str, pp: int, microbatches: int, chunks: int | None = None) ->
     ranks = [[Action(r, *a) for a in acts] for r, acts in enumerate(order)]
     s = Schedule(method, pp, microbatches, n_chunks, spec.placement, spec.vocab, spec.split_w, ranks)
     if spec.vocab.parallel and not spec.family.places_vocab:
-        s = insert_vocab_passes(s)
+        place = spec.family.vocab_placer
+        s = place(s, unit_times) if place else insert_vocab_passes(s)
     return lower(s)

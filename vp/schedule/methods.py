@@ -11,6 +11,7 @@ from typing import Callable
 from vp.schedule import generators as gen
 from vp.schedule.interlaced import interlaced
 from vp.schedule.vhalf import vhalf
+from vp.schedule.vhalf_vocab import place_vocab_passes
 
 
 @dataclass(frozen=True)
@@ -63,6 +64,8 @@ class Family:
     chunks: int  # model chunks per rank; 0: taken from the run config (at least 2, default 2)
     microbatches_multiple_of_pp: bool = False
     places_vocab: bool = False  # the generator places the vocabulary passes itself
+    vocab_placer: Callable | None = None  # (schedule, build.unit_times) -> the schedule with its vocabulary passes
+    # placed; None: build.insert_vocab_passes
 
 
 FAMILIES = {
@@ -71,7 +74,7 @@ FAMILIES = {
         Family("1f1b", gen.one_f_one_b, "loop", False, 1),
         Family("interleaved", gen.interleaved, "loop", False, 0, microbatches_multiple_of_pp=True),
         Family("interlaced", interlaced, "loop", False, 1, places_vocab=True),
-        Family("vhalf", vhalf, "v", True, 2),
+        Family("vhalf", vhalf, "v", True, 2, vocab_placer=place_vocab_passes),
     ]
 }
 
