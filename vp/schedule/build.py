@@ -19,6 +19,7 @@ The units, sorted by target time, are the one order in which every rank enters t
 cross-group order that validate() checks: under NCCL two ranks entering two collectives in opposite orders can
 deadlock). Each rank puts a unit before the first of its stage passes that starts at or after the target (plus
 the receivers' one-pass delay), but never before the unit that precedes it in that order.
+A family with a vocab_placer places them its own way instead (V-Half: vp/schedule/vhalf_vocab.py).
 """
 from bisect import bisect_left
 from dataclasses import replace
