@@ -15,10 +15,10 @@ one B (the room the broadcast of its output gets), and w = p/2 + 1:
   IB(k)        at s(k + w + 2); the last w + 2 after everything, in order
 
 Every rank sorts its passes by time (the same times on every rank: one order of collectives for all); at equal
-times collectives come first, by microbatch (C0, C1, then IF's reduction, IB's broadcast; every C2 after all
-others), then stage passes, then IF, T, S and IB. IF enters its all-reduce at its end and IB its broadcast at its
-start, as this project's rules have them (the official runtime launches IF's reduction right after IF, and IB's
-broadcast at IB's time, just before IB).
+times collectives come first, by microbatch (C0, C1, IB; every C2 after all others), then stage passes, then IF,
+T and S. IF enters its all-reduce at its end, as the official runtime launches IF's reduction right after IF. IB
+enters its broadcast at its start (this project's rules), so it goes where the official broadcast goes, ahead of
+a stage pass at the same time, with its computation (which the official runtime runs after that pass).
 """
 from __future__ import annotations
 
