@@ -11,9 +11,9 @@ from harness import measure as HM
 from harness_util import sweep
 from harness.calibrate import main as calibrate_main
 from vp.config import RunConfig
-from vp.cost import PROFILES, Hardware, comm_times, pass_times
+from vp.cost import PROFILES, Hardware, comm_times, pass_times, pass_work
 from vp.cost import measure as M
-from vp.cost.gemm import Gemm, gemm_time
+from vp.cost.gemm import Gemm, elementwise_time, gemm_time
 from vp.cost.network import ALL_REDUCE, BROADCAST, Network
 from vp.cost.tables import Tables, as_text, rows
 from vp.schedule import build
@@ -170,3 +170,46 @@ def test_a_gpu_profile_starts_from_the_builtin_of_every_device_model_named():
     from vp.flops import DEVICE_PEAKS
 
     assert set(HM.BUILTIN_OF) == set(DEVICE_PEAKS) and all(v in PROFILES for v in HM.BUILTIN_OF.values())
+
+
+def test_elementwise_work_is_timed_at_the_measured_rate_of_its_tensor_size():
+    # out-of-place x + y per tensor size: 1 GB/s up to 16 MiB tensors, 0.25 GB/s (page faults) at 64 MiB
+    moved = [3 * b for b in (2**20, 2**24, 2**26)]
+    hw = with_tables(CPU, elementwise=[[moved[0], moved[0] / 1e9], [moved[1], moved[1] / 1e9],
+                                       [moved[2], moved[2] / 0.25e9]])
+    assert hw.tables.elementwise_rate(2**22) == pytest.approx(1e9)
+    assert hw.tables.elementwise_rate(2**26) == pytest.approx(0.25e9)
+    assert elementwise_time(hw, 1e6, 2**26) == pytest.approx(4e-3)
+    assert elementwise_time(hw, 1e6, 2**20) == pytest.approx(1e-3)
+    assert elementwise_time(CPU, 1e6, 2**26) == pytest.approx(1e6 / (CPU.mem_bandwidth * CPU.mem_efficiency))
+    # an output layer whose fp32 logits cross the slow size costs more per logit than one below it
+    cfg = RunConfig(method="baseline", pp=2, layers=4, hidden=64, heads=4, seq_len=256, micro_batch_size=1,
+                    vocab_size=64000, microbatches=4, device="cpu", dtype="fp32")
+    work = pass_work(cfg, CPU, build("baseline", 2, 4, 1))
+    sizes = {size for size, _ in work[("F", 1)]["S"].mem}
+    assert sizes == {4 * 256 * 64000}  # the [tokens, vocabulary] fp32 logits
+
+
+def test_a_first_stage_without_vocabulary_parallelism_pays_the_dense_embedding_gradient():
+    cfg = RunConfig(method="baseline", pp=2, layers=4, hidden=64, heads=4, seq_len=32, micro_batch_size=1,
+                    vocab_size=64000, microbatches=4, device="cpu", dtype="fp32")
+    small = replace(cfg, vocab_size=8000)
+    ib = {c.vocab_size: pass_work(c, CPU, build("baseline", 2, 4, 1))[("B", 0)]["IB"] for c in (cfg, small)}
+    # F.embedding's backward: a dense [V, h] gradient zeroed and added into .grad (2 act + 8 bytes an element)
+    dense = {v: (2 * 4 + 8) * RunConfig.from_dict({**cfg.to_dict(), "vocab_size": v}).padded_vocab_size * 64
+             for v in ib}
+    for v, work in ib.items():
+        assert work.mem_bytes == pytest.approx(dense[v] + (4 + 8) * 32 * 64)
+    # vocabulary parallelism adds the gradient of its tokens' rows only: no term in V
+    vp = [pass_work(c, CPU, build("vocab-2", 2, 4, 1))[("IB", None)]["IB"].mem_bytes for c in (cfg, small)]
+    assert vp[0] == vp[1] == (4 + 8) * 32 * 64
+
+
+def test_a_measured_cpu_profile_counts_no_nccl_buffers(monkeypatch):
+    here = {"cores": 2, "device_name": "cpu"}
+    measured = {"gemm": [[64, 64, 64, 1e-4]], "attention": [], "elementwise": [[3e6, 1e-3], [3e8, 0.1]],
+                "optimizer": [1000, 1e-5], "collectives": [["p2p", 2, 256, 1e-4], ["p2p", 2, 2**20, 1e-3]]}
+    hw = HM.fitted("box", torch.device("cpu"), "fp32", 1e10, measured, here)
+    assert hw.comm_bytes == 0 and hw.link_comm_bytes == 0  # gloo: the measured peak holds its buffers
+    from vp.cost.memory import Communicators, comm_buffer_bytes
+    assert comm_buffer_bytes(Communicators(3, 2), hw) == 0

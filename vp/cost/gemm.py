@@ -83,5 +83,9 @@ def gemm_time(hw: Hardware, g: Gemm, speedup: float = 1.0) -> float:
     return max(compute, g.traffic / hw.mem_bandwidth)
 
 
-def elementwise_time(hw: Hardware, nbytes: float) -> float:
-    return nbytes / (hw.mem_bandwidth * hw.mem_efficiency)
+def elementwise_time(hw: Hardware, nbytes: float, tensor_bytes: float = 0.0) -> float:
+    """Seconds of elementwise steps moving `nbytes` over tensors of `tensor_bytes` each: at the rate the profile
+    measured for operations on tensors of that size (vp.cost.tables: out of place, so a fresh output's allocation
+    counts, which on a CPU means page faults beyond the allocator's reuse limit), else at the analytical bandwidth."""
+    rate = hw.tables.elementwise_rate(tensor_bytes) if tensor_bytes else None
+    return nbytes / (rate or hw.mem_bandwidth * hw.mem_efficiency)

@@ -7,7 +7,9 @@ samples after a warm-up. What is measured, in the run's dtype and with the threa
               hold it ([n, k], transposed);
   attention   seconds of causal scaled_dot_product_attention forward and backward per (batch x heads, seq,
               head dim);
-  elementwise seconds of out = x + y per size (3 tensors' bytes moved): a per-operation cost and a bandwidth;
+  elementwise seconds of x + y into a fresh output per tensor size (3 tensors' bytes moved), out of place as the
+              model's operations run: a per-operation cost, and a rate per size that includes the output's
+              allocation (on a CPU, page faults wherever the allocator does not reuse memory);
   optimizer   seconds of one AdamW step (the runtime's optimizer) per parameter;
   collectives seconds of all_reduce, broadcast, all_gather and reduce per group size and payload, and of a
               point-to-point message between two ranks (half a ping-pong), over gloo (CPU) or NCCL (GPU), each
@@ -81,11 +83,12 @@ def attention(shapes, device: torch.device, dtype: torch.dtype, timer: Timer) ->
 
 
 def elementwise(device: torch.device, dtype: torch.dtype, timer: Timer, sizes=None) -> list[list[float]]:
-    """[bytes moved, seconds] of out = x + y, from a few hundred bytes to beyond the caches."""
+    """[bytes moved, seconds] of z = x + y (z allocated by the operation) per number of elements, by default from a
+    few hundred bytes to beyond the caches."""
     out = []
-    for numel in sizes or [2**e for e in range(6, 25, 2)]:
-        x, y, z = (torch.randn(numel, device=device, dtype=dtype) for _ in range(3))
-        out.append([3 * numel * x.element_size(), timer(lambda: torch.add(x, y, out=z))])
+    for numel in sorted(set(sizes or [2**e for e in range(6, 25, 2)])):
+        x, y = (torch.randn(numel, device=device, dtype=dtype) for _ in range(2))
+        out.append([3 * numel * x.element_size(), timer(lambda: torch.add(x, y))])
     return out
 
 
@@ -162,9 +165,11 @@ def _slowest(call, pg, device: torch.device, reps: int) -> float:
 def collectives(device_type: str, groups: list[int], sizes: list[int], reps: int = 3,
                 threads: int = 1) -> list[list]:
     """[op, group size, payload bytes, seconds] for every op, group size and payload, and [p2p, 2, bytes, s];
-    one process per rank of the largest group, started here."""
+    one process per rank of the largest group, forked from a server that imported torch once (a spawned process
+    per rank would import it again, several seconds each on a loaded machine)."""
     world = max(groups)
-    ctx = mp.get_context("spawn")
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(["torch", "torch.distributed", __name__])
     queue = ctx.Queue()
     with tempfile.TemporaryDirectory() as tmp:
         init = f"file://{os.path.join(tmp, 'rendezvous')}"

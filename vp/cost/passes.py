@@ -15,7 +15,10 @@ forward part (cast, max, subtract, exp, sum, normalise) and 12 + act in the back
 counted from the official implementation's tensor operations (megatron/core/tensor_parallel/cross_entropy.py).
 Which GEMMs S and T hold is the vocabulary algorithm's row (s_gemms of logits, grad input, grad weight in S, the
 rest in T; vp.schedule.methods.VOCAB). The input layer is memory bound: IF
-gathers and writes rows (12 bytes per element of [n, h]), IB scatters the gradient into fp32 rows (act + 8).
+gathers and writes rows (12 bytes per element of [n, h]), IB scatters the gradient into fp32 rows (act + 8); a
+first stage without vocabulary parallelism also zeroes and accumulates autograd's dense gradient of its whole
+embedding (2 act + 8 bytes per element of [V, h]: F.embedding's backward, as in Megatron). Elementwise bytes are
+kept per tensor size: a measured profile times each size at its own measured rate (vp.cost.gemm.elementwise_time).
 """
 from dataclasses import dataclass, field
 
@@ -31,16 +34,25 @@ from vp.schedule import Schedule
 class Work:
     gemms: tuple[Gemm, ...] = ()
     attention_flops: float = 0.0  # FLOPs fused attention executes
-    mem_bytes: float = 0.0  # elementwise traffic
+    mem: tuple[tuple[float, float], ...] = ()  # elementwise traffic: (bytes of the tensors it runs over, bytes moved)
     attention: tuple[tuple, ...] = ()  # (batch x heads, seq, head dim, backward) of each fused attention call
     kernels: int = 0  # operations issued (each costs the profile's kernel_s)
 
+    @property
+    def mem_bytes(self) -> float:
+        """Elementwise bytes moved, over every tensor size."""
+        return sum(moved for _, moved in self.mem)
+
     def __add__(self, other: "Work") -> "Work":
-        return Work(self.gemms + other.gemms, self.attention_flops + other.attention_flops,
-                    self.mem_bytes + other.mem_bytes, self.attention + other.attention, self.kernels + other.kernels)
+        mem = dict(self.mem)
+        for size, moved in other.mem:
+            mem[size] = mem.get(size, 0.0) + moved
+        return Work(self.gemms + other.gemms, self.attention_flops + other.attention_flops, tuple(mem.items()),
+                    self.attention + other.attention, self.kernels + other.kernels)
 
     def times(self, k: int) -> "Work":
-        return Work(self.gemms * k, self.attention_flops * k, self.mem_bytes * k, self.attention * k, self.kernels * k)
+        return Work(self.gemms * k, self.attention_flops * k, tuple((size, moved * k) for size, moved in self.mem),
+                    self.attention * k, self.kernels * k)
 
 
 # operations one layer's pass issues in the runtime's model (vp.model.Block, vp.wgrad): F LayerNorm, qkv, attention,
@@ -92,8 +104,9 @@ class Shapes:
         attention, elementwise = {"F": (2, 18 + 2 * f / h), "B": (5, 20 + 3 * f / h), "W": (0, 9 + f / h)}[kind]
         calls = () if kind == "W" else \
             ((self.micro_batch * self.heads * sp.layer_share(), self.seq, h // self.heads, kind == "B"),)
+        share = sp.activation_share()
         return Work(sp.linear_gemms(kind, n, self.linears(), a), self.attention(attention) * sp.layer_share(),
-                    elementwise * n * h * a * sp.activation_share(), calls, LAYER_KERNELS[kind])
+                    ((n * h * a * share, elementwise * n * h * a * share),), calls, LAYER_KERNELS[kind])
 
     def output(self, rows: int, names: tuple[str, ...], forward: bool) -> Work:
         """The named output-layer GEMMs on a shard of `rows` vocabulary rows, with the forward (S) or backward
@@ -103,12 +116,19 @@ class Shapes:
                 "grad_input": Gemm(n, h, rows, in_bytes=a, out_bytes=4),
                 "grad_weight": Gemm(rows, h, n, in_bytes=a, out_bytes=4, accumulate=True)}
         per_logit = (a + 36) if forward else (12 + a)
-        return Work(tuple(gemm[x] for x in names), 0.0, per_logit * n * rows,
+        return Work(tuple(gemm[x] for x in names), 0.0, ((4 * n * rows, per_logit * n * rows),),
                     kernels=len(names) + OUTPUT_KERNELS[forward])
 
-    def input(self, forward: bool) -> Work:
-        return Work((), 0.0, (12 if forward else self.act + 8) * self.block_tokens * self.hidden,
-                    kernels=INPUT_KERNELS)
+    def input(self, forward: bool, dense_rows: int = 0) -> Work:
+        """The input layer on the device's token block: IF gathers rows, IB adds the gradient into fp32 rows. With
+        dense_rows, IB is autograd's dense embedding gradient over that many rows (a pipeline's first stage without
+        vocabulary parallelism, F.embedding; as Megatron's embedding): zeroed at the parameter's element size, then
+        added into the fp32 gradient (read both, write one), each microbatch."""
+        n, h = self.block_tokens, self.hidden
+        mem = ((n * h * 4, (12 if forward else self.act + 8) * n * h),)
+        if dense_rows and not forward:
+            mem += ((dense_rows * h * 4, (2 * self.act + 8) * dense_rows * h),)
+        return Work((), 0.0, mem, kernels=INPUT_KERNELS)
 
 
 def pass_work(cfg: RunConfig, hw: Hardware, sched: Schedule) -> dict:
@@ -137,7 +157,7 @@ def pass_work(cfg: RunConfig, hw: Hardware, sched: Schedule) -> dict:
                                               accumulate=True),)))}[kind]
                 parts[head[0]] = head[1]
             if not sched.vocab_parallel and st == 0 and kind != "W":
-                parts["IF" if kind == "F" else "IB"] = sh.input(kind == "F")
+                parts["IF" if kind == "F" else "IB"] = sh.input(kind == "F", v)
             out[(kind, st)] = parts
         alike[role] = {kind: out[(kind, st)] for kind in ("F", "B", "W")}
     if sched.vocab_parallel:
@@ -178,7 +198,7 @@ def work_seconds(hw: Hardware, parts: dict) -> Seconds:
             seconds[g] = gemm_time(hw, g)
         gemm = sum(seconds[g] for g in work.gemms)
         compute[eff_kind] = compute.get(eff_kind, 0.0) + gemm + attention_time(hw, work)
-        memory += elementwise_time(hw, work.mem_bytes)
+        memory += sum(elementwise_time(hw, moved, size) for size, moved in work.mem)
         fixed += work.kernels * hw.kernel_s
     return Seconds(compute, memory, fixed)
 

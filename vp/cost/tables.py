@@ -4,6 +4,9 @@ by the cost model where they cover a question; None elsewhere, and the analytica
                inverse squared distance in log2(m), log2(n), log2(k); None beyond MAX_LOG2_DISTANCE of any;
   attention    per (seq, head dim) measured, linear in batch x heads between measured points, proportional
                beyond the largest, the smallest's time below it (a floor of fixed costs);
+  elementwise  bytes moved per second of an out-of-place operation per tensor size, log-log linear between
+               measured sizes (a fresh output's allocation included: on a CPU, page faults above the allocator's
+               reuse limit), the nearest measured size's rate beyond them;
   collectives  per (op, group size) measured, log-log linear in payload bytes; the smallest's time below the
                smallest payload (latency), None beyond the largest (the analytical network, fitted to the same
                measurements, extrapolates).
@@ -22,6 +25,7 @@ class Tables:
     gemm: np.ndarray = field(default_factory=lambda: np.zeros((0, 4)))  # log2 m, log2 n, log2 k, FLOP/s
     attention: dict = field(default_factory=dict)  # (seq, head_dim) -> (bh[], forward s[], backward s[])
     collectives: dict = field(default_factory=dict)  # (op, n) -> (bytes[], seconds[])
+    elementwise: np.ndarray = field(default_factory=lambda: np.zeros((0, 2)))  # log2 tensor bytes, log2 bytes/s
 
     @classmethod
     def of(cls, measured: dict | None) -> "Tables":
@@ -35,9 +39,13 @@ class Tables:
         collectives = {}
         for op, n, nbytes, seconds in sorted(measured.get("collectives") or [], key=lambda r: (r[0], r[1], r[2])):
             collectives.setdefault((op, int(n)), []).append((nbytes, seconds))
+        # x + y -> z: three tensors of moved / 3 bytes each
+        elementwise = np.array(sorted([math.log2(moved / 3), math.log2(moved / s)]
+                                      for moved, s in measured.get("elementwise") or [] if moved > 0 and s > 0))
         return cls(gemm.reshape(-1, 4),
                    {k: tuple(np.array(c, dtype=float) for c in zip(*v)) for k, v in attention.items()},
-                   {k: tuple(np.array(c, dtype=float) for c in zip(*v)) for k, v in collectives.items()})
+                   {k: tuple(np.array(c, dtype=float) for c in zip(*v)) for k, v in collectives.items()},
+                   elementwise.reshape(-1, 2))
 
     def gemm_s(self, m: int, n: int, k: int) -> float | None:
         """Seconds of one [m, k] x [k, n] GEMM from the measured shapes around it, or None."""
@@ -65,6 +73,12 @@ class Tables:
             return float(ys[-1] * bh / xs[-1])
         return float(np.interp(bh, xs, ys))
 
+    def elementwise_rate(self, tensor_bytes: float) -> float | None:
+        """Bytes moved per second by elementwise operations over tensors of tensor_bytes each, or None."""
+        if not len(self.elementwise) or tensor_bytes <= 0:
+            return None
+        return float(2.0 ** np.interp(math.log2(tensor_bytes), self.elementwise[:, 0], self.elementwise[:, 1]))
+
     def collective_s(self, op: str, n: int, nbytes: float) -> float | None:
         """Seconds of one collective (or 'p2p', n = 2) among n ranks of one machine, or None."""
         entry = self.collectives.get((op, int(n)))
@@ -76,7 +90,7 @@ class Tables:
         return float(2.0 ** np.interp(math.log2(nbytes), np.log2(xs), np.log2(ys)))
 
     def __bool__(self) -> bool:
-        return bool(len(self.gemm) or self.attention or self.collectives)
+        return bool(len(self.gemm) or self.attention or self.collectives or len(self.elementwise))
 
 
 def as_text(table: list) -> str | list:
