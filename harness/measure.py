@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 from vp.cost import PROFILES, GiB, Hardware, fit_link, pass_work
+from vp.cost.costs import vocab_tensors
 from vp.cost import measure as M
 from vp.cost.gemm import Gemm, alignment, quantization
 from vp.cost.tables import as_text, rows
@@ -70,15 +71,15 @@ def same_machine(profile: dict, device: str, dtype: str) -> bool:
         (socket.gethostname(), device, torch.__version__, dtype)
 
 
-def job_shapes(experiments: list[str], act_bytes: int) -> tuple[set, set, set]:
+def job_shapes(experiments: list[str], act_bytes: int) -> tuple[set, set, set, set]:
     """(GEMM (m, n, k), attention (batch x heads, seq, head dim), elementwise tensor bytes) of every pass of every
-    job of the experiments."""
+    job of the experiments, and the elements of the vocabulary matrices their devices hold."""
     from hydra import initialize_config_dir
 
     from harness.sweep import plan
 
     skeleton = Hardware("shapes", 1.0, act_bytes=act_bytes)
-    gemms, attention, tensors = set(), set(), set()
+    gemms, attention, tensors, vocab = set(), set(), set(), set()
     conf = str(Path(__file__).resolve().parents[1] / "conf")
     with initialize_config_dir(conf, version_base="1.3"):
         for name in experiments:
@@ -86,12 +87,13 @@ def job_shapes(experiments: list[str], act_bytes: int) -> tuple[set, set, set]:
             for job in jobs:
                 run = job.run
                 sched = build(run.method, run.pp, run.microbatches, run.n_chunks)
+                vocab |= {n for rank in vocab_tensors(run, sched) for n in rank}
                 for parts in pass_work(run, skeleton, sched).values():
                     for work in parts.values():
                         gemms |= {(g.m, g.n, g.k) for g in work.gemms}
                         attention |= {(max(1, round(bh)), s, d) for bh, s, d, _ in work.attention}
                         tensors |= {int(size) for size, _ in work.mem}
-    return gemms, attention, tensors
+    return gemms, attention, tensors, vocab
 
 
 def grid_shapes(device: str) -> set:
@@ -128,7 +130,7 @@ def measure_profile(name: str, device_type: str, dtype: str, experiments: list[s
     here = machine(device, dtype, threads)
     log(f"measuring {here['device_name']} on {here['host']} ({dtype}, {threads} thread(s) per rank, "
         f"{here['cores']} cores, load average {here['load_average']})")
-    job_gemms, job_attention, job_tensors = job_shapes(experiments, act_bytes)
+    job_gemms, job_attention, job_tensors, job_vocab = job_shapes(experiments, act_bytes)
     timer = M.Timer(device)
     peak, how = device_peak(device)
     # the jobs' shapes first, then the grid, within the budget
@@ -141,7 +143,7 @@ def measure_profile(name: str, device_type: str, dtype: str, experiments: list[s
         f"{time.perf_counter() - start:.0f} s")
     attention_rows = M.attention(sorted(attention_shapes(job_attention)), device, torch_dtype, timer)
     element_rows = M.elementwise(device, torch_dtype, timer, elementwise_sizes(job_tensors, act_bytes))
-    step = M.optimizer(device, timer)
+    step = [M.optimizer(device, timer)] + [M.optimizer(device, timer, n, 1) for n in sorted(job_vocab)]
     log(f"  {len(attention_rows)} attention shapes, {len(element_rows)} elementwise sizes, "
         f"{time.perf_counter() - start:.0f} s")
     ranks = torch.cuda.device_count() if device_type == "cuda" else CPU_RANKS
@@ -190,7 +192,8 @@ def fitted(name: str, device: torch.device, dtype: str, peak: float, measured: d
             link |= {"ib_latency": latency, "ib_bandwidth": link_bw}
     return replace(base, gemm_efficiency=min(1.0, gemm_eff), attention_efficiency=min(1.0, attention_eff),
                    mem_bandwidth=bandwidth, mem_efficiency=1.0, kernel_s=kernel_s, machine=here,
-                   optimizer_s_per_param=measured["optimizer"][1] / measured["optimizer"][0],
+                   optimizer_s_per_param=measured["optimizer"][0][2] / (measured["optimizer"][0][0] *
+                                                                        measured["optimizer"][0][1]),
                    measured=measured, **link)
 
 

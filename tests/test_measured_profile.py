@@ -208,8 +208,26 @@ def test_a_first_stage_without_vocabulary_parallelism_pays_the_dense_embedding_g
 def test_a_measured_cpu_profile_counts_no_nccl_buffers(monkeypatch):
     here = {"cores": 2, "device_name": "cpu"}
     measured = {"gemm": [[64, 64, 64, 1e-4]], "attention": [], "elementwise": [[3e6, 1e-3], [3e8, 0.1]],
-                "optimizer": [1000, 1e-5], "collectives": [["p2p", 2, 256, 1e-4], ["p2p", 2, 2**20, 1e-3]]}
+                "optimizer": [[1000, 16, 1.6e-4]], "collectives": [["p2p", 2, 256, 1e-4], ["p2p", 2, 2**20, 1e-3]]}
     hw = HM.fitted("box", torch.device("cpu"), "fp32", 1e10, measured, here)
     assert hw.comm_bytes == 0 and hw.link_comm_bytes == 0  # gloo: the measured peak holds its buffers
     from vp.cost.memory import Communicators, comm_buffer_bytes
     assert comm_buffer_bytes(Communicators(3, 2), hw) == 0
+
+
+def test_the_optimizer_step_times_each_vocabulary_matrix_at_its_size():
+    from vp.cost import tail_s
+    from vp.cost.costs import optimizer_s, vocab_tensors
+
+    cfg = RunConfig(method="baseline", pp=2, layers=4, hidden=64, heads=4, seq_len=32, micro_batch_size=1,
+                    vocab_size=64000, microbatches=4, device="cpu", dtype="fp32")
+    sched = build("baseline", 2, 4, 1)
+    big = cfg.padded_vocab_size * 64
+    assert vocab_tensors(cfg, sched) == [[big], [big]]
+    assert vocab_tensors(cfg, build("vocab-2", 2, 4, 1)) == [[big // 2] * 2] * 2
+    # 1 ns a parameter in small tensors, 10 ns in one tensor of the embedding's size
+    hw = replace(with_tables(CPU, optimizer=[[2**10, 16, 2**14 * 1e-9], [big, 1, big * 1e-8]]),
+                 optimizer_s_per_param=1e-9)
+    assert optimizer_s(hw, big + 1000, [big]) == pytest.approx(big * 1e-8 + 1000 * 1e-9)
+    assert optimizer_s(replace(hw, measured={}), big + 1000, [big]) == pytest.approx((big + 1000) * 1e-9)
+    assert tail_s(cfg, hw, sched) > tail_s(cfg, replace(hw, measured={}), sched) + 8 * big * 1e-9

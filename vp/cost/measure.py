@@ -10,7 +10,8 @@ samples after a warm-up. What is measured, in the run's dtype and with the threa
   elementwise seconds of x + y into a fresh output per tensor size (3 tensors' bytes moved), out of place as the
               model's operations run: a per-operation cost, and a rate per size that includes the output's
               allocation (on a CPU, page faults wherever the allocator does not reuse memory);
-  optimizer   seconds of one AdamW step (the runtime's optimizer) per parameter;
+  optimizer   seconds of one AdamW step (the runtime's optimizer) over many small tensors, and over one tensor of
+              each large size the jobs hold (vocabulary matrices: a CPU step allocates temporaries that large);
   collectives seconds of all_reduce, broadcast, all_gather and reduce per group size and payload, and of a
               point-to-point message between two ranks (half a ping-pong), over gloo (CPU) or NCCL (GPU), each
               the slowest rank's time, started together after a barrier.
@@ -92,14 +93,14 @@ def elementwise(device: torch.device, dtype: torch.dtype, timer: Timer, sizes=No
     return out
 
 
-def optimizer(device: torch.device, timer: Timer, numel: int = 2**21, tensors: int = 16) -> list[float]:
-    """[parameters, seconds] of one step of the runtime's optimizer (vp.runtime.loop: AdamW, its settings) over
-    `numel` fp32 parameters in `tensors` tensors."""
-    params = [torch.nn.Parameter(torch.randn(numel // tensors, device=device)) for _ in range(tensors)]
+def optimizer(device: torch.device, timer: Timer, numel: int = 2**17, tensors: int = 16) -> list[float]:
+    """[elements per tensor, tensors, seconds] of one step of the runtime's optimizer (vp.runtime.loop: AdamW, its
+    settings) over `tensors` fp32 tensors of `numel` parameters each."""
+    params = [torch.nn.Parameter(torch.randn(numel, device=device)) for _ in range(tensors)]
     for q in params:
         q.grad = torch.randn_like(q)
     opt = torch.optim.AdamW(params, lr=1e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.01)
-    return [numel, timer(opt.step)]
+    return [numel, tensors, timer(opt.step)]
 
 
 def _collective_rank(rank: int, world: int, init: str, device_type: str, threads: int, groups, sizes, reps,

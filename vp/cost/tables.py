@@ -7,6 +7,8 @@ by the cost model where they cover a question; None elsewhere, and the analytica
   elementwise  bytes moved per second of an out-of-place operation per tensor size, log-log linear between
                measured sizes (a fresh output's allocation included: on a CPU, page faults above the allocator's
                reuse limit), the nearest measured size's rate beyond them;
+  optimizer    seconds per parameter of one step over a single tensor per tensor size, log-log linear between
+               measured sizes, the nearest's beyond them; None without such rows;
   collectives  per (op, group size) measured, log-log linear in payload bytes; the smallest's time below the
                smallest payload (latency), None beyond the largest (the analytical network, fitted to the same
                measurements, extrapolates).
@@ -26,6 +28,7 @@ class Tables:
     attention: dict = field(default_factory=dict)  # (seq, head_dim) -> (bh[], forward s[], backward s[])
     collectives: dict = field(default_factory=dict)  # (op, n) -> (bytes[], seconds[])
     elementwise: np.ndarray = field(default_factory=lambda: np.zeros((0, 2)))  # log2 tensor bytes, log2 bytes/s
+    optimizer: np.ndarray = field(default_factory=lambda: np.zeros((0, 2)))  # log2 tensor elements, log2 s/param
 
     @classmethod
     def of(cls, measured: dict | None) -> "Tables":
@@ -42,10 +45,13 @@ class Tables:
         # x + y -> z: three tensors of moved / 3 bytes each
         elementwise = np.array(sorted([math.log2(moved / 3), math.log2(moved / s)]
                                       for moved, s in measured.get("elementwise") or [] if moved > 0 and s > 0))
+        # [elements per tensor, tensors, seconds] rows (a bare [parameters, seconds] pair predates them)
+        step = [r for r in measured.get("optimizer") or [] if isinstance(r, list)]
+        optimizer = np.array(sorted([math.log2(n), math.log2(s / (n * k))] for n, k, s in step if n > 0 and s > 0))
         return cls(gemm.reshape(-1, 4),
                    {k: tuple(np.array(c, dtype=float) for c in zip(*v)) for k, v in attention.items()},
                    {k: tuple(np.array(c, dtype=float) for c in zip(*v)) for k, v in collectives.items()},
-                   elementwise.reshape(-1, 2))
+                   elementwise.reshape(-1, 2), optimizer.reshape(-1, 2))
 
     def gemm_s(self, m: int, n: int, k: int) -> float | None:
         """Seconds of one [m, k] x [k, n] GEMM from the measured shapes around it, or None."""
@@ -79,6 +85,12 @@ class Tables:
             return None
         return float(2.0 ** np.interp(math.log2(tensor_bytes), self.elementwise[:, 0], self.elementwise[:, 1]))
 
+    def optimizer_s_per_param(self, tensor_elements: int) -> float | None:
+        """Seconds per parameter of the optimizer step over one tensor of tensor_elements, or None."""
+        if not len(self.optimizer) or tensor_elements <= 0:
+            return None
+        return float(2.0 ** np.interp(math.log2(tensor_elements), self.optimizer[:, 0], self.optimizer[:, 1]))
+
     def collective_s(self, op: str, n: int, nbytes: float) -> float | None:
         """Seconds of one collective (or 'p2p', n = 2) among n ranks of one machine, or None."""
         entry = self.collectives.get((op, int(n)))
@@ -90,7 +102,7 @@ class Tables:
         return float(2.0 ** np.interp(math.log2(nbytes), np.log2(xs), np.log2(ys)))
 
     def __bool__(self) -> bool:
-        return bool(len(self.gemm) or self.attention or self.collectives or len(self.elementwise))
+        return bool(len(self.gemm) or self.attention or self.collectives or len(self.elementwise) or len(self.optimizer))
 
 
 def as_text(table: list) -> str | list:
