@@ -92,7 +92,7 @@ def job_shapes(experiments: list[str], act_bytes: int) -> tuple[set, set, set, s
                     for work in parts.values():
                         gemms |= {(g.m, g.n, g.k) for g in work.gemms}
                         attention |= {(max(1, round(bh)), s, d) for bh, s, d, _ in work.attention}
-                        tensors |= {int(size) for size, _ in work.mem}
+                        tensors |= {int(size) for size, _, _ in work.mem}
     return gemms, attention, tensors, vocab
 
 
@@ -179,7 +179,7 @@ def fitted(name: str, device: torch.device, dtype: str, peak: float, measured: d
                                  for m, n, k, s in large)
     attention_eff = statistics.median(2.0 * bh * s * s * d / fwd / peak for bh, s, d, fwd, _ in
                                       measured["attention"]) if measured["attention"] else base.attention_efficiency
-    elem = measured["elementwise"]
+    elem = [r[:2] for r in measured["elementwise"]]  # in place: the analytical model has no allocation cost
     kernel_s = min(s for _, s in elem)
     big = [r for r in elem if r[0] >= 2**20] or elem
     _, bandwidth = fit_link(big) if len(big) >= 2 else (0.0, elem[-1][0] / elem[-1][1])

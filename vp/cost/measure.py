@@ -7,9 +7,9 @@ samples after a warm-up. What is measured, in the run's dtype and with the threa
               hold it ([n, k], transposed);
   attention   seconds of causal scaled_dot_product_attention forward and backward per (batch x heads, seq,
               head dim);
-  elementwise seconds of x + y into a fresh output per tensor size (3 tensors' bytes moved), out of place as the
-              model's operations run: a per-operation cost, and a rate per size that includes the output's
-              allocation (on a CPU, page faults wherever the allocator does not reuse memory);
+  elementwise seconds of x += y (in place) and of x + y into a fresh output per tensor size (3 tensors' bytes
+              moved): a per-operation cost, a rate per size, and what a fresh output costs beyond it (on a CPU,
+              page faults wherever the allocator does not reuse memory);
   optimizer   seconds of one AdamW step (the runtime's optimizer) over many small tensors, and over one tensor of
               each large size the jobs hold (vocabulary matrices: a CPU step allocates temporaries that large);
   collectives seconds of all_reduce, broadcast, all_gather and reduce per group size and payload, and of a
@@ -84,12 +84,12 @@ def attention(shapes, device: torch.device, dtype: torch.dtype, timer: Timer) ->
 
 
 def elementwise(device: torch.device, dtype: torch.dtype, timer: Timer, sizes=None) -> list[list[float]]:
-    """[bytes moved, seconds] of z = x + y (z allocated by the operation) per number of elements, by default from a
-    few hundred bytes to beyond the caches."""
+    """[bytes moved, seconds of x += y, seconds of x + y into a tensor the operation allocates] per number of
+    elements, by default from a few hundred bytes to beyond the caches."""
     out = []
     for numel in sorted(set(sizes or [2**e for e in range(6, 25, 2)])):
         x, y = (torch.randn(numel, device=device, dtype=dtype) for _ in range(2))
-        out.append([3 * numel * x.element_size(), timer(lambda: torch.add(x, y))])
+        out.append([3 * numel * x.element_size(), timer(lambda: x.add_(y)), timer(lambda: torch.add(x, y))])
     return out
 
 
