@@ -21,6 +21,7 @@ from pathlib import Path
 import torch
 
 from vp.cost import PROFILES, GiB, Hardware, fit_link, pass_work
+from vp.cost.costs import vocab_tensors
 from vp.cost import measure as M
 from vp.cost.gemm import Gemm, alignment, quantization
 from vp.cost.tables import as_text, rows
@@ -70,14 +71,15 @@ def same_machine(profile: dict, device: str, dtype: str) -> bool:
         (socket.gethostname(), device, torch.__version__, dtype)
 
 
-def job_shapes(experiments: list[str], act_bytes: int) -> tuple[set, set]:
-    """(GEMM (m, n, k), attention (batch x heads, seq, head dim)) of every pass of every job of the experiments."""
+def job_shapes(experiments: list[str], act_bytes: int) -> tuple[set, set, set, set]:
+    """(GEMM (m, n, k), attention (batch x heads, seq, head dim), elementwise tensor bytes) of every pass of every
+    job of the experiments, and the elements of the vocabulary matrices their devices hold."""
     from hydra import initialize_config_dir
 
     from harness.sweep import plan
 
     skeleton = Hardware("shapes", 1.0, act_bytes=act_bytes)
-    gemms, attention = set(), set()
+    gemms, attention, tensors, vocab = set(), set(), set(), set()
     conf = str(Path(__file__).resolve().parents[1] / "conf")
     with initialize_config_dir(conf, version_base="1.3"):
         for name in experiments:
@@ -85,16 +87,24 @@ def job_shapes(experiments: list[str], act_bytes: int) -> tuple[set, set]:
             for job in jobs:
                 run = job.run
                 sched = build(run.method, run.pp, run.microbatches, run.n_chunks)
+                vocab |= {n for rank in vocab_tensors(run, sched) for n in rank}
                 for parts in pass_work(run, skeleton, sched).values():
                     for work in parts.values():
                         gemms |= {(g.m, g.n, g.k) for g in work.gemms}
                         attention |= {(max(1, round(bh)), s, d) for bh, s, d, _ in work.attention}
-    return gemms, attention
+                        tensors |= {int(size) for size, _, _ in work.mem}
+    return gemms, attention, tensors, vocab
 
 
 def grid_shapes(device: str) -> set:
     dims = CPU_GRID if device == "cpu" else GPU_GRID
     return {(m, n, k) for m in dims for n in dims for k in dims if 2.0 * m * n * k <= GRID_FLOPS[device]}
+
+
+def elementwise_sizes(tensor_bytes: set, element_bytes: int) -> list[int]:
+    """Elements per tensor of the elementwise table: a log grid (every 4x from 64) and the jobs' own tensor sizes,
+    since the rate can fall off a cliff between two grid points (a CPU allocator's reuse limit)."""
+    return sorted({2**e for e in range(6, 25, 2)} | {max(1, int(b) // element_bytes) for b in tensor_bytes})
 
 
 def attention_shapes(from_jobs: set) -> set:
@@ -120,7 +130,7 @@ def measure_profile(name: str, device_type: str, dtype: str, experiments: list[s
     here = machine(device, dtype, threads)
     log(f"measuring {here['device_name']} on {here['host']} ({dtype}, {threads} thread(s) per rank, "
         f"{here['cores']} cores, load average {here['load_average']})")
-    job_gemms, job_attention = job_shapes(experiments, act_bytes)
+    job_gemms, job_attention, job_tensors, job_vocab = job_shapes(experiments, act_bytes)
     timer = M.Timer(device)
     peak, how = device_peak(device)
     # the jobs' shapes first, then the grid, within the budget
@@ -132,8 +142,8 @@ def measure_profile(name: str, device_type: str, dtype: str, experiments: list[s
     log(f"  {len(gemm_rows)} GEMM shapes ({len(job_gemms)} from the jobs of {', '.join(experiments)}), "
         f"{time.perf_counter() - start:.0f} s")
     attention_rows = M.attention(sorted(attention_shapes(job_attention)), device, torch_dtype, timer)
-    element_rows = M.elementwise(device, torch_dtype, timer)
-    step = M.optimizer(device, timer)
+    element_rows = M.elementwise(device, torch_dtype, timer, elementwise_sizes(job_tensors, act_bytes))
+    step = [M.optimizer(device, timer)] + [M.optimizer(device, timer, n, 1) for n in sorted(job_vocab)]
     log(f"  {len(attention_rows)} attention shapes, {len(element_rows)} elementwise sizes, "
         f"{time.perf_counter() - start:.0f} s")
     ranks = torch.cuda.device_count() if device_type == "cuda" else CPU_RANKS
@@ -156,8 +166,10 @@ def fitted(name: str, device: torch.device, dtype: str, peak: float, measured: d
                        gpus_per_node=max(1, torch.cuda.device_count()),
                        memory_bytes=float(torch.cuda.get_device_properties(device).total_memory))
     else:
+        # gloo holds no NCCL buffers (comm_bytes, link_comm_bytes); its own are small and in the measured peak
         base = Hardware(name, peak, sms=0, tile_k_overhead=0, align_penalty=0.0, collective_latency=0.0,
-                        bytes_per_param=16.0 if dtype == "fp32" else 18.0, overhead_bytes=0.0,
+                        bytes_per_param=16.0 if dtype == "fp32" else 18.0, overhead_bytes=0.0, comm_bytes=0.0,
+                        link_comm_bytes=0.0,
                         gpus_per_node=CPU_RANKS, cores=here["cores"], memory_bytes=_memory())
     base = replace(base, name=name, act_bytes=act_bytes)
     # GEMM ceiling: achieved over what the shape model allows, median over GEMMs of at least 1e8 FLOPs
@@ -167,7 +179,7 @@ def fitted(name: str, device: torch.device, dtype: str, peak: float, measured: d
                                  for m, n, k, s in large)
     attention_eff = statistics.median(2.0 * bh * s * s * d / fwd / peak for bh, s, d, fwd, _ in
                                       measured["attention"]) if measured["attention"] else base.attention_efficiency
-    elem = measured["elementwise"]
+    elem = [r[:2] for r in measured["elementwise"]]  # in place: the analytical model has no allocation cost
     kernel_s = min(s for _, s in elem)
     big = [r for r in elem if r[0] >= 2**20] or elem
     _, bandwidth = fit_link(big) if len(big) >= 2 else (0.0, elem[-1][0] / elem[-1][1])
@@ -180,7 +192,8 @@ def fitted(name: str, device: torch.device, dtype: str, peak: float, measured: d
             link |= {"ib_latency": latency, "ib_bandwidth": link_bw}
     return replace(base, gemm_efficiency=min(1.0, gemm_eff), attention_efficiency=min(1.0, attention_eff),
                    mem_bandwidth=bandwidth, mem_efficiency=1.0, kernel_s=kernel_s, machine=here,
-                   optimizer_s_per_param=measured["optimizer"][1] / measured["optimizer"][0],
+                   optimizer_s_per_param=measured["optimizer"][0][2] / (measured["optimizer"][0][0] *
+                                                                        measured["optimizer"][0][1]),
                    measured=measured, **link)
 
 

@@ -11,9 +11,9 @@ from harness import measure as HM
 from harness_util import sweep
 from harness.calibrate import main as calibrate_main
 from vp.config import RunConfig
-from vp.cost import PROFILES, Hardware, comm_times, pass_times
+from vp.cost import PROFILES, Hardware, comm_times, pass_times, pass_work
 from vp.cost import measure as M
-from vp.cost.gemm import Gemm, gemm_time
+from vp.cost.gemm import Gemm, elementwise_time, gemm_time
 from vp.cost.network import ALL_REDUCE, BROADCAST, Network
 from vp.cost.tables import Tables, as_text, rows
 from vp.schedule import build
@@ -170,3 +170,67 @@ def test_a_gpu_profile_starts_from_the_builtin_of_every_device_model_named():
     from vp.flops import DEVICE_PEAKS
 
     assert set(HM.BUILTIN_OF) == set(DEVICE_PEAKS) and all(v in PROFILES for v in HM.BUILTIN_OF.values())
+
+
+def test_elementwise_work_is_timed_at_the_measured_rate_of_its_tensor_size_and_fresh_outputs_at_their_cost():
+    # x += y at 1 GB/s for every size; x + y as fast up to 16 MiB tensors, 4x slower at 64 MiB (page faults)
+    moved = [3 * b for b in (2**20, 2**24, 2**26)]
+    hw = with_tables(CPU, elementwise=[[moved[0], moved[0] / 1e9, moved[0] / 1e9],
+                                       [moved[1], moved[1] / 1e9, moved[1] / 1e9],
+                                       [moved[2], moved[2] / 1e9, moved[2] / 0.25e9]])
+    assert hw.tables.elementwise_rate(2**22) == pytest.approx((1e9, 0.0))
+    rate, fresh_s = hw.tables.elementwise_rate(2**26)
+    assert rate == pytest.approx(1e9) and fresh_s * 2**26 == pytest.approx(moved[2] / 0.25e9 - moved[2] / 1e9)
+    assert elementwise_time(hw, 1e6, 2**26) == pytest.approx(1e-3)  # in place: no allocation
+    assert elementwise_time(hw, 1e6, 2**26, 1e6) == pytest.approx(1e-3 + 1e6 * fresh_s)
+    assert elementwise_time(hw, 1e6, 2**20, 1e6) == pytest.approx(1e-3)  # below the reuse limit: free
+    assert elementwise_time(CPU, 1e6, 2**26, 1e6) == pytest.approx(1e6 / (CPU.mem_bandwidth * CPU.mem_efficiency))
+    cfg = RunConfig(method="baseline", pp=2, layers=4, hidden=64, heads=4, seq_len=256, micro_batch_size=1,
+                    vocab_size=64000, microbatches=4, device="cpu", dtype="fp32")
+    work = pass_work(cfg, CPU, build("baseline", 2, 4, 1))
+    # the [tokens, vocabulary] fp32 logits: the cross entropy runs in place on the GEMM's output
+    assert [(size, fresh) for size, _, fresh in work[("F", 1)]["S"].mem] == [(4 * 256 * 64000, 0.0)]
+
+
+def test_a_first_stage_without_vocabulary_parallelism_pays_the_dense_embedding_gradient():
+    cfg = RunConfig(method="baseline", pp=2, layers=4, hidden=64, heads=4, seq_len=32, micro_batch_size=1,
+                    vocab_size=64000, microbatches=4, device="cpu", dtype="fp32")
+    small = replace(cfg, vocab_size=8000)
+    ib = {c.vocab_size: pass_work(c, CPU, build("baseline", 2, 4, 1))[("B", 0)]["IB"] for c in (cfg, small)}
+    # F.embedding's backward: a dense [V, h] gradient zeroed and added into .grad (2 act + 8 bytes an element)
+    dense = {v: (2 * 4 + 8) * RunConfig.from_dict({**cfg.to_dict(), "vocab_size": v}).padded_vocab_size * 64
+             for v in ib}
+    for v, work in ib.items():
+        assert work.mem_bytes == pytest.approx(dense[v] + (4 + 8) * 32 * 64)
+        assert sum(fresh for _, _, fresh in work.mem) == dense[v] / 4  # the zeroed [V, h] fp32 gradient
+    # vocabulary parallelism adds the gradient of its tokens' rows only: no term in V
+    vp = [pass_work(c, CPU, build("vocab-2", 2, 4, 1))[("IB", None)]["IB"].mem_bytes for c in (cfg, small)]
+    assert vp[0] == vp[1] == (4 + 8) * 32 * 64
+
+
+def test_a_measured_cpu_profile_counts_no_nccl_buffers(monkeypatch):
+    here = {"cores": 2, "device_name": "cpu"}
+    measured = {"gemm": [[64, 64, 64, 1e-4]], "attention": [], "elementwise": [[3e6, 1e-3, 1e-3], [3e8, 0.1, 0.3]],
+                "optimizer": [[1000, 16, 1.6e-4]], "collectives": [["p2p", 2, 256, 1e-4], ["p2p", 2, 2**20, 1e-3]]}
+    hw = HM.fitted("box", torch.device("cpu"), "fp32", 1e10, measured, here)
+    assert hw.comm_bytes == 0 and hw.link_comm_bytes == 0  # gloo: the measured peak holds its buffers
+    from vp.cost.memory import Communicators, comm_buffer_bytes
+    assert comm_buffer_bytes(Communicators(3, 2), hw) == 0
+
+
+def test_the_optimizer_step_times_each_vocabulary_matrix_at_its_size():
+    from vp.cost import tail_s
+    from vp.cost.costs import optimizer_s, vocab_tensors
+
+    cfg = RunConfig(method="baseline", pp=2, layers=4, hidden=64, heads=4, seq_len=32, micro_batch_size=1,
+                    vocab_size=64000, microbatches=4, device="cpu", dtype="fp32")
+    sched = build("baseline", 2, 4, 1)
+    big = cfg.padded_vocab_size * 64
+    assert vocab_tensors(cfg, sched) == [[big], [big]]
+    assert vocab_tensors(cfg, build("vocab-2", 2, 4, 1)) == [[big // 2] * 2] * 2
+    # 1 ns a parameter in small tensors, 10 ns in one tensor of the embedding's size
+    hw = replace(with_tables(CPU, optimizer=[[2**10, 16, 2**14 * 1e-9], [big, 1, big * 1e-8]]),
+                 optimizer_s_per_param=1e-9)
+    assert optimizer_s(hw, big + 1000, [big]) == pytest.approx(big * 1e-8 + 1000 * 1e-9)
+    assert optimizer_s(replace(hw, measured={}), big + 1000, [big]) == pytest.approx((big + 1000) * 1e-9)
+    assert tail_s(cfg, hw, sched) > tail_s(cfg, replace(hw, measured={}), sched) + 8 * big * 1e-9

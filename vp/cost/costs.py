@@ -50,9 +50,37 @@ def tail_s(cfg: RunConfig, hw: Hardware, sched: Schedule) -> float:
     optimizer step over its parameters (where the profile measured it)."""
     net = Network.of(hw)
     dp = dp_allreduce_per_rank(cfg, hw, sched)
-    step = [n * hw.optimizer_s_per_param * hw.contention(min(cfg.world, hw.gpus_per_node))
-            for n in rank_params(cfg, sched)]
+    slower = hw.contention(min(cfg.world, hw.gpus_per_node))
+    step = [slower * optimizer_s(hw, n, vocab) for n, vocab in zip(rank_params(cfg, sched),
+                                                                   vocab_tensors(cfg, sched))]
     return max(tp_tail_s(cfg, net, sched, p) + dp[p] + step[p] for p in range(cfg.pp))
+
+
+def vocab_tensors(cfg: RunConfig, sched: Schedule) -> list[list[int]]:
+    """Per pipeline rank, the elements of each vocabulary matrix one device holds (input embedding, output layer
+    or their vocabulary-parallel shards): the few large tensors of a device's parameters (vp.cost.memory.rank_params
+    counts them with the rest)."""
+    v, h, split = cfg.padded_vocab_size, cfg.hidden, Split.of(cfg)
+    if sched.vocab_parallel:
+        return [[split.vocab_rows(v, cfg.pp) * h] * 2 for _ in range(cfg.pp)]
+    out = [[] for _ in range(cfg.pp)]
+    out[sched.where(0)[0]].append(split.vocab_rows(v) * h)
+    out[sched.where(sched.n_stages - 1)[0]].append(split.vocab_rows(v) * h)
+    return out
+
+
+def optimizer_s(hw: Hardware, params: int, large: list[int]) -> float:
+    """Seconds of the optimizer step over `params` parameters of which `large` are single large tensors: each of
+    those at the profile's measured per-parameter rate for its size (vp.cost.tables: a CPU step allocates
+    temporaries as large as the tensor), the rest at optimizer_s_per_param (many small tensors)."""
+    seconds, rest = 0.0, params - sum(large)
+    for n in large:
+        rate = hw.tables.optimizer_s_per_param(n)
+        if rate is None:
+            rest += n
+        else:
+            seconds += n * rate
+    return seconds + max(0, rest) * hw.optimizer_s_per_param
 
 
 def dp_allreduce_s(cfg: RunConfig, hw: Hardware, sched: Schedule) -> float:

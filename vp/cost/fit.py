@@ -18,7 +18,11 @@ def fit_speeds(rows: list[dict], times: list[float]) -> tuple[dict, float, float
     for with_overhead in (True, False):
         a = np.array([[r.get(k, 0.0) for k in kinds] + ([r.get("bytes", 0.0)] if has_bytes else [])
                       + ([1.0] if with_overhead else []) for r in rows])
-        x, *_ = np.linalg.lstsq(a / t[:, None], np.ones_like(t), rcond=None)
+        a = a / t[:, None]
+        scale = np.linalg.norm(a, axis=0)  # columns of seconds, bytes and ones: equilibrated, or bytes dominate
+        scale[scale == 0] = 1.0
+        x, *_ = np.linalg.lstsq(a / scale, np.ones_like(t), rcond=None)
+        x = x / scale
         inv = x[: len(kinds) + has_bytes]
         if (inv > 0).all() and (not with_overhead or x[-1] >= 0):
             speeds = {k: float(1.0 / v) for k, v in zip(kinds, inv)}

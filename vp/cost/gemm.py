@@ -83,5 +83,12 @@ def gemm_time(hw: Hardware, g: Gemm, speedup: float = 1.0) -> float:
     return max(compute, g.traffic / hw.mem_bandwidth)
 
 
-def elementwise_time(hw: Hardware, nbytes: float) -> float:
-    return nbytes / (hw.mem_bandwidth * hw.mem_efficiency)
+def elementwise_time(hw: Hardware, nbytes: float, tensor_bytes: float = 0.0, fresh_bytes: float = 0.0) -> float:
+    """Seconds of elementwise steps moving `nbytes` over tensors of `tensor_bytes` each, `fresh_bytes` of them
+    written into newly allocated tensors: at the rate the profile measured in place for tensors of that size, plus
+    its measured cost of a fresh output's bytes at that size (vp.cost.tables; on a CPU, page faults where the
+    allocator does not reuse memory); else at the analytical bandwidth, allocation free."""
+    if not tensor_bytes or not len(hw.tables.elementwise):
+        return nbytes / (hw.mem_bandwidth * hw.mem_efficiency)
+    rate, fresh_s = hw.tables.elementwise_rate(tensor_bytes)
+    return nbytes / rate + fresh_bytes * fresh_s

@@ -7,8 +7,11 @@ samples after a warm-up. What is measured, in the run's dtype and with the threa
               hold it ([n, k], transposed);
   attention   seconds of causal scaled_dot_product_attention forward and backward per (batch x heads, seq,
               head dim);
-  elementwise seconds of out = x + y per size (3 tensors' bytes moved): a per-operation cost and a bandwidth;
-  optimizer   seconds of one AdamW step (the runtime's optimizer) per parameter;
+  elementwise seconds of x += y (in place) and of x + y into a fresh output per tensor size (3 tensors' bytes
+              moved): a per-operation cost, a rate per size, and what a fresh output costs beyond it (on a CPU,
+              page faults wherever the allocator does not reuse memory);
+  optimizer   seconds of one AdamW step (the runtime's optimizer) over many small tensors, and over one tensor of
+              each large size the jobs hold (vocabulary matrices: a CPU step allocates temporaries that large);
   collectives seconds of all_reduce, broadcast, all_gather and reduce per group size and payload, and of a
               point-to-point message between two ranks (half a ping-pong), over gloo (CPU) or NCCL (GPU), each
               the slowest rank's time, started together after a barrier.
@@ -81,22 +84,23 @@ def attention(shapes, device: torch.device, dtype: torch.dtype, timer: Timer) ->
 
 
 def elementwise(device: torch.device, dtype: torch.dtype, timer: Timer, sizes=None) -> list[list[float]]:
-    """[bytes moved, seconds] of out = x + y, from a few hundred bytes to beyond the caches."""
+    """[bytes moved, seconds of x += y, seconds of x + y into a tensor the operation allocates] per number of
+    elements, by default from a few hundred bytes to beyond the caches."""
     out = []
-    for numel in sizes or [2**e for e in range(6, 25, 2)]:
-        x, y, z = (torch.randn(numel, device=device, dtype=dtype) for _ in range(3))
-        out.append([3 * numel * x.element_size(), timer(lambda: torch.add(x, y, out=z))])
+    for numel in sorted(set(sizes or [2**e for e in range(6, 25, 2)])):
+        x, y = (torch.randn(numel, device=device, dtype=dtype) for _ in range(2))
+        out.append([3 * numel * x.element_size(), timer(lambda: x.add_(y)), timer(lambda: torch.add(x, y))])
     return out
 
 
-def optimizer(device: torch.device, timer: Timer, numel: int = 2**21, tensors: int = 16) -> list[float]:
-    """[parameters, seconds] of one step of the runtime's optimizer (vp.runtime.loop: AdamW, its settings) over
-    `numel` fp32 parameters in `tensors` tensors."""
-    params = [torch.nn.Parameter(torch.randn(numel // tensors, device=device)) for _ in range(tensors)]
+def optimizer(device: torch.device, timer: Timer, numel: int = 2**17, tensors: int = 16) -> list[float]:
+    """[elements per tensor, tensors, seconds] of one step of the runtime's optimizer (vp.runtime.loop: AdamW, its
+    settings) over `tensors` fp32 tensors of `numel` parameters each."""
+    params = [torch.nn.Parameter(torch.randn(numel, device=device)) for _ in range(tensors)]
     for q in params:
         q.grad = torch.randn_like(q)
     opt = torch.optim.AdamW(params, lr=1e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.01)
-    return [numel, timer(opt.step)]
+    return [numel, tensors, timer(opt.step)]
 
 
 def _collective_rank(rank: int, world: int, init: str, device_type: str, threads: int, groups, sizes, reps,
@@ -162,9 +166,11 @@ def _slowest(call, pg, device: torch.device, reps: int) -> float:
 def collectives(device_type: str, groups: list[int], sizes: list[int], reps: int = 3,
                 threads: int = 1) -> list[list]:
     """[op, group size, payload bytes, seconds] for every op, group size and payload, and [p2p, 2, bytes, s];
-    one process per rank of the largest group, started here."""
+    one process per rank of the largest group, forked from a server that imported torch once (a spawned process
+    per rank would import it again, several seconds each on a loaded machine)."""
     world = max(groups)
-    ctx = mp.get_context("spawn")
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(["torch", "torch.distributed", __name__])
     queue = ctx.Queue()
     with tempfile.TemporaryDirectory() as tmp:
         init = f"file://{os.path.join(tmp, 'rendezvous')}"

@@ -15,7 +15,14 @@ forward part (cast, max, subtract, exp, sum, normalise) and 12 + act in the back
 counted from the official implementation's tensor operations (megatron/core/tensor_parallel/cross_entropy.py).
 Which GEMMs S and T hold is the vocabulary algorithm's row (s_gemms of logits, grad input, grad weight in S, the
 rest in T; vp.schedule.methods.VOCAB). The input layer is memory bound: IF
-gathers and writes rows (12 bytes per element of [n, h]), IB scatters the gradient into fp32 rows (act + 8).
+gathers and writes rows (12 bytes per element of [n, h]), IB scatters the gradient into fp32 rows (act + 8); a
+first stage without vocabulary parallelism also zeroes and accumulates autograd's dense gradient of its whole
+embedding (2 act + 8 bytes per element of [V, h]: F.embedding's backward, as in Megatron), a fresh [V, h] tensor each
+microbatch. Elementwise bytes are kept per tensor size with the bytes of fresh outputs among them: a measured
+profile times each size at its own measured rate, and each fresh byte at its measured allocation cost
+(vp.cost.gemm.elementwise_time). The layers' fresh outputs are not counted (activation-sized, which allocators
+reuse), nor the output layer's: its large tensors are GEMM outputs, timed with their allocation in the GEMM table,
+and its cross-entropy steps run in place.
 """
 from dataclasses import dataclass, field
 
@@ -31,16 +38,29 @@ from vp.schedule import Schedule
 class Work:
     gemms: tuple[Gemm, ...] = ()
     attention_flops: float = 0.0  # FLOPs fused attention executes
-    mem_bytes: float = 0.0  # elementwise traffic
+    # elementwise traffic per tensor size: (bytes of each tensor it runs over, bytes moved, bytes of fresh outputs)
+    mem: tuple[tuple[float, float, float], ...] = ()
     attention: tuple[tuple, ...] = ()  # (batch x heads, seq, head dim, backward) of each fused attention call
     kernels: int = 0  # operations issued (each costs the profile's kernel_s)
 
+    @property
+    def mem_bytes(self) -> float:
+        """Elementwise bytes moved, over every tensor size."""
+        return sum(moved for _, moved, _ in self.mem)
+
     def __add__(self, other: "Work") -> "Work":
+        mem = {size: (moved, fresh) for size, moved, fresh in self.mem}
+        for size, moved, fresh in other.mem:
+            was = mem.get(size, (0.0, 0.0))
+            mem[size] = (was[0] + moved, was[1] + fresh)
         return Work(self.gemms + other.gemms, self.attention_flops + other.attention_flops,
-                    self.mem_bytes + other.mem_bytes, self.attention + other.attention, self.kernels + other.kernels)
+                    tuple((size, moved, fresh) for size, (moved, fresh) in mem.items()),
+                    self.attention + other.attention, self.kernels + other.kernels)
 
     def times(self, k: int) -> "Work":
-        return Work(self.gemms * k, self.attention_flops * k, self.mem_bytes * k, self.attention * k, self.kernels * k)
+        return Work(self.gemms * k, self.attention_flops * k,
+                    tuple((size, moved * k, fresh * k) for size, moved, fresh in self.mem),
+                    self.attention * k, self.kernels * k)
 
 
 # operations one layer's pass issues in the runtime's model (vp.model.Block, vp.wgrad): F LayerNorm, qkv, attention,
@@ -92,8 +112,9 @@ class Shapes:
         attention, elementwise = {"F": (2, 18 + 2 * f / h), "B": (5, 20 + 3 * f / h), "W": (0, 9 + f / h)}[kind]
         calls = () if kind == "W" else \
             ((self.micro_batch * self.heads * sp.layer_share(), self.seq, h // self.heads, kind == "B"),)
+        share = sp.activation_share()
         return Work(sp.linear_gemms(kind, n, self.linears(), a), self.attention(attention) * sp.layer_share(),
-                    elementwise * n * h * a * sp.activation_share(), calls, LAYER_KERNELS[kind])
+                    ((n * h * a * share, elementwise * n * h * a * share, 0.0),), calls, LAYER_KERNELS[kind])
 
     def output(self, rows: int, names: tuple[str, ...], forward: bool) -> Work:
         """The named output-layer GEMMs on a shard of `rows` vocabulary rows, with the forward (S) or backward
@@ -103,12 +124,20 @@ class Shapes:
                 "grad_input": Gemm(n, h, rows, in_bytes=a, out_bytes=4),
                 "grad_weight": Gemm(rows, h, n, in_bytes=a, out_bytes=4, accumulate=True)}
         per_logit = (a + 36) if forward else (12 + a)
-        return Work(tuple(gemm[x] for x in names), 0.0, per_logit * n * rows,
+        # the steps run in place on the GEMMs' outputs (vp.vocab.output), whose allocation the GEMMs' time holds
+        return Work(tuple(gemm[x] for x in names), 0.0, ((4 * n * rows, per_logit * n * rows, 0.0),),
                     kernels=len(names) + OUTPUT_KERNELS[forward])
 
-    def input(self, forward: bool) -> Work:
-        return Work((), 0.0, (12 if forward else self.act + 8) * self.block_tokens * self.hidden,
-                    kernels=INPUT_KERNELS)
+    def input(self, forward: bool, dense_rows: int = 0) -> Work:
+        """The input layer on the device's token block: IF gathers rows, IB adds the gradient into fp32 rows. With
+        dense_rows, IB is autograd's dense embedding gradient over that many rows (a pipeline's first stage without
+        vocabulary parallelism, F.embedding; as Megatron's embedding): zeroed at the parameter's element size, then
+        added into the fp32 gradient (read both, write one), each microbatch."""
+        n, h = self.block_tokens, self.hidden
+        mem = ((n * h * 4, (12 if forward else self.act + 8) * n * h, 0.0),)
+        if dense_rows and not forward:  # the zeroed dense gradient is a fresh tensor each microbatch
+            mem += ((dense_rows * h * 4, (2 * self.act + 8) * dense_rows * h, dense_rows * h * self.act),)
+        return Work((), 0.0, mem, kernels=INPUT_KERNELS)
 
 
 def pass_work(cfg: RunConfig, hw: Hardware, sched: Schedule) -> dict:
@@ -137,7 +166,7 @@ def pass_work(cfg: RunConfig, hw: Hardware, sched: Schedule) -> dict:
                                               accumulate=True),)))}[kind]
                 parts[head[0]] = head[1]
             if not sched.vocab_parallel and st == 0 and kind != "W":
-                parts["IF" if kind == "F" else "IB"] = sh.input(kind == "F")
+                parts["IF" if kind == "F" else "IB"] = sh.input(kind == "F", v)
             out[(kind, st)] = parts
         alike[role] = {kind: out[(kind, st)] for kind in ("F", "B", "W")}
     if sched.vocab_parallel:
@@ -178,7 +207,7 @@ def work_seconds(hw: Hardware, parts: dict) -> Seconds:
             seconds[g] = gemm_time(hw, g)
         gemm = sum(seconds[g] for g in work.gemms)
         compute[eff_kind] = compute.get(eff_kind, 0.0) + gemm + attention_time(hw, work)
-        memory += elementwise_time(hw, work.mem_bytes)
+        memory += sum(elementwise_time(hw, moved, size, fresh) for size, moved, fresh in work.mem)
         fixed += work.kernels * hw.kernel_s
     return Seconds(compute, memory, fixed)
 

@@ -4,6 +4,11 @@ by the cost model where they cover a question; None elsewhere, and the analytica
                inverse squared distance in log2(m), log2(n), log2(k); None beyond MAX_LOG2_DISTANCE of any;
   attention    per (seq, head dim) measured, linear in batch x heads between measured points, proportional
                beyond the largest, the smallest's time below it (a floor of fixed costs);
+  elementwise  per tensor size: bytes moved per second of an in-place operation, log-log linear between measured
+               sizes, and seconds per byte of a fresh output (out of place less in place: on a CPU, page faults
+               above the allocator's reuse limit), linear in log size; the nearest measured size's beyond them;
+  optimizer    seconds per parameter of one step over a single tensor per tensor size, log-log linear between
+               measured sizes, the nearest's beyond them; None without such rows;
   collectives  per (op, group size) measured, log-log linear in payload bytes; the smallest's time below the
                smallest payload (latency), None beyond the largest (the analytical network, fitted to the same
                measurements, extrapolates).
@@ -22,6 +27,8 @@ class Tables:
     gemm: np.ndarray = field(default_factory=lambda: np.zeros((0, 4)))  # log2 m, log2 n, log2 k, FLOP/s
     attention: dict = field(default_factory=dict)  # (seq, head_dim) -> (bh[], forward s[], backward s[])
     collectives: dict = field(default_factory=dict)  # (op, n) -> (bytes[], seconds[])
+    elementwise: np.ndarray = field(default_factory=lambda: np.zeros((0, 3)))  # log2 size, log2 bytes/s, s per fresh byte
+    optimizer: np.ndarray = field(default_factory=lambda: np.zeros((0, 2)))  # log2 tensor elements, log2 s/param
 
     @classmethod
     def of(cls, measured: dict | None) -> "Tables":
@@ -35,9 +42,17 @@ class Tables:
         collectives = {}
         for op, n, nbytes, seconds in sorted(measured.get("collectives") or [], key=lambda r: (r[0], r[1], r[2])):
             collectives.setdefault((op, int(n)), []).append((nbytes, seconds))
+        # [bytes moved, seconds in place, seconds out of place] of x + y: three tensors of moved / 3 bytes each
+        elementwise = np.array(sorted([math.log2(r[0] / 3), math.log2(r[0] / r[1]),
+                                       max(0.0, r[2] - r[1]) / (r[0] / 3) if len(r) > 2 else 0.0]
+                                      for r in measured.get("elementwise") or [] if r[0] > 0 and r[1] > 0))
+        # [elements per tensor, tensors, seconds] rows (a bare [parameters, seconds] pair predates them)
+        step = [r for r in measured.get("optimizer") or [] if isinstance(r, list)]
+        optimizer = np.array(sorted([math.log2(n), math.log2(s / (n * k))] for n, k, s in step if n > 0 and s > 0))
         return cls(gemm.reshape(-1, 4),
                    {k: tuple(np.array(c, dtype=float) for c in zip(*v)) for k, v in attention.items()},
-                   {k: tuple(np.array(c, dtype=float) for c in zip(*v)) for k, v in collectives.items()})
+                   {k: tuple(np.array(c, dtype=float) for c in zip(*v)) for k, v in collectives.items()},
+                   elementwise.reshape(-1, 3), optimizer.reshape(-1, 2))
 
     def gemm_s(self, m: int, n: int, k: int) -> float | None:
         """Seconds of one [m, k] x [k, n] GEMM from the measured shapes around it, or None."""
@@ -65,6 +80,20 @@ class Tables:
             return float(ys[-1] * bh / xs[-1])
         return float(np.interp(bh, xs, ys))
 
+    def elementwise_rate(self, tensor_bytes: float) -> tuple[float, float] | None:
+        """(bytes moved per second in place, seconds per byte of a fresh output) of elementwise operations over
+        tensors of tensor_bytes each, or None."""
+        if not len(self.elementwise) or tensor_bytes <= 0:
+            return None
+        x, table = math.log2(tensor_bytes), self.elementwise
+        return float(2.0 ** np.interp(x, table[:, 0], table[:, 1])), float(np.interp(x, table[:, 0], table[:, 2]))
+
+    def optimizer_s_per_param(self, tensor_elements: int) -> float | None:
+        """Seconds per parameter of the optimizer step over one tensor of tensor_elements, or None."""
+        if not len(self.optimizer) or tensor_elements <= 0:
+            return None
+        return float(2.0 ** np.interp(math.log2(tensor_elements), self.optimizer[:, 0], self.optimizer[:, 1]))
+
     def collective_s(self, op: str, n: int, nbytes: float) -> float | None:
         """Seconds of one collective (or 'p2p', n = 2) among n ranks of one machine, or None."""
         entry = self.collectives.get((op, int(n)))
@@ -76,7 +105,7 @@ class Tables:
         return float(2.0 ** np.interp(math.log2(nbytes), np.log2(xs), np.log2(ys)))
 
     def __bool__(self) -> bool:
-        return bool(len(self.gemm) or self.attention or self.collectives)
+        return bool(len(self.gemm) or self.attention or self.collectives or len(self.elementwise) or len(self.optimizer))
 
 
 def as_text(table: list) -> str | list:
