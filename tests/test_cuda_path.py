@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from vp import comm as comm_module
+from vp import comm_stream
 from vp.hostenv import CUDA_CONNECTIONS, MAX_CONNECTIONS, cuda_connections, device_index
 
 ROOT = Path(__file__).parents[1]
@@ -155,7 +155,7 @@ def test_a_step_records_what_it_reads_on_its_stream_and_its_result_on_the_consum
         ran_on.append(current[-1].name)
         return made
 
-    stream = comm_module.CommStream(torch.device("cuda", 0), "IF")
+    stream = comm_stream.CommStream(torch.device("cuda", 0), "IF")
     handle = stream.submit(step, "IF:0", reads=(local,))
     assert ran_on == ["side"] and stream.stream.waited == ["compute"]  # after the compute stream's work so far
     assert recorded == [("local", "side")]
@@ -164,7 +164,7 @@ def test_a_step_records_what_it_reads_on_its_stream_and_its_result_on_the_consum
 
 
 def test_the_if_and_c0_launches_hand_their_buffers_to_the_side_stream():
-    """The executor names the compute-stream tensors read only by the side stream (vp.comm.CommStream.submit)."""
+    """The executor names the compute-stream tensors read only by the side stream (vp.comm_stream.CommStream.submit)."""
     tree = ast.parse((ROOT / "vp" / "runtime" / "executor.py").read_text())
     reads = {ast.unparse(k.value) for node in ast.walk(tree) if isinstance(node, ast.Call)
              and getattr(node.func, "attr", "") == "submit" for k in node.keywords if k.arg == "reads"}
