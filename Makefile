@@ -29,8 +29,11 @@ $(TORCH_STAMP): pyproject.toml
 	$(PY) -m pip install --quiet --disable-pip-version-check -e ".[dev]"
 	touch $@
 
-test: venv  ## the test suite (ARGS="-k name" to pick)
-	$(PY) -m pytest -q tests $(ARGS)
+# the suite on TEST_WORKERS pytest-xdist processes (tests that share the one SLURM cluster stay on one of them);
+# TEST_WORKERS=0 runs it in this process, one test after another (what a debugger or -x wants)
+TEST_WORKERS ?= 3
+test: venv  ## the test suite (ARGS="-k name" to pick; TEST_WORKERS=0 for one process)
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup tests $(ARGS)
 
 # make sweep: the CPU smoke sweep here, run for real and predicted with this machine's measured profile (measured once,
 # then reused); make sweep CLUSTER=slurm PARTITION=NAME (or ARGS="cluster=slurm ..."): the GPU default experiment

@@ -19,7 +19,8 @@ from omegaconf import OmegaConf
 
 from harness import jobs as J
 from harness.plan_output import describe, experiment_text, figure, no_plan_message, readme, summary
-from harness.profiles import CONF, user_conf_dir, write_atomic
+from harness.profiles import CONF, user_conf_dir
+from vp.files import write_text_atomic
 from vp.plan import Problem, search
 
 warnings.filterwarnings("ignore", r"provider=hydra\.searchpath in main, path=.* is not available\.", UserWarning)
@@ -98,12 +99,12 @@ def run(argv: list[str], out=print) -> int:
             out(json.dumps(summary(plan, None), indent=1))
         return 1
     experiment = f"plan_{name}"
-    write_atomic(path, experiment_text(cfg, argv, plan, experiment, hw))
+    write_text_atomic(path, experiment_text(cfg, argv, plan, experiment, hw))
     folder = Path(cfg.plan.figures) / experiment
     folder.mkdir(parents=True, exist_ok=True)
     data = summary(plan, str(path))
-    write_atomic(folder / "plan.json", json.dumps(data, indent=1) + "\n")
-    write_atomic(folder / "README.md", readme(plan, hw, experiment))
+    write_text_atomic(folder / "plan.json", json.dumps(data, indent=1) + "\n")
+    write_text_atomic(folder / "README.md", readme(plan, hw, experiment))
     figure(plan, hw, folder / "pareto.png")
     if cfg.plan.json:
         out(json.dumps(data, indent=1))

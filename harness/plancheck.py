@@ -51,7 +51,7 @@ def main(argv=None) -> int:
         return 2
     from harness import plan as P
     from harness.plan_output import experiment_text
-    from harness.profiles import write_atomic
+    from vp.files import write_text_atomic
     from harness.sweep import run as sweep
     from vp.plan import search
 
@@ -72,7 +72,7 @@ def main(argv=None) -> int:
     plan.top, plan.best_per_method = chosen, {}
     experiment = f"plan_{name}"
     path = P.experiment_path(cfg, name)
-    write_atomic(path, experiment_text(cfg, overrides, plan, experiment, hw))
+    write_text_atomic(path, experiment_text(cfg, overrides, plan, experiment, hw))
     print(f"plan: {len(plan.rows)} feasible of {plan.candidates}; running predicted ranks 1-{args.top} and "
           f"{len(plan.rows) - args.bottom + 1}-{len(plan.rows)} for real ({path})", flush=True)
     with initialize_config_dir(str(CONF), version_base="1.3"):

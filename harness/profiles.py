@@ -2,15 +2,14 @@
 calibrated ones go to the user's config folder, which conf/config.yaml adds to Hydra's config search path
 (`hydra.searchpath`), so `backend=sim hardware=NAME` finds them; or to an explicit path. A calibration never
 replaces a built-in unless asked to (--overwrite-builtin), and a profile is written whole or not at all."""
-import os
 import re
-import tempfile
 from pathlib import Path
 
 from omegaconf import OmegaConf
 
 from vp.checks import check_output_file, writable_folder
 from vp.cost import PROFILES, Hardware
+from vp.cost import profiles as cost_profiles
 
 CONF = Path(__file__).resolve().parents[1] / "conf"
 NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]*")
@@ -58,20 +57,6 @@ def destination(name: str, out: str | None, overwrite_builtin: bool) -> Path:
     return check_output_file(str(path), "--out", (".yaml",))
 
 
-def write_atomic(path: Path, text: str) -> Path:
-    """Write through a temporary file in the same folder and rename: a reader sees the old file or the new one."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
-
-
 def usage(path: Path, name: str) -> str:
     """How the sweep finds the profile written to path."""
     found = path.resolve().parent in ((CONF / "hardware").resolve(), (user_conf_dir() / "hardware").resolve())
@@ -85,7 +70,6 @@ def usage(path: Path, name: str) -> str:
 
 
 def write_profile(hw: Hardware, path: Path, source: str) -> Path:
-    """The profile as a config of the hardware group, written whole (temporary file, then rename)."""
-    body = OmegaConf.to_yaml({"name": hw.name, "profile": hw.to_dict()})
-    return write_atomic(path, f"# @package hardware\n# Calibrated by `python -m harness.calibrate` from "
-                              f"{source}.\n# Use it with: {usage(path, hw.name)}\n{body}")
+    """The profile as a config of the hardware group, written whole (vp.cost.profiles.write_profile)."""
+    return cost_profiles.write_profile(hw, path, f"Calibrated by `python -m harness.calibrate` from {source}.\n"
+                                                 f"Use it with: {usage(path, hw.name)}")

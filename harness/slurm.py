@@ -123,8 +123,13 @@ def partition_from(scontrol_line: str, sinfo_text: str) -> Partition:
                      max_mem_per_node_mb=_limit(f.get("MaxMemPerNode", "UNLIMITED")))
 
 
-def _call(args: list[str]) -> subprocess.CompletedProcess:
-    return subprocess.run(args, capture_output=True, text=True, timeout=30)
+def _call(args: list[str], timeout_s: float = 30) -> subprocess.CompletedProcess:
+    """A SLURM command's result; one that does not answer within timeout_s (a busy controller) is a failed call
+    (exit code 124, as timeout(1) gives), which every caller handles as SLURM not answering now."""
+    try:
+        return subprocess.run(args, capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return subprocess.CompletedProcess(args, 124, "", f"`{' '.join(args)}` did not answer within {timeout_s:g} s")
 
 
 class NoAnswer(ValueError):

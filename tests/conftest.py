@@ -55,3 +55,11 @@ def local_runs_fork_their_ranks():
     patch.setattr(vp.launch, "mp", types.SimpleNamespace(get_context=get_context))
     yield
     patch.undo()
+
+
+def pytest_collection_modifyitems(config, items):
+    """Under pytest-xdist (make test runs `-n` workers with --dist loadgroup), the tests that submit to the one
+    SLURM cluster run on one worker, one after another: two at once would queue behind each other's jobs."""
+    for item in items:
+        if item.get_closest_marker("slurm"):
+            item.add_marker(pytest.mark.xdist_group("slurm"))

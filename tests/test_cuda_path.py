@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from vp import comm as comm_module
+from vp import comm_stream
 from vp.hostenv import CUDA_CONNECTIONS, MAX_CONNECTIONS, cuda_connections, device_index
 
 ROOT = Path(__file__).parents[1]
@@ -155,7 +155,7 @@ def test_a_step_records_what_it_reads_on_its_stream_and_its_result_on_the_consum
         ran_on.append(current[-1].name)
         return made
 
-    stream = comm_module.CommStream(torch.device("cuda", 0), "IF")
+    stream = comm_stream.CommStream(torch.device("cuda", 0), "IF")
     handle = stream.submit(step, "IF:0", reads=(local,))
     assert ran_on == ["side"] and stream.stream.waited == ["compute"]  # after the compute stream's work so far
     assert recorded == [("local", "side")]
@@ -163,12 +163,49 @@ def test_a_step_records_what_it_reads_on_its_stream_and_its_result_on_the_consum
     assert recorded == [("local", "side"), ("result", "compute")] and compute.waited[-1].stream == "side"
 
 
-def test_the_if_and_c0_launches_hand_their_buffers_to_the_side_stream():
-    """The executor names the compute-stream tensors read only by the side stream (vp.comm.CommStream.submit)."""
-    tree = ast.parse((ROOT / "vp" / "runtime" / "executor.py").read_text())
-    reads = {ast.unparse(k.value) for node in ast.walk(tree) if isinstance(node, ast.Call)
-             and getattr(node.func, "attr", "") == "submit" for k in node.keywords if k.arg == "reads"}
-    assert {"(local,)", "(buf,)"} <= reads
+@pytest.mark.parametrize("method, rank, kind, held", [
+    ("vocab-2", 1, "IF", lambda st, mb: st.embed_local[mb]),  # a rank that is not the first stage's
+    ("vocab-2", 0, "C0", None),  # the buffer a rank that is not the root receives into
+    ("vocab-1", 0, "C2", lambda st, mb: st.out[mb].partial_grad_x),  # T's partial grad X, summed in place
+])
+def test_a_launch_that_drops_a_compute_stream_tensor_hands_it_to_the_side_stream(method, rank, kind, held):
+    """Executor.launch on a rank where the launch drops the last reference to a compute-stream tensor that only the
+    side stream's collective then reads or writes: the launch names it in `reads` (CommStream.submit records it on
+    the side stream), or the caching allocator could hand its memory to the next F or B while NCCL still uses it."""
+    from types import SimpleNamespace
+
+    from vp.config import RunConfig
+    from vp.runtime.executor import Executor, RankModel
+    from vp.runtime.memory import ActivationMeter
+    from vp.runtime.state import IterState
+    from vp.schedule import Action, build
+    from vp.schedule.rules import collective
+    from vp.vocab.output import OutputState
+
+    submitted = []
+
+    class Comm:
+        def submit(self, channel, step, what=None, reads=()):
+            submitted.append((channel, reads))
+            return SimpleNamespace(wait=lambda timeout=None: None)
+
+    cfg = RunConfig(method=method, pp=2, layers=2, hidden=8, heads=2, seq_len=4, vocab_size=64, microbatches=2)
+    sched = build(cfg.method, cfg.pp, cfg.microbatches, 1)
+    ex = Executor(cfg, sched, rank, RankModel({}), Comm(), torch.device("cpu"), ActivationMeter([]))
+    ex.st, mb = IterState(0), 1
+    ex.st.embed_local[mb] = torch.ones(1, cfg.seq_len, cfg.hidden)
+    n = cfg.seq_len
+    ex.st.out[mb] = OutputState(torch.zeros(n, cfg.hidden), torch.zeros(n, dtype=torch.long), torch.ones(n),
+                                torch.zeros(n, 32), torch.zeros(3, n), partial_grad_x=torch.ones(n, cfg.hidden))
+    ex.st.out_uses[mb] = 1  # C2 is its last use on this rank
+    tensor = held(ex.st, mb) if held else None
+    ex.launch(Action(rank, kind, mb), collective(sched, kind, mb))
+    [(channel, reads)] = submitted
+    assert channel == kind
+    if tensor is not None:
+        assert any(t is tensor for t in reads), f"{kind} drops a tensor its collective uses without naming it"
+    else:
+        assert [tuple(t.shape) for t in reads] == [(n, cfg.hidden + 1)]
 
 
 def test_the_loss_of_a_grid_is_reduced_on_the_parameters_device():

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from dataclasses import replace
 from pathlib import Path
 
@@ -119,11 +120,14 @@ def test_the_fit_recovers_a_profile_from_pass_times_it_implies():
     assert hw.pass_overhead_s == pytest.approx(2e-5, rel=1e-3) and hw.mem_efficiency == pytest.approx(0.6, rel=1e-3)
 
 
-def test_every_part_passes_in_its_cpu_form(tmp_path):
+def test_every_part_passes_in_its_cpu_form(tmp_path, monkeypatch):
     """(preflight ran in the script above)"""
     cpu = torch.device("cpu")
     modules = (precision, race, runtime, passes, memory, pipeline)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))  # the rendezvous folders go here
+    (tmp_path / "tmp").mkdir()
     results = {m.__name__.rsplit(".", 1)[1]: m.run(cpu, tmp_path) for m in modules}
+    assert not list((tmp_path / "tmp").glob("gpucheck-rendezvous-*"))  # and are gone
     assert list(results) == list(PARTS)[1:]
     # race and pipeline need CUDA streams and two GPUs: skipped
     assert {k: r["ok"] for k, r in results.items()} == {**dict.fromkeys(results, True), "race": None, "pipeline": None}

@@ -166,18 +166,35 @@ def test_calibrate_refuses_built_in_names_and_bad_destinations_before_any_work(t
 
 
 def test_a_failed_write_leaves_the_old_profile_whole(tmp_path, monkeypatch):
-    from harness import profiles
+    from vp import files
+    from vp.cost import PROFILES
+    from vp.cost.profiles import write_profile
 
     path = tmp_path / "hardware" / "mybox.yaml"
-    profiles.write_atomic(path, "old\n")
+    files.write_text_atomic(path, "old\n")
 
     def crash(src, dst):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(profiles.os, "replace", crash)
+    monkeypatch.setattr(files.os, "replace", crash)
     with pytest.raises(OSError):
-        profiles.write_atomic(path, "new\n")
+        write_profile(PROFILES["h100"], path, "a test")
+    with pytest.raises(UnicodeEncodeError):  # fails while writing, not at the rename
+        files.write_text_atomic(path, "new \ud800\n")
     assert path.read_text() == "old\n" and [p.name for p in path.parent.iterdir()] == ["mybox.yaml"]
+
+
+def test_a_written_profile_reads_back_as_the_same_hardware(tmp_path):
+    import yaml
+
+    from vp.cost import PROFILES, Hardware
+    from vp.cost.profiles import write_profile
+
+    hw = PROFILES["h100"]
+    text = write_profile(hw, tmp_path / "h.yaml", "line one\nline two").read_text()
+    assert text.startswith("# @package hardware\n# line one\n# line two\n")
+    doc = yaml.safe_load(text)
+    assert doc["name"] == "h100" and Hardware.from_dict(doc["profile"]) == hw
 
 
 def test_only_the_flag_lets_a_calibration_refit_a_built_in():

@@ -189,3 +189,17 @@ def test_a_job_stuck_on_a_reason_that_cannot_clear_is_cancelled_after_the_grace_
     assert any("SLURM job 12 (method=m12) pending: Resources" in line for line in log)
     assert not any("pending: None" in line for line in log)
     assert now[0] >= 5  # not before the grace
+
+
+def test_a_slurm_command_that_does_not_answer_is_a_failed_call_not_a_traceback(tmp_path):
+    """A controller too busy to answer within the limit: the call fails (124) and its callers carry on as when
+    SLURM does not answer (squeue: states unknown this poll; scontrol: the partition refused with the fix)."""
+    hang = tmp_path / "hang"
+    hang.write_text("#!/bin/sh\nsleep 5\n")
+    hang.chmod(0o755)
+    out = slurm._call([str(hang)], timeout_s=0.2)
+    assert out.returncode == 124 and "did not answer within 0.2 s" in out.stderr
+    late = lambda args: slurm._call([str(hang)], timeout_s=0.2)  # noqa: E731
+    assert slurm.job_states(["1"], late) is None
+    with pytest.raises(slurm.NoAnswer, match="cluster.partition=gpu: SLURM did not answer"):
+        slurm.query_partition("gpu", late)

@@ -161,7 +161,7 @@ def connect(comm, links=()):
         link = link_channel(channel, sender, receiver)
         if link in comm.groups:
             pairs.add((link, 0, 1))
-        elif link not in comm.links and channel in comm.groups:
+        elif channel in comm.groups:  # a layout without per-link groups (the old whole-pipeline one)
             pairs.add((channel, min(sender, receiver), max(sender, receiver)))
     for channel, a, b in sorted(pairs, key=lambda pair: (order[pair[0]], pair[1], pair[2])):
         if comm.index(channel) in (a, b):

@@ -1,11 +1,11 @@
 """The result record (docs/design.md): one JSON object per run, the same for measured and simulated runs."""
 import hashlib
 import json
-import os
 import subprocess
-import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
+
+from vp.files import write_json_atomic
 
 STATUSES = ("ok", "failed", "oom", "timeout")
 NOT_SEMANTIC = ("timeout_s",)  # changing these does not change what a run measures
@@ -44,16 +44,5 @@ def make_record(config: dict, metrics: dict | None, env: dict, status: str = "ok
 
 
 def write_atomic(path: Path, record: dict) -> Path:
-    """Write JSON to a temporary file in the same folder and rename it, so no reader sees half a record."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(record, f, indent=1, sort_keys=True)
-            f.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-    return path
+    """Write a record as JSON whole or not at all (vp.files), so no reader sees half a record."""
+    return write_json_atomic(path, record, indent=1, sort_keys=True)

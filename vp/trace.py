@@ -5,10 +5,9 @@ start of its compute to its end, in microseconds since the rank began the first 
 action spent waiting for a collective it consumes is a separate event on the rank's "waits" track.
 Iterations follow each other on the time axis, each shifted by the measured length of those before it.
 """
-import json
-import os
-import tempfile
 from pathlib import Path
+
+from vp.files import write_json_atomic
 
 US = 1e6
 
@@ -38,15 +37,5 @@ def chrome_trace(events_per_rank: list[list[list]], seconds_per_rank: list[list[
 
 def write_trace(path, events_per_rank: list[list[list]], seconds_per_rank: list[list[float]],
                 meta: dict | None = None) -> Path:
-    """Write the trace atomically (a temporary file in the same folder, then a rename)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(chrome_trace(events_per_rank, seconds_per_rank, meta), f)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    """Write the trace whole or not at all (vp.files)."""
+    return write_json_atomic(path, chrome_trace(events_per_rank, seconds_per_rank, meta))

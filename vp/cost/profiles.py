@@ -26,8 +26,10 @@ A measured profile (python -m harness.calibrate --measure) carries the microbenc
 they were taken in `machine`.
 """
 from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
 
 from vp.cost.tables import Tables
+from vp.files import write_text_atomic
 from vp.flops import DEVICE_PEAKS
 
 GiB = 1024**3
@@ -103,6 +105,17 @@ class Hardware:
         if int(d.get("gpus_per_node", 1)) < 1:
             raise ValueError(f"hardware profile: gpus_per_node={d['gpus_per_node']} must be at least 1")
         return cls(**d)
+
+
+
+def write_profile(hw: Hardware, path, header: str) -> Path:
+    """The profile as a config of the Hydra `hardware` group (`# @package hardware`, then `name` and `profile`),
+    written whole or not at all; header: comment lines saying where it came from and how to use it."""
+    import yaml
+
+    comments = "".join(f"# {line}\n" for line in header.splitlines())
+    body = yaml.safe_dump({"name": hw.name, "profile": hw.to_dict()}, sort_keys=False)
+    return write_text_atomic(path, f"# @package hardware\n{comments}{body}")
 
 
 PROFILES = {

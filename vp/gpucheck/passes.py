@@ -16,6 +16,7 @@ import torch
 
 from vp.config import RunConfig
 from vp.cost import PROFILES, Hardware, pass_work, work_seconds
+from vp.cost.profiles import write_profile
 from vp.cost.fit import fit_speeds, fitted, observation
 
 SHAPES = {"4b": dict(hidden=3072, heads=24, pp=8), "7b": dict(hidden=4096, heads=32, pp=16),
@@ -101,19 +102,6 @@ def predicted(cfg: RunConfig, hw: Hardware) -> tuple[dict, dict]:
     return {k: work_seconds(hw, p).total(hw) for k, p in parts.items()}, parts
 
 
-def write_profile(hw: Hardware, path: Path, source: str) -> Path:
-    """The profile as a config of the hardware group (the layout harness.calibrate writes), with pyyaml."""
-    import yaml
-
-    body = yaml.safe_dump({"name": hw.name, "profile": hw.to_dict()}, sort_keys=False)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(f"# @package hardware\n# Measured by {source}.\n# Use it with: copy it to "
-                   f"~/.config/vp-harness/hardware/, then backend=sim hardware={hw.name}\n{body}")
-    tmp.replace(path)
-    return path
-
-
 def run(device: torch.device, out: Path) -> dict:
     from vp.metrics import device_peak
 
@@ -145,7 +133,9 @@ def run(device: torch.device, out: Path) -> dict:
     try:
         hw = fitted(skeleton, "h200_measured" if cuda else "cpu_measured", *fit_speeds(rows, times))
         hw = replace(hw, fitted_to=f"vp.gpucheck passes at {', '.join(shapes)}")
-        path = write_profile(hw, out / f"{hw.name}.yaml", "scripts/gpu-check.sh (vp.gpucheck.passes)")
+        path = write_profile(hw, out / f"{hw.name}.yaml",
+                             "Measured by scripts/gpu-check.sh (vp.gpucheck.passes).\n"
+                             f"Use it with: copy it to ~/.config/vp-harness/hardware/, then backend=sim hardware={hw.name}")
         result |= {"profile": str(path), "efficiency": hw.efficiency, "pass_overhead_s": hw.pass_overhead_s,
                    "mem_efficiency": hw.mem_efficiency}
         summary += ["", f"fitted profile {path.name}: GEMM speed multipliers "

@@ -18,6 +18,7 @@ On a world-size-1 NCCL group, with the collective held back by a sleep kernel (t
 
 On CPU (gloo, a worker thread that holds the input for the whole step) the runtime probe only exercises its code.
 """
+import contextlib
 import os
 import tempfile
 from pathlib import Path
@@ -29,9 +30,11 @@ NUMEL = 2**21  # 8 MiB of fp32: a large-pool block the allocator hands back exac
 SLEEP_CYCLES = 200_000_000  # ~0.1 s at ~2 GHz: the collective runs long after the host is done
 
 
-def fresh_rendezvous() -> str:
-    """A new file:// rendezvous each time (a reused file joins an old run's store)."""
-    return f"file://{tempfile.mkdtemp(prefix='gpucheck-rendezvous-')}/store"
+@contextlib.contextmanager
+def fresh_rendezvous():
+    """A new file:// rendezvous each time (a reused file joins an old run's store), removed afterwards."""
+    with tempfile.TemporaryDirectory(prefix="gpucheck-rendezvous-") as folder:
+        yield f"file://{folder}/store"
 
 
 def pattern(device: torch.device, keep: bool) -> dict:
@@ -137,13 +140,14 @@ def verdict(pattern_drop: dict | None, pattern_keep: dict | None, runtime: dict,
 def run(device: torch.device, out: Path) -> dict:
     cuda = device.type == "cuda"
     kw = {"device_id": device} if cuda else {}
-    dist.init_process_group("nccl" if cuda else "gloo", init_method=fresh_rendezvous(), rank=0, world_size=1, **kw)
-    try:
-        drop = pattern(device, keep=False) if cuda else None
-        keep = pattern(device, keep=True) if cuda else None
-        runtime = runtime_if(device)
-    finally:
-        dist.destroy_process_group()
+    with fresh_rendezvous() as rendezvous:
+        dist.init_process_group("nccl" if cuda else "gloo", init_method=rendezvous, rank=0, world_size=1, **kw)
+        try:
+            drop = pattern(device, keep=False) if cuda else None
+            keep = pattern(device, keep=True) if cuda else None
+            runtime = runtime_if(device)
+        finally:
+            dist.destroy_process_group()
     ok, summary = verdict(drop, keep, runtime, cuda)
     summary.append(f"TORCH_NCCL_AVOID_RECORD_STREAMS={os.environ.get('TORCH_NCCL_AVOID_RECORD_STREAMS')}")
     return {"ok": ok, "summary": summary, "pattern_drop": drop, "pattern_keep": keep, "runtime": runtime}

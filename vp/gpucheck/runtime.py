@@ -39,7 +39,8 @@ def run(device: torch.device, out: Path) -> dict:
         for method in methods:
             cfg = config(method, device.type, dtype)
             try:
-                record = run_rank(cfg, 0, 1, fresh_rendezvous())
+                with fresh_rendezvous() as rendezvous:
+                    record = run_rank(cfg, 0, 1, rendezvous)
             except Exception as err:  # noqa: BLE001 - one method's failure is a finding; the others still run
                 runs[f"{method}/{dtype}"] = {"ok": False, "error": f"{type(err).__name__}: {err}"[:2000]}
                 summary.append(f"| {method} | {dtype} | FAILED: {type(err).__name__}: {str(err)[:200]} | | |")

@@ -140,7 +140,12 @@ class Executor:
                                            reads=(buf,))
         elif a.kind in algo.collectives:
             out = st.out[mb]
-            if a.kind in algo.after_t:  # the last use of the output state on this rank but B's
+            # C2 (after T) is the last use of the output state on a rank without the last stage: the launch drops
+            # it, and with it T's partial grad X, made on the compute stream, that the all-reduce sums in place on
+            # the side stream (reads). C1's inputs stay in `out` until T, which waits for C1 first.
+            reads = ()
+            if a.kind in algo.after_t:
+                reads = (out.partial_grad_x,)
                 self._used_out(mb)
 
             def step():  # fills `out` in place (statistics, loss, grad X); consumers read st.out[mb]
@@ -149,7 +154,7 @@ class Executor:
                 else:
                     vocab_out.c2_step(out, comm)
 
-            st.pending[inst] = comm.submit(inst.group, step, inst.text())
+            st.pending[inst] = comm.submit(inst.group, step, inst.text(), reads=reads)
         elif a.kind == "IF":  # sum the partial embeddings on the first stage's rank, then over its row
             local, first = st.embed_local.pop(mb), root_of(self.s, "IF")
 

@@ -1,0 +1,97 @@
+"""Communication steps off the compute path (vp.comm's streams): a CommStream runs submitted steps in order on
+a worker thread (CPU: gloo blocks its caller) or a CUDA side stream (GPU); a Handle is one step's result. On CUDA
+the tensors crossing between the compute stream and the side stream are recorded on the stream that reads them
+(record_stream), so that the caching allocator never reuses their memory while the other stream still uses it."""
+import queue
+import threading
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
+
+import torch
+
+from vp.nccl import Watchdog
+
+
+class Handle:
+    """The result of a step submitted to a CommStream; wait() returns what the step returned. On CUDA the tensors
+    it returns were made on the side stream: wait() records them on the consumer's stream, so that the side stream
+    does not reuse their memory while the consumer still reads them."""
+
+    def __init__(self, channel: str, future=None, event=None, result=None, watchdog: Watchdog | None = None):
+        self.channel, self._future, self._event, self._result = channel, future, event, result
+        self._watchdog = watchdog
+
+    def wait(self, timeout: float | None = None):
+        if self._future is not None:
+            if self._watchdog is not None:  # as on NCCL: no timeout but the watchdog's
+                return self._watchdog.wait(self.channel, self._future)
+            try:
+                return self._future.result(timeout)
+            except FutureTimeout:
+                raise TimeoutError(f"the {self.channel} communication step gave no result within {timeout} s "
+                                   f"(a peer rank died or hangs)") from None
+        consumer = torch.cuda.current_stream()
+        consumer.wait_event(self._event)
+        for t in _tensors(self._result):
+            t.record_stream(consumer)
+        return self._result
+
+
+def _tensors(result) -> list[torch.Tensor]:
+    """The tensors a step returned (a tensor, or a tuple or list of them; None)."""
+    if isinstance(result, torch.Tensor):
+        return [result]
+    if isinstance(result, (tuple, list)):
+        return [t for t in result if isinstance(t, torch.Tensor)]
+    return []
+
+
+class CommStream:
+    """Runs communication steps off the compute path, in submission order: a worker thread on CPU (gloo
+    blocks the caller), a CUDA stream on GPU (NCCL and the step's small kernels run there; the caller waits
+    on an event). The thread is a daemon: a rank that fails never waits for a step stuck on a dead peer."""
+
+    def __init__(self, device: torch.device, channel: str, watchdog: Watchdog | None = None):
+        self.device, self.channel, self.watchdog = device, channel, watchdog
+        if device.type == "cuda":
+            self.stream = torch.cuda.Stream(device)
+        else:
+            self.steps: queue.SimpleQueue = queue.SimpleQueue()
+            self.thread = threading.Thread(target=self._work, name=f"comm-{channel}", daemon=True)
+            self.thread.start()
+
+    def _work(self):
+        while (item := self.steps.get()) is not None:
+            step, future = item
+            if future.set_running_or_notify_cancel():
+                try:
+                    future.set_result(step())
+                except BaseException as err:  # noqa: BLE001 - handed to whoever waits for the step
+                    future.set_exception(err)
+
+    def submit(self, step, what: str | None = None, reads=()) -> Handle:
+        """Run `step` after everything issued so far on the caller's stream. `reads`: tensors made on the caller's
+        stream that the step reads. On CUDA they are recorded on the side stream: when the caller drops them, the
+        allocator reuses their memory only after the side stream's work issued by then, the collective included
+        (the step waits for its Work there). Without it, a tensor read only by the step (IF's partial embedding on
+        a rank that is not the root, C0's buffer at its root) returns to the compute stream's pool when the launch
+        drops it, and the next allocation of its size there can overwrite it before the collective reads it:
+        ProcessGroupNCCL releases its own reference at work.wait(), which orders only the side stream."""
+        if self.device.type == "cuda":
+            self.stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(self.stream):
+                result = step()
+                event = torch.cuda.Event()
+                event.record(self.stream)
+            for t in reads:
+                t.record_stream(self.stream)
+            return Handle(self.channel, event=event, result=result)
+        future = Future()
+        self.steps.put((step, future))
+        return Handle(what or self.channel, future=future, watchdog=self.watchdog)
+
+    def close(self, wait: bool = True):
+        if self.device.type != "cuda":
+            self.steps.put(None)
+            if wait:
+                self.thread.join()
