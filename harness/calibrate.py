@@ -141,6 +141,13 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.measure:
         return measure_main(args)
+    given = [flag for flag, value in (("--device", args.device != "cpu"), ("--dtype", args.dtype),
+                                      ("--shapes-from", args.shapes_from != ["smoke", "tp_smoke"]),
+                                      ("--budget-s", args.budget_s != 30.0), ("--reuse", args.reuse),
+                                      ("--print-name", args.print_name)) if value]
+    if given:
+        ap.error(f"{', '.join(given)} only apply to --measure (microbenchmarks of this machine); "
+                 f"with --results or --published, leave them out")
     name = args.name or (Path(args.out).stem if args.out else "calibrated")
     try:
         out = profiles.destination(name, args.out, args.overwrite_builtin)

@@ -36,6 +36,11 @@ def spearman(xs: list[float], ys: list[float]) -> float:
     return float(pd.Series(xs).rank().corr(pd.Series(ys).rank()))
 
 
+def pick(rows: list, top: int, bottom: int) -> list:
+    """The predicted top `top` and bottom `bottom` of the ranked rows (bottom 0: none; rows[-0:] is all of them)."""
+    return rows[:top] + rows[len(rows) - bottom:]
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m harness.plancheck", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -44,6 +49,8 @@ def main(argv=None) -> int:
     ap.add_argument("--top", type=int, default=5)
     ap.add_argument("--bottom", type=int, default=2)
     args = ap.parse_args(argv)
+    if args.top < 1 or args.bottom < 0:
+        ap.error(f"--top {args.top} --bottom {args.bottom}: --top takes 1 or more plans, --bottom 0 or more")
     try:
         hardware = args.hardware or default_profile()
     except ValueError as err:
@@ -68,7 +75,7 @@ def main(argv=None) -> int:
         print(f"plan-check: only {len(plan.rows)} feasible plans, fewer than {args.top} + {args.bottom}",
               file=sys.stderr)
         return 1
-    chosen = plan.rows[:args.top] + plan.rows[-args.bottom:]
+    chosen = pick(plan.rows, args.top, args.bottom)
     plan.top, plan.best_per_method = chosen, {}
     experiment = f"plan_{name}"
     path = P.experiment_path(cfg, name)

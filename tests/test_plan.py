@@ -157,6 +157,12 @@ def test_plan_check_says_which_profile_it_needs(user_conf, capsys):
     assert "calibrate --measure" in err and "PLAN_HW=NAME" in err
     assert plancheck.main(["--hardware", "nosuchbox"]) == 2
     assert "Could not find 'hardware/nosuchbox'" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        plancheck.main(["--bottom", "-1"])
+    assert "--bottom 0 or more" in capsys.readouterr().err
+    rows = list(range(10))
+    assert plancheck.pick(rows, 5, 2) == [0, 1, 2, 3, 4, 8, 9]
+    assert plancheck.pick(rows, 5, 0) == [0, 1, 2, 3, 4]  # was every row: rows[-0:] is the whole list
 
 
 def test_spearman_of_ranks():
