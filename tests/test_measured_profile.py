@@ -238,3 +238,9 @@ def test_the_optimizer_step_times_each_vocabulary_matrix_at_its_size():
     assert optimizer_s(hw, big + 1000, [big]) == pytest.approx(big * 1e-8 + 1000 * 1e-9)
     assert optimizer_s(replace(hw, measured={}), big + 1000, [big]) == pytest.approx((big + 1000) * 1e-9)
     assert tail_s(cfg, hw, sched) > tail_s(cfg, replace(hw, measured={}), sched) + 8 * big * 1e-9
+
+
+def test_a_collective_benchmark_without_a_result_in_time_is_stopped_not_waited_for():
+    """Ranks that are alive but never answer (a hung collective) end the benchmark at its deadline, killed."""
+    with pytest.raises(RuntimeError, match="gave no result within 0.3 s"):
+        M.collectives("cpu", [2], [1 << 20], reps=1000, timeout_s=0.3)

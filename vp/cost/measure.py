@@ -164,7 +164,7 @@ def _slowest(call, pg, device: torch.device, reps: int) -> float:
 
 
 def collectives(device_type: str, groups: list[int], sizes: list[int], reps: int = 3,
-                threads: int = 1) -> list[list]:
+                threads: int = 1, timeout_s: float = 600.0) -> list[list]:
     """[op, group size, payload bytes, seconds] for every op, group size and payload, and [p2p, 2, bytes, s];
     one process per rank of the largest group, forked from a server that imported torch once (a spawned process
     per rank would import it again, several seconds each on a loaded machine)."""
@@ -179,13 +179,18 @@ def collectives(device_type: str, groups: list[int], sizes: list[int], reps: int
         for p in procs:
             p.start()
         try:
-            rows = None
+            rows, give_up = None, time.monotonic() + timeout_s
             while rows is None:
                 try:
                     rows = queue.get(timeout=1.0)
                 except Empty:
                     if any(p.exitcode not in (None, 0) for p in procs):
                         break
+                    if time.monotonic() > give_up:  # every rank alive, none done: one hangs in a collective
+                        for p in procs:
+                            p.kill()
+                        raise RuntimeError(f"the collective benchmark gave no result within {timeout_s:g} s "
+                                           f"(a rank hangs, or the machine is far slower than expected)")
         finally:
             for p in procs:
                 p.join(timeout=60)
