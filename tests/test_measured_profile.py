@@ -11,7 +11,7 @@ from harness import measure as HM
 from harness_util import sweep
 from harness.calibrate import main as calibrate_main
 from vp.config import RunConfig
-from vp.cost import PROFILES, Hardware, comm_times, pass_times, pass_work
+from vp.cost import PROFILES, Hardware, pass_times, pass_work
 from vp.cost import measure as M
 from vp.cost.gemm import Gemm, elementwise_time, gemm_time
 from vp.cost.network import ALL_REDUCE, BROADCAST, Network
@@ -137,7 +137,8 @@ def test_calibrate_measure_writes_a_profile_that_sim_reads_and_reuses_it(quick, 
                     micro_batch_size=4, vocab_size=2000, microbatches=2, device="cpu", dtype="fp32")
     sched = build("baseline", 1, 2, 1)
     assert all(t > 0 for k, t in pass_times(cfg, hw, sched).items() if k[0] in ("F", "B"))
-    assert comm_times(cfg, hw, sched) is not None
+    measured = hw.tables.collective_s("all_reduce", 2, 1024)  # between the two payloads measured
+    assert measured > 0 and Network.of(hw).collective(ALL_REDUCE, [0, 1], 1024) == measured  # not the link model
     # a second call on the same host, device, torch and dtype keeps the profile without measuring
     monkeypatch.setattr(HM, "measure_profile", lambda *a, **k: pytest.fail("measured again"))
     before = out.read_text()
