@@ -111,11 +111,11 @@ def built(run: RunConfig) -> Schedule:
     return _built(run.method, run.pp, run.microbatches, run.n_chunks)
 
 
-def price(run: RunConfig, hw: Hardware) -> _Priced | Rejection:
+def price(run: RunConfig, hw: Hardware, held: "StageCommunicators") -> _Priced | Rejection:
     """The candidate's costs and bound, or its memory rejection where parameters and optimizer state alone (the
     cheapest figure) exceed the device; activations are bracketed later (bracket()), where they are needed."""
     sk = skeleton(run)
-    static = fixed_bytes(run, hw, sk)
+    static = fixed_bytes(run, hw, sk, held)
     zero = [0.0] * run.pp
     if max(static) > hw.memory_bytes:
         return memory_rejection(_Priced(run, sk, None, static, 0.0, zero, zero, 0.0), hw, exact=False)
@@ -128,25 +128,35 @@ def _bound(run: RunConfig, hw: Hardware, sk: Schedule, costs, tail: float) -> fl
     return throughput(run, makespan_lower_bound(sk, costs) + tail, run.world, hw.peak_flops)["tokens_per_s"]
 
 
-def fixed_bytes(run: RunConfig, hw: Hardware, sk: Schedule) -> list[float]:
+def fixed_bytes(run: RunConfig, hw: Hardware, sk: Schedule, held: "StageCommunicators") -> list[float]:
     """Per stage, what a device holds whatever the schedule's order: parameters, gradients and optimizer state, and
     NCCL's buffers of the communicators it holds, exactly as harness.sim counts them for the record's peak."""
-    return [s + comm_buffer_bytes(h, hw) for s, h in zip(static_bytes(run, hw, sk), stage_communicators(run))]
+    return [s + comm_buffer_bytes(h, hw) for s, h in zip(static_bytes(run, hw, sk), held.of_stages(run))]
 
 
-def stage_communicators(run: RunConfig) -> tuple:
-    """The communicators device 0 of each stage holds. The channels and links a schedule uses depend on its method,
-    pipeline and chunks, not on how many microbatches pass (tests/test_plan.py checks m = pp, 2pp, 3pp), so the
-    smallest schedule of the kind answers for all, once per mesh."""
-    key = (run.method, run.pp, run.n_chunks, run.dp, run.tp, run.tp_mode, run.tp_depth)
-    if key not in _HELD:
-        small = replace(run, microbatches=run.pp)
-        held = rank_communicators(small, _built(run.method, run.pp, run.pp, run.n_chunks))
-        _HELD[key] = tuple(held[run.mesh.rank(0, p, 0)] for p in range(run.pp))
-    return _HELD[key]
+class StageCommunicators:
+    """The communicators device 0 of each stage holds (vp.run.rank_communicators, what backend=sim counts), worked
+    out once per kind of schedule and mesh for one search:
+    - the channels and links a schedule uses depend on its method, pipeline and chunks, not on how many microbatches
+      pass (tests/test_plan.py checks m = pp, 2pp, 3pp), so the smallest schedule of a kind (m = pp) answers;
+    - device 0 of each stage lies in replica 0, whose groups are the same for every dp but the gradient all-reduce's
+      over replicas, held once whenever dp > 1: so dp = 2 answers for every dp > 1 (tests/test_plan.py checks it)."""
 
+    def __init__(self):
+        self.smallest: dict = {}  # (method, pp, chunks) -> its schedule with pp microbatches
+        self.held: dict = {}  # the key of of_stages() -> per stage, what its device 0 holds
 
-_HELD: dict = {}  # a function of its key alone (see stage_communicators)
+    def of_stages(self, run: RunConfig) -> tuple:
+        key = (run.method, run.pp, run.n_chunks, min(run.dp, 2), run.tp, run.tp_mode, run.tp_depth, run.dtype)
+        got = self.held.get(key)
+        if got is None:
+            kind = (run.method, run.pp, run.n_chunks)
+            if kind not in self.smallest:
+                self.smallest[kind] = build(run.method, run.pp, run.pp, run.n_chunks)
+            small = replace(run, microbatches=run.pp, dp=min(run.dp, 2))
+            held = rank_communicators(small, self.smallest[kind])
+            got = self.held[key] = tuple(held[small.mesh.rank(0, p, 0)] for p in range(run.pp))
+        return got
 
 
 def compute_costs(run: RunConfig, hw: Hardware, sk: Schedule) -> Costs:
@@ -227,13 +237,13 @@ def search(problem: Problem, hw: Hardware, top: int = 10, prune: bool = True, lo
     """The plan: every candidate counted (feasible or rejected per reason), the exact top-k, best per method and
     Pareto front. prune=False simulates every feasible candidate (the exhaustive reference)."""
     t0, c0 = time.perf_counter(), time.process_time()
-    plan, priced = Plan(), []
+    plan, priced, held = Plan(), [], StageCommunicators()
     for c in candidates(problem):
         plan.candidates += 1
         if isinstance(c, Rejection):
             plan.reject(c)
             continue
-        p = price(c, hw)
+        p = price(c, hw, held)
         if isinstance(p, Rejection):
             plan.reject(p)
         else:
