@@ -16,7 +16,7 @@ from operator import itemgetter
 
 from vp.schedule.actions import KINDS, P2P, Schedule
 from vp.schedule.rules import members, shapes
-from vp.schedule.plan import _MISSING, _SYNC, _plan, p2p_in_order
+from vp.schedule.program import _MISSING, _SYNC, _program, p2p_in_order
 from vp.schedule.simulate import Costs, ScheduleError, collector_paused, simulate
 
 
@@ -184,14 +184,14 @@ def collective_entries(s: Schedule) -> list[list[tuple[int, object]]]:
     """Per rank, the collective instances it enters, in order, with the step that enters each (one object per
     instance, shared by the ranks): read from the simulator's program of the schedule, which resolves them."""
     def make(s: Schedule) -> list[list[tuple[int, object]]]:
-        plan = _plan(s)
-        instances, out = plan.instances, []
-        for steps in plan.steps:
+        prog = _program(s)
+        instances, out = prog.instances, []
+        for steps in prog.steps:
             seq = []
             for i, (code, _, x, _, _) in enumerate(steps):
                 if code == _SYNC and x[0] >= 0:
                     seq.append((i, instances[x[0]]))
-                elif code == _MISSING:  # the program resolves no instance past a missing input: from the rules
+                elif code == _MISSING:  # no instance resolved past a missing input: from the rules
                     return _entries_from_rules(s)
             out.append(seq)
         return out

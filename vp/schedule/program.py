@@ -1,5 +1,6 @@
-"""The simulator's plan of a schedule: what its loop needs that does not depend on costs, as small tuples of integers,
-derived once per schedule object (vp/schedule/simulate.py runs it; validate() reads it for its input and link checks).
+"""The simulator's program of a schedule (not to be confused with the planner, vp/plan/): what its loop needs that
+does not depend on costs, as small tuples of integers, derived once per schedule object (vp/schedule/simulate.py
+runs it; validate() reads it for its input, link and collective-order checks).
 """
 from dataclasses import replace
 from typing import NamedTuple
@@ -9,12 +10,12 @@ from vp.schedule.rules import members as group_members
 from vp.schedule.rules import root_of, shapes
 
 
-# step codes of the plan: what the loop does with an action
+# step codes of the program: what the loop does with an action
 _PLAIN, _SEND, _RECV, _SYNC, _MISSING = range(5)  # compute with no collective; p2p; anything that enters or waits
 _MEM_NONE, _MEM_HOLD, _MEM_FREE = range(3)  # F, S hold their activations (peak counted); B/W, T free them
 
 
-class _Plan(NamedTuple):
+class _Program(NamedTuple):
     """What the simulator needs of a schedule, independent of costs, as integers: derived once per schedule object
     (a sweep simulates one schedule with many costs; validate() and the caller share it).
 
@@ -38,16 +39,16 @@ class _Plan(NamedTuple):
     roots: list  # instance id -> the rank it is sent from (C0, IB: receivers wait for it alone) or None
 
 
-def _plan(s: Schedule) -> _Plan:
-    return s.memo("simulator_plan", _make_plan)
+def _program(s: Schedule) -> _Program:
+    return s.memo("simulator_program", _make_program)
 
 
 def p2p_in_order(s: Schedule) -> bool:
     """Whether every action's inputs come earlier on its rank and each link (one direction and kind of traffic
-    between two ranks) receives exactly what it sends, in the order sent: validate()'s checks, from the plan."""
-    plan = _plan(s)
-    sent, received = [[] for _ in plan.links], [[] for _ in plan.links]
-    for steps in plan.steps:
+    between two ranks) receives exactly what it sends, in the order sent: validate()'s checks, from the program."""
+    prog = _program(s)
+    sent, received = [[] for _ in prog.links], [[] for _ in prog.links]
+    for steps in prog.steps:
         for code, _, chan, b, c in steps:
             if code == _SEND:
                 sent[b].append(chan)
@@ -58,7 +59,7 @@ def p2p_in_order(s: Schedule) -> bool:
     return sent == received
 
 
-def _make_plan(s: Schedule) -> _Plan:
+def _make_program(s: Schedule) -> _Program:
     times, mems, p2ps, links = {}, {}, {}, {}  # key -> its index (dicts keep insertion order)
     instances = []
     chans = {}  # (src, dst, kind, stage) -> {microbatch: channel}
@@ -134,7 +135,7 @@ def _make_plan(s: Schedule) -> _Plan:
         steps.append(out)
     members = [tuple(group_members(s, inst.group)) for inst in instances]
     roots = [root_of(s, inst.group) if inst.group in ("C0", "IB") else None for inst in instances]
-    return _Plan(steps, list(times), list(mems), list(p2ps), n_chans, list(links), instances, members, roots)
+    return _Program(steps, list(times), list(mems), list(p2ps), n_chans, list(links), instances, members, roots)
 
 
 def _shape(s: Schedule, a: Action) -> tuple:
