@@ -16,7 +16,7 @@ import heapq
 import math
 import time
 from dataclasses import dataclass, field, replace
-from functools import lru_cache
+from collections import OrderedDict
 
 from vp.config import RunConfig
 from vp.cost import Hardware, pass_costs, pass_work, static_bytes, tail_s, work_seconds
@@ -102,13 +102,26 @@ def skeleton(run: RunConfig) -> Schedule:
     return Schedule(run.method, run.pp, run.microbatches, run.n_chunks, spec.placement, spec.vocab, spec.split_w)
 
 
-@lru_cache(maxsize=8)  # a pipeline of 64 ranks and 512 microbatches holds about 0.1 GiB
-def _built(method: str, pp: int, microbatches: int, chunks: int) -> Schedule:
-    return build(method, pp, microbatches, chunks)
+class Built:
+    """The schedules built for one search, the most recently used kept up to a budget of actions (a pipeline of 64
+    ranks and 512 microbatches holds about 0.1 GiB): candidates that differ only in data or tensor parallelism, or
+    in the tensor mode, share their schedule, and are visited in the order of their bounds, not together."""
 
+    def __init__(self, budget: int = 2_000_000):  # actions: with their programs, under 1 GiB
+        self.held: OrderedDict = OrderedDict()  # (method, pp, microbatches, chunks) -> Schedule, least recent first
+        self.actions, self.budget = 0, budget
 
-def built(run: RunConfig) -> Schedule:
-    return _built(run.method, run.pp, run.microbatches, run.n_chunks)
+    def __call__(self, run: RunConfig) -> Schedule:
+        key = (run.method, run.pp, run.microbatches, run.n_chunks)
+        s = self.held.pop(key, None)
+        if s is None:
+            s = build(*key)
+            self.actions += sum(map(len, s.ranks))
+        self.held[key] = s
+        while self.actions > self.budget and len(self.held) > 1:
+            _, old = self.held.popitem(last=False)
+            self.actions -= sum(map(len, old.ranks))
+        return s
 
 
 def price(run: RunConfig, hw: Hardware, held: "StageCommunicators") -> _Priced | Rejection:
@@ -173,9 +186,9 @@ def compute_costs(run: RunConfig, hw: Hardware, sk: Schedule) -> Costs:
     return Costs(compute, {}, held_bytes(run, hw, sk))
 
 
-def bracket(p: _Priced, hw: Hardware, build_it: bool = False) -> None:
+def bracket(p: _Priced, hw: Hardware, built: Built | None = None) -> None:
     """Bound p's held activations from the generator's order, or walk its built schedule (exact)."""
-    if build_it:
+    if built is not None:
         p.act_lo, p.act_hi = activation_bounds(built(p.run), p.costs)
     elif math.isinf(p.act_hi[0]):
         p.act_lo, p.act_hi = activation_bounds(p.skeleton, p.costs)
@@ -194,7 +207,7 @@ def _costs_key(costs) -> tuple:
     return tuple(tuple(sorted(d.items(), key=repr)) for d in (costs.compute, costs.comm, costs.memory))
 
 
-def predict(c: _Priced, hw: Hardware, cache: dict) -> Row:
+def predict(c: _Priced, hw: Hardware, cache: dict, built: Built) -> Row:
     """The record backend=sim would write, reduced to the plan's figures (harness.sim.simulate_job)."""
     run, sched = c.run, built(c.run)
     key = (run.method, run.pp, run.microbatches, run.n_chunks, _costs_key(c.costs))
@@ -252,7 +265,7 @@ def search(problem: Problem, hw: Hardware, top: int = 10, prune: bool = True, lo
     if log:
         log(f"{plan.candidates} candidates priced, {len(priced)} within memory by their static bytes, "
             f"{time.perf_counter() - t0:.1f} s; bounding and simulating")
-    race, cache, said = _Race(top), {}, time.perf_counter()
+    race, cache, built, said = _Race(top), {}, Built(), time.perf_counter()
     for i, p in enumerate(priced):
         if log and time.perf_counter() - said > 30:
             said = time.perf_counter()
@@ -272,11 +285,11 @@ def search(problem: Problem, hw: Hardware, top: int = 10, prune: bool = True, lo
                 plan.undecided += 1
             continue
         if p.memory_hi > hw.memory_bytes:  # the bracket straddles the device: walk the built schedule
-            bracket(p, hw, build_it=True)
+            bracket(p, hw, built)
             if p.memory_lo > hw.memory_bytes:
                 plan.reject(memory_rejection(p, hw, exact=True))
                 continue
-        row = predict(p, hw, cache)
+        row = predict(p, hw, cache, built)
         plan.feasible += 1
         plan.simulated += 1
         plan.rows.append(row)
