@@ -181,3 +181,21 @@ def test_communicators_do_not_depend_on_the_microbatch_count(method):
         runs = [RunConfig(method=method, pp=pp, microbatches=m, layers=8) for m in (pp, 2 * pp, 3 * pp)]
         held = [rank_communicators(r, build(method, pp, r.microbatches, r.n_chunks)) for r in runs]
         assert held[0] == held[1] == held[2]
+
+
+@pytest.mark.parametrize("method", sorted(METHODS))
+def test_communicators_of_replica_0_are_the_same_for_every_dp_above_1(method):
+    """What lets the planner count NCCL buffers of a mesh with dp > 1 from its dp = 2 form (vp.plan.search)."""
+    from vp.run import rank_communicators
+
+    for tp, mode in ((1, "1d"), (4, "2d")):
+        base = RunConfig(method=method, pp=4, microbatches=4, layers=8, tp=tp, tp_mode=mode, heads=8, hidden=64)
+        sched = build(method, 4, 4, base.n_chunks)
+        held = []
+        for dp in (2, 3, 4):
+            run = replace(base, dp=dp)
+            world = rank_communicators(run, sched)
+            held.append(tuple(world[run.mesh.rank(0, p, 0)] for p in range(4)))
+        assert held[0] == held[1] == held[2]
+        one = rank_communicators(base, sched)
+        assert tuple(one[p * tp] for p in range(4)) != held[0]  # dp = 1 holds no gradient all-reduce: kept apart

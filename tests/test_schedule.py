@@ -279,3 +279,68 @@ def test_cli_refuses_bad_input(args, message):
     out = run_cli("simulate", *args)
     assert out.returncode == 2
     assert message in out.stderr
+
+
+def test_vhalf_incremental_peak_equals_a_full_recount():
+    """V-Half's squeeze checks each trial move by recounting only the slots it changes: every decision and every
+    count afterwards must equal a recount of the whole grid (_peak), over random moves of real grids."""
+    import random
+
+    from vp.schedule.vhalf import _Held, _grid, _peak, pattern
+
+    rng = random.Random(3)
+    for pp, m in ((4, 6), (5, 9), (8, 16)):
+        block = pattern(pp, 1 if pp % 2 else 0) or pattern(pp, 2)
+        for r in range(pp):
+            grid = _grid({(i, mb): t + 6 * mb for i, t in enumerate(block[r]) for mb in range(m)})
+            held, cap = _Held(list(grid)), _peak(grid)
+            for _ in range(200):
+                filled = [x for x, k in enumerate(held.grid) if k]
+                t = rng.choice(filled)
+                free = [x for x in range(t) if not held.grid[x]]
+                if not free:
+                    continue
+                f = rng.choice(free)
+                after = list(held.grid)
+                after[f], after[t] = after[t], ""
+                assert held.move(t, f, cap) == (_peak(after) <= cap)
+                assert held.held == _Held(held.grid).held and held.pending == _Held(held.grid).pending
+
+
+@pytest.mark.parametrize("method", ["vocab-2", "interlaced", "interleaved-vocab-2", "vhalf", "baseline"])
+def test_validator_counts_without_counting_as_a_count_would(method):
+    """validate() checks every pass and collective appears once per microbatch with per-(kind, chunk) sets, falling
+    back to a count only to name what is off: over random duplicates, drops and swaps its answer is the count's."""
+    import random
+    from collections import Counter
+    from importlib import import_module
+
+    from vp.schedule.actions import P2P
+
+    v = import_module("vp.schedule.validate")
+    s = build(method, 3, 6)
+    rng = random.Random(7)
+    kinds = sorted({(a.kind, a.chunk) for acts in s.ranks for a in acts if a.kind not in P2P})
+    foreign = next(k for k in ("W", "S", "C1") if k not in {kind for kind, _ in kinds})
+    for trial in range(150):
+        ranks = [list(acts) for acts in s.ranks]
+        r = rng.randrange(s.pp)
+        i = rng.randrange(len(ranks[r]))
+        op = trial % 5
+        if op == 0:  # an action twice, another dropped
+            ranks[r][i] = rng.choice(ranks[r])
+        elif op == 1:  # an action twice
+            ranks[r].insert(i, rng.choice(ranks[r]))
+        elif op == 2:  # one dropped
+            del ranks[r][i]
+        elif op == 3:  # another kind of pass or collective, microbatch in range
+            kind, chunk = rng.choice(kinds)
+            ranks[r][i] = Action(r, kind, rng.randrange(s.microbatches), chunk)
+        else:  # one more of a kind the method never runs
+            ranks[r].insert(i, Action(r, foreign, rng.randrange(s.microbatches)))
+        t = replace(s, ranks=ranks)
+        have = Counter(a for acts in t.ranks for a in acts if a.kind not in P2P)
+        assert v._counts_match(t) == dict.__eq__(have, v.expected_counts(t)), (trial, r, i)
+    assert v._counts_match(s)
+    with pytest.raises(ScheduleError, match="appears 2 time"):
+        validate(_mutate(s, 1, lambda acts: acts + [next(a for a in acts if a.kind == "B")]))

@@ -16,7 +16,7 @@ import heapq
 import math
 import time
 from dataclasses import dataclass, field, replace
-from functools import lru_cache
+from collections import OrderedDict
 
 from vp.config import RunConfig
 from vp.cost import Hardware, pass_costs, pass_work, static_bytes, tail_s, work_seconds
@@ -102,20 +102,33 @@ def skeleton(run: RunConfig) -> Schedule:
     return Schedule(run.method, run.pp, run.microbatches, run.n_chunks, spec.placement, spec.vocab, spec.split_w)
 
 
-@lru_cache(maxsize=8)  # a pipeline of 64 ranks and 512 microbatches holds about 0.1 GiB
-def _built(method: str, pp: int, microbatches: int, chunks: int) -> Schedule:
-    return build(method, pp, microbatches, chunks)
+class Built:
+    """The schedules built for one search, the most recently used kept up to a budget of actions (a pipeline of 64
+    ranks and 512 microbatches holds about 0.1 GiB): candidates that differ only in data or tensor parallelism, or
+    in the tensor mode, share their schedule, and are visited in the order of their bounds, not together."""
+
+    def __init__(self, budget: int = 2_000_000):  # actions: with their programs, under 1 GiB
+        self.held: OrderedDict = OrderedDict()  # (method, pp, microbatches, chunks) -> Schedule, least recent first
+        self.actions, self.budget = 0, budget
+
+    def __call__(self, run: RunConfig) -> Schedule:
+        key = (run.method, run.pp, run.microbatches, run.n_chunks)
+        s = self.held.pop(key, None)
+        if s is None:
+            s = build(*key)
+            self.actions += sum(map(len, s.ranks))
+        self.held[key] = s
+        while self.actions > self.budget and len(self.held) > 1:
+            _, old = self.held.popitem(last=False)
+            self.actions -= sum(map(len, old.ranks))
+        return s
 
 
-def built(run: RunConfig) -> Schedule:
-    return _built(run.method, run.pp, run.microbatches, run.n_chunks)
-
-
-def price(run: RunConfig, hw: Hardware) -> _Priced | Rejection:
+def price(run: RunConfig, hw: Hardware, held: "StageCommunicators") -> _Priced | Rejection:
     """The candidate's costs and bound, or its memory rejection where parameters and optimizer state alone (the
     cheapest figure) exceed the device; activations are bracketed later (bracket()), where they are needed."""
     sk = skeleton(run)
-    static = fixed_bytes(run, hw, sk)
+    static = fixed_bytes(run, hw, sk, held)
     zero = [0.0] * run.pp
     if max(static) > hw.memory_bytes:
         return memory_rejection(_Priced(run, sk, None, static, 0.0, zero, zero, 0.0), hw, exact=False)
@@ -128,25 +141,35 @@ def _bound(run: RunConfig, hw: Hardware, sk: Schedule, costs, tail: float) -> fl
     return throughput(run, makespan_lower_bound(sk, costs) + tail, run.world, hw.peak_flops)["tokens_per_s"]
 
 
-def fixed_bytes(run: RunConfig, hw: Hardware, sk: Schedule) -> list[float]:
+def fixed_bytes(run: RunConfig, hw: Hardware, sk: Schedule, held: "StageCommunicators") -> list[float]:
     """Per stage, what a device holds whatever the schedule's order: parameters, gradients and optimizer state, and
     NCCL's buffers of the communicators it holds, exactly as harness.sim counts them for the record's peak."""
-    return [s + comm_buffer_bytes(h, hw) for s, h in zip(static_bytes(run, hw, sk), stage_communicators(run))]
+    return [s + comm_buffer_bytes(h, hw) for s, h in zip(static_bytes(run, hw, sk), held.of_stages(run))]
 
 
-def stage_communicators(run: RunConfig) -> tuple:
-    """The communicators device 0 of each stage holds. The channels and links a schedule uses depend on its method,
-    pipeline and chunks, not on how many microbatches pass (tests/test_plan.py checks m = pp, 2pp, 3pp), so the
-    smallest schedule of the kind answers for all, once per mesh."""
-    key = (run.method, run.pp, run.n_chunks, run.dp, run.tp, run.tp_mode, run.tp_depth)
-    if key not in _HELD:
-        small = replace(run, microbatches=run.pp)
-        held = rank_communicators(small, _built(run.method, run.pp, run.pp, run.n_chunks))
-        _HELD[key] = tuple(held[run.mesh.rank(0, p, 0)] for p in range(run.pp))
-    return _HELD[key]
+class StageCommunicators:
+    """The communicators device 0 of each stage holds (vp.run.rank_communicators, what backend=sim counts), worked
+    out once per kind of schedule and mesh for one search:
+    - the channels and links a schedule uses depend on its method, pipeline and chunks, not on how many microbatches
+      pass (tests/test_plan.py checks m = pp, 2pp, 3pp), so the smallest schedule of a kind (m = pp) answers;
+    - device 0 of each stage lies in replica 0, whose groups are the same for every dp but the gradient all-reduce's
+      over replicas, held once whenever dp > 1: so dp = 2 answers for every dp > 1 (tests/test_plan.py checks it)."""
 
+    def __init__(self):
+        self.smallest: dict = {}  # (method, pp, chunks) -> its schedule with pp microbatches
+        self.held: dict = {}  # the key of of_stages() -> per stage, what its device 0 holds
 
-_HELD: dict = {}  # a function of its key alone (see stage_communicators)
+    def of_stages(self, run: RunConfig) -> tuple:
+        key = (run.method, run.pp, run.n_chunks, min(run.dp, 2), run.tp, run.tp_mode, run.tp_depth, run.dtype)
+        got = self.held.get(key)
+        if got is None:
+            kind = (run.method, run.pp, run.n_chunks)
+            if kind not in self.smallest:
+                self.smallest[kind] = build(run.method, run.pp, run.pp, run.n_chunks)
+            small = replace(run, microbatches=run.pp, dp=min(run.dp, 2))
+            held = rank_communicators(small, self.smallest[kind])
+            got = self.held[key] = tuple(held[small.mesh.rank(0, p, 0)] for p in range(run.pp))
+        return got
 
 
 def compute_costs(run: RunConfig, hw: Hardware, sk: Schedule) -> Costs:
@@ -163,9 +186,9 @@ def compute_costs(run: RunConfig, hw: Hardware, sk: Schedule) -> Costs:
     return Costs(compute, {}, held_bytes(run, hw, sk))
 
 
-def bracket(p: _Priced, hw: Hardware, build_it: bool = False) -> None:
+def bracket(p: _Priced, hw: Hardware, built: Built | None = None) -> None:
     """Bound p's held activations from the generator's order, or walk its built schedule (exact)."""
-    if build_it:
+    if built is not None:
         p.act_lo, p.act_hi = activation_bounds(built(p.run), p.costs)
     elif math.isinf(p.act_hi[0]):
         p.act_lo, p.act_hi = activation_bounds(p.skeleton, p.costs)
@@ -184,7 +207,7 @@ def _costs_key(costs) -> tuple:
     return tuple(tuple(sorted(d.items(), key=repr)) for d in (costs.compute, costs.comm, costs.memory))
 
 
-def predict(c: _Priced, hw: Hardware, cache: dict) -> Row:
+def predict(c: _Priced, hw: Hardware, cache: dict, built: Built) -> Row:
     """The record backend=sim would write, reduced to the plan's figures (harness.sim.simulate_job)."""
     run, sched = c.run, built(c.run)
     key = (run.method, run.pp, run.microbatches, run.n_chunks, _costs_key(c.costs))
@@ -227,13 +250,13 @@ def search(problem: Problem, hw: Hardware, top: int = 10, prune: bool = True, lo
     """The plan: every candidate counted (feasible or rejected per reason), the exact top-k, best per method and
     Pareto front. prune=False simulates every feasible candidate (the exhaustive reference)."""
     t0, c0 = time.perf_counter(), time.process_time()
-    plan, priced = Plan(), []
+    plan, priced, held = Plan(), [], StageCommunicators()
     for c in candidates(problem):
         plan.candidates += 1
         if isinstance(c, Rejection):
             plan.reject(c)
             continue
-        p = price(c, hw)
+        p = price(c, hw, held)
         if isinstance(p, Rejection):
             plan.reject(p)
         else:
@@ -242,7 +265,7 @@ def search(problem: Problem, hw: Hardware, top: int = 10, prune: bool = True, lo
     if log:
         log(f"{plan.candidates} candidates priced, {len(priced)} within memory by their static bytes, "
             f"{time.perf_counter() - t0:.1f} s; bounding and simulating")
-    race, cache, said = _Race(top), {}, time.perf_counter()
+    race, cache, built, said = _Race(top), {}, Built(), time.perf_counter()
     for i, p in enumerate(priced):
         if log and time.perf_counter() - said > 30:
             said = time.perf_counter()
@@ -262,11 +285,11 @@ def search(problem: Problem, hw: Hardware, top: int = 10, prune: bool = True, lo
                 plan.undecided += 1
             continue
         if p.memory_hi > hw.memory_bytes:  # the bracket straddles the device: walk the built schedule
-            bracket(p, hw, build_it=True)
+            bracket(p, hw, built)
             if p.memory_lo > hw.memory_bytes:
                 plan.reject(memory_rejection(p, hw, exact=True))
                 continue
-        row = predict(p, hw, cache)
+        row = predict(p, hw, cache, built)
         plan.feasible += 1
         plan.simulated += 1
         plan.rows.append(row)

@@ -25,9 +25,11 @@ from bisect import bisect_left
 from dataclasses import replace
 from typing import NamedTuple
 
-from vp.schedule.actions import Action, Schedule
+from vp.schedule.actions import P2P, Action, Schedule
 from vp.schedule.methods import VOCAB, chunks_for, get_method
 from vp.schedule.simulate import Costs, collector_paused, simulate
+
+RECEIVES = ("RF", "RB")
 
 
 def lower(s: Schedule) -> Schedule:
@@ -72,21 +74,23 @@ class _Unit(NamedTuple):
     receivers: float | None  # when receivers place it: this long after the target, or None: as early as allowed
 
 
-def _units(s: Schedule, times: dict) -> list[_Unit]:
-    """The vocabulary units of every microbatch in the order every rank enters their collectives."""
+def _units(s: Schedule, times) -> list[_Unit]:
+    """The vocabulary units of every microbatch in the order every rank enters their collectives (times(r): the
+    (start, end) of each stage pass of rank r on the unit-cost timeline, by (kind, microbatch, chunk))."""
     v, m = s.vocab, s.microbatches
     last, first = (s.last_rank, s.last_chunk), (s.first_rank, s.first_chunk)
-    x_ready = [times[(*last[:1], "F", k, last[1])][1] for k in range(m)]
-    f0_start = [times[(first[0], "F", k, first[1])][0] for k in range(m)]
-    b0_end = [times[(first[0], "B", k, first[1])][1] for k in range(m)]
+    at_last, at_first = times(last[0]), times(first[0])
+    x_ready = [at_last[("F", k, last[1])][1] for k in range(m)]
+    f0_start = [at_first[("F", k, first[1])][0] for k in range(m)]
+    b0_end = [at_first[("B", k, first[1])][1] for k in range(m)]
     step = (x_ready[-1] - x_ready[-2]) if m > 1 else 1.0
     later = 1.0 / s.chunks  # one stage pass: a chunk's F at unit cost
-    before_b = _start_of_pass_before(s, times, last)  # microbatch -> start of the pass before the last stage's B
+    before_b = _start_of_pass_before(s, at_last, last)  # microbatch -> start of the pass before the last stage's B
     t_feeds_b = v.grad_x_from in v.after_t  # Algorithm 1: B(k) of the last stage waits for C2(k)
     t_at = [x_ready[k + 1] if k + 1 < m else x_ready[k] + step for k in range(m)]
     if t_feeds_b:
         t_at = [min(t, before_b[k]) for k, t in enumerate(t_at)]
-    b_last = [times[(last[0], "B", k, last[1])][0] for k in range(m)]
+    b_last = [at_last[("B", k, last[1])][0] for k in range(m)]
 
     def delay(at, needed_at):  # one pass later on receivers, if that still leaves a pass before it is needed
         return max(0.0, min(later, needed_at - later - at))
@@ -110,7 +114,7 @@ def _units(s: Schedule, times: dict) -> list[_Unit]:
     return sorted(units)
 
 
-def _start_of_pass_before(s: Schedule, times: dict, where: tuple[int, int]) -> dict[int, float]:
+def _start_of_pass_before(s: Schedule, at: dict, where: tuple[int, int]) -> dict[int, float]:
     """For each microbatch k, the start of the stage pass that precedes B(k) of the stage at (rank, chunk)."""
     r, chunk = where
     acts = s.ranks[r]
@@ -118,7 +122,7 @@ def _start_of_pass_before(s: Schedule, times: dict, where: tuple[int, int]) -> d
     for i, a in enumerate(acts):
         if a.kind == "B" and a.chunk == chunk and i:
             prev = acts[i - 1]
-            out[a.mb] = times[(r, prev.kind, prev.mb, prev.chunk)][0]
+            out[a.mb] = at[(prev.kind, prev.mb, prev.chunk)][0]
     return out
 
 
@@ -142,13 +146,29 @@ def unit_times(s: Schedule, costs: Costs | None = None) -> dict:
 
 
 def insert_vocab_passes(s: Schedule) -> Schedule:
-    """Place S/T/IF/IB and C0/C1/C2 into a schedule of stage passes (see the module docstring)."""
-    times = unit_times(s)
+    """Place S/T/IF/IB and C0/C1/C2 into a schedule of stage passes (see the module docstring); lowered.
+
+    The vocabulary passes send and receive nothing, so they go straight into the lowered stage passes (whose
+    timeline places them): a unit placed before stage pass i goes before i's receive, as lower() would put it."""
+    low = lower(replace(s, vocab=VOCAB["local"]))
+    timeline = simulate(low).timeline
+    held: dict = {}
+
+    def times(r: int) -> dict:  # (kind, mb, chunk) -> (start, end) of rank r's actions on the timeline
+        if r not in held:
+            held[r] = {(a.kind, a.mb, a.chunk): (t0, t1) for a, t0, t1 in timeline[r]}
+        return held[r]
+
     units = _units(s, times)
     broadcasts = [[k for kind, k in u.actions if kind == "C0"] for u in units]
+    new = tuple.__new__  # Action(...) without its signature's call
     out = []
-    for r, acts in enumerate(s.ranks):
-        starts = [times[(r, a.kind, a.mb, a.chunk)][0] for a in acts]
+    for r, (acts, lowered) in enumerate(zip(s.ranks, low.ranks)):
+        starts, group = [], []  # per stage pass: its start, and where it begins in the lowered list (its receive)
+        for i, (a, t0, _) in enumerate(timeline[r]):
+            if a.kind not in P2P:
+                starts.append(t0)
+                group.append(i - 1 if i and lowered[i - 1].kind in RECEIVES else i)
         at = {}  # stage-pass index -> actions inserted before it
         pos = 0  # never before the previous unit: the collective order is the same on every rank
         after = _after_inputs(s, acts)
@@ -158,12 +178,17 @@ def insert_vocab_passes(s: Schedule) -> Schedule:
                 pos = max(pos, bisect_left(starts, u.key[0] + delay))
             for k in c0:
                 pos = max(pos, after.get(k, 0))
-            at.setdefault(pos, []).extend([Action(r, kind, k) for kind, k in u.actions])
-        seq = []
-        for i, a in enumerate(acts):
-            seq += at.pop(i, [])
-            seq.append(a)
-        out.append(seq + at.pop(len(acts), []))
+            got = at.get(pos)
+            if got is None:
+                got = at[pos] = []
+            got.extend([new(Action, (r, kind, k, 0)) for kind, k in u.actions])
+        seq, done = [], 0
+        for i in sorted(at):
+            cut = group[i] if i < len(group) else len(lowered)
+            seq += lowered[done:cut]
+            seq += at[i]
+            done = cut
+        out.append(seq + lowered[done:])
     return replace(s, ranks=out)
 
 
@@ -177,5 +202,7 @@ def build(method: str, pp: int, microbatches: int, chunks: int | None = None) ->
     s = Schedule(method, pp, microbatches, n_chunks, spec.placement, spec.vocab, spec.split_w, ranks)
     if spec.vocab.parallel and not spec.family.places_vocab:
         place = spec.family.vocab_placer
-        s = place(s, unit_times) if place else insert_vocab_passes(s)
+        if place is None:
+            return insert_vocab_passes(s)  # lowered already
+        s = place(s, unit_times)
     return lower(s)

@@ -110,9 +110,17 @@ def _after_own_forward(seq: list[tuple[str, int, int]]) -> list[tuple[str, int, 
     """C0(k) moved after the rank's own F(k) where the order above put it earlier: the last rank's F(k) needs
     that F(k), and a tensor-parallel F communicates, so on one queue it must not wait behind C0(k). Only stage
     passes lie in between (the validator's cross-group order check would catch a collective)."""
-    out = list(seq)
-    for k in sorted({a[1] for a in seq if a[0] == "C0"}):
-        i, j = out.index(("C0", k, 0)), out.index(("F", k, 0))
-        if i < j:
-            out.insert(j, out.pop(i))
+    out, moved, done = [], set(), set()  # one pass: C0(k) met before F(k) is held back and put right after it
+    for a in seq:
+        if a[0] == "C0" and a[1] not in done:
+            moved.add(a[1])
+            continue
+        out.append(a)
+        if a[0] == "F":
+            done.add(a[1])
+            if a[1] in moved:
+                moved.discard(a[1])
+                out.append(("C0", a[1], 0))
+    if moved:
+        raise ValueError(f"interlaced: C0 of microbatch(es) {sorted(moved)} with no F on this rank")
     return out

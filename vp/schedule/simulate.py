@@ -26,7 +26,7 @@ import gc
 from dataclasses import dataclass, field
 
 from vp.schedule.actions import Action, Schedule
-from vp.schedule.plan import _MEM_HOLD, _MISSING, _PLAIN, _RECV, _SEND, _plan
+from vp.schedule.program import _MEM_HOLD, _MISSING, _PLAIN, _RECV, _SEND, _program
 from vp.schedule.rules import local_needs
 
 def collector_paused(fn):
@@ -124,19 +124,19 @@ def simulate(s: Schedule, costs: Costs | None = None, strict: bool = False) -> S
     the event happens, so each action is decided once and the cost is linear in the number of actions."""
     costs = costs or unit_costs(s)
     pp, ranks = s.pp, s.ranks
-    plan = _plan(s)
-    steps, instances, members, roots = plan.steps, plan.instances, plan.members, plan.roots
-    dur = [costs.time(k, st) for k, st in plan.time_keys]
-    memd = [costs.mem(k, st) for k, st in plan.mem_keys]
-    p2p = [costs.p2p(src, dst) for src, dst in plan.p2p_keys]
+    prog = _program(s)
+    steps, instances, members, roots = prog.steps, prog.instances, prog.members, prog.roots
+    dur = [costs.time(k, st) for k, st in prog.time_keys]
+    memd = [costs.mem(k, st) for k, st in prog.mem_keys]
+    p2p = [costs.p2p(src, dst) for src, dst in prog.p2p_keys]
     comm = [costs.comm.get(inst.kind, 0.0) for inst in instances]
     n_inst = len(instances)
     idx, clock = [0] * pp, [0.0] * pp
     ends: list[list[float]] = [[] for _ in range(pp)]  # per rank, the end of each action done, in order
     timeline: list[list] = [[] for _ in range(pp)]
     busy, mem, peak = [0.0] * pp, [0.0] * pp, [0.0] * pp
-    posted: list = [None] * plan.channels  # when each send was posted
-    receiver: list = [None] * plan.channels  # the rank parked on a receive of the channel
+    posted: list = [None] * prog.channels  # when each send was posted
+    receiver: list = [None] * prog.channels  # the rank parked on a receive of the channel
     entered: list[dict] = [{} for _ in range(n_inst)]  # instance -> {rank: time it entered}
     complete: list = [None] * n_inst  # instance -> when it completes on every rank (all-reduces; strict: all)
     parked: list[list] = [[] for _ in range(n_inst)]  # instance -> ranks waiting for it (or for its creation)
@@ -204,10 +204,10 @@ def simulate(s: Schedule, costs: Costs | None = None, strict: bool = False) -> S
 
     while work:
         r = work.pop()
-        i, plan_r, acts, end_r, tl = idx[r], steps[r], ranks[r], ends[r], timeline[r]
-        n, t_clock, t_busy, t_mem, t_peak = len(plan_r), clock[r], busy[r], mem[r], peak[r]
+        i, prog_r, acts, end_r, tl = idx[r], steps[r], ranks[r], ends[r], timeline[r]
+        n, t_clock, t_busy, t_mem, t_peak = len(prog_r), clock[r], busy[r], mem[r], peak[r]
         while i < n:
-            code, needs, a, b, c = plan_r[i]
+            code, needs, a, b, c = prog_r[i]
             if code == _MISSING:
                 if a >= 0 and posted[a] is None:  # a receive waits for its send first
                     receiver[a] = r

@@ -16,7 +16,7 @@ from operator import itemgetter
 
 from vp.schedule.actions import KINDS, P2P, Schedule
 from vp.schedule.rules import members, shapes
-from vp.schedule.plan import p2p_in_order
+from vp.schedule.program import _MISSING, _SYNC, _program, p2p_in_order
 from vp.schedule.simulate import Costs, ScheduleError, collector_paused, simulate
 
 
@@ -43,6 +43,46 @@ def expected_counts(s: Schedule) -> Counter:
     return want
 
 
+def _expected_kinds(s: Schedule) -> list[set] | None:
+    """Per rank, the (kind, chunk) of the passes and collectives it must run once per microbatch: expected_counts(s)
+    where every key is expected once (else None)."""
+    kinds = ("F", "B", "W") if s.split_w else ("F", "B")
+    out = [[] for _ in range(s.pp)]
+    for st in range(s.n_stages):
+        r, c = s.where(st)
+        out[r] += [(k, c) for k in kinds]
+    if s.vocab_parallel:
+        for r in range(s.pp):
+            out[r] += [(k, 0) for k in ("S", "T", "IF", "IB", "C0", *s.vocab.collectives)]
+    sets = [set(x) for x in out]
+    return sets if all(len(x) == len(y) for x, y in zip(out, sets)) else None
+
+
+def _counts_match(s: Schedule) -> bool:
+    """Whether every rank's passes and collectives (its actions but sends and receives) are exactly
+    expected_counts(s), checked without counting: where each key is expected once (and microbatches are in range,
+    checked before), a rank's actions of each expected (kind, chunk) must name every microbatch, no others may
+    appear, and there must be no more of them than keys. False sends validate() to the count, which names what is
+    off."""
+    want, m = _expected_kinds(s), s.microbatches
+    if want is None:
+        return False
+    for acts, kinds in zip(s.ranks, want):
+        seen = {key: set() for key in kinds}
+        n = 0
+        for _, kind, mb, chunk in acts:
+            if kind in P2P:
+                continue
+            got = seen.get((kind, chunk))
+            if got is None:
+                return False
+            got.add(mb)
+            n += 1
+        if n != m * len(kinds) or any(len(mbs) != m for mbs in seen.values()):
+            return False
+    return True
+
+
 @collector_paused
 def validate(s: Schedule) -> Schedule:
     if len(s.ranks) != s.pp:
@@ -57,9 +97,9 @@ def validate(s: Schedule) -> Schedule:
                 _fail(s, r, i, f"unknown kind {a.kind!r}")
             if not 0 <= a.mb < s.microbatches or not 0 <= a.chunk < s.chunks:
                 _fail(s, r, i, f"microbatch or chunk out of range (microbatches={s.microbatches}, chunks={s.chunks})")
-    have = Counter(a for acts in s.ranks for a in acts if a.kind not in P2P)  # an Action equals its plain tuple
-    want = expected_counts(s)
-    if not dict.__eq__(have, want):  # (Counter's own == walks both in Python)
+    if not _counts_match(s):  # count, and name the first key that is off
+        have = Counter(a for acts in s.ranks for a in acts if a.kind not in P2P)  # an Action equals its plain tuple
+        want = expected_counts(s)
         for key in sorted(set(have) | set(want)):
             if have[key] != want[key]:
                 r, k, mb, c = key
@@ -142,22 +182,36 @@ def _check_groups(s: Schedule):
 
 def collective_entries(s: Schedule) -> list[list[tuple[int, object]]]:
     """Per rank, the collective instances it enters, in order, with the step that enters each (one object per
-    instance, shared by the ranks)."""
+    instance, shared by the ranks): read from the simulator's program of the schedule, which resolves them."""
     def make(s: Schedule) -> list[list[tuple[int, object]]]:
-        made = {}  # (group, kind, mb) -> its Collective
-        out = []
-        for acts, shape in zip(s.ranks, shapes(s)):
+        prog = _program(s)
+        instances, out = prog.instances, []
+        for steps in prog.steps:
             seq = []
-            for i, a in enumerate(acts):
-                e = shape[(a.kind, a.chunk)].entry
-                if e:
-                    inst = made.get((e.group, e.kind, a.mb))
-                    if inst is None:
-                        inst = made[(e.group, e.kind, a.mb)] = replace(e, mb=a.mb)
-                    seq.append((i, inst))
+            for i, (code, _, x, _, _) in enumerate(steps):
+                if code == _SYNC and x[0] >= 0:
+                    seq.append((i, instances[x[0]]))
+                elif code == _MISSING:  # no instance resolved past a missing input: from the rules
+                    return _entries_from_rules(s)
             out.append(seq)
         return out
     return s.memo("collective_entries", make)
+
+
+def _entries_from_rules(s: Schedule) -> list[list[tuple[int, object]]]:
+    made = {}  # (group, kind, mb) -> its Collective
+    out = []
+    for acts, shape in zip(s.ranks, shapes(s)):
+        seq = []
+        for i, a in enumerate(acts):
+            e = shape[(a.kind, a.chunk)].entry
+            if e:
+                inst = made.get((e.group, e.kind, a.mb))
+                if inst is None:
+                    inst = made[(e.group, e.kind, a.mb)] = replace(e, mb=a.mb)
+                seq.append((i, inst))
+        out.append(seq)
+    return out
 
 
 def crossed(entries: list[list[tuple[int, object]]]) -> list[tuple[int, tuple, tuple]] | None:

@@ -78,27 +78,77 @@ def _peak(grid: list[str]) -> int:
     return peak
 
 
+class _Held:
+    """A rank's grid with the activations held and the frees pending after each slot (as _peak counts them), so
+    that moving one pass is checked against a cap by recounting only the slots whose counts it changes."""
+
+    def __init__(self, grid: list[str]):
+        self.grid, self.held, self.pending = grid, [], []
+        held = pending = 0
+        for kind in grid:
+            held, pending = _step(kind, held, pending)
+            self.held.append(held)
+            self.pending.append(pending)
+
+    def move(self, t: int, free: int, cap: int) -> bool:
+        """Move the pass at slot t to the free slot free < t if the rank's peak stays <= cap (which it is now)."""
+        grid, held, pending = self.grid, self.held, self.pending
+        kind = grid[t]
+        grid[t], grid[free] = "", kind
+        h, p = (held[free - 1], pending[free - 1]) if free else (0, 0)
+        new_held, new_pending = [], []  # from slot free on, until the counts equal the old ones past slot t
+        for x in range(free, len(grid)):  # _step, inlined: this loop is most of V-Half's generation
+            k = grid[x]
+            if k == "F":
+                h += 1
+                if h > cap:  # the slots not recounted hold what they held before, at most the cap
+                    grid[t], grid[free] = kind, ""
+                    return False
+            elif k == "B":
+                p += 1
+            elif p:
+                h, p = h - 1, p - 1
+            if x >= t and h == held[x] and p == pending[x]:  # the grids agree from here on, and so do the counts
+                break
+            new_held.append(h)
+            new_pending.append(p)
+        held[free:free + len(new_held)] = new_held
+        pending[free:free + len(new_pending)] = new_pending
+        return True
+
+
+def _step(kind: str, held: int, pending: int) -> tuple[int, int]:
+    """The counts after one slot: F holds one more activation, B asks for a free, a free slot frees one asked for."""
+    if kind == "F":
+        return held + 1, pending
+    if kind == "B":
+        return held, pending + 1
+    if pending:
+        return held - 1, pending - 1
+    return held, pending
+
+
 def _squeeze(pp: int, m: int, slots: Slots, warmup: bool) -> Slots:
     """Move warm-up (if asked) and cool-down passes to earlier free slots, under the steady-state peak.
 
     Passes are visited in slot order. Warm-up: those before rank 0's first B of stage 0; cool-down: those after
-    it and after rank 0's F of stage 0 of the last microbatch (with few microbatches there is no steady state)."""
-    grids = [_grid(s) for s in slots]
-    cap = max(_peak(g) for g in grids)
+    it and after rank 0's F of stage 0 of the last microbatch (with few microbatches there is no steady state).
+    Each trial move is checked by recounting the activations only where it changes them (_Held), so the cost
+    does not grow with the length of the steady state."""
+    grids = [_Held(_grid(s)) for s in slots]
+    cap = max([0] + [max(g.held, default=0) for g in grids])
     first_b, last_f = (slots[0][(3, 0)], 0, 3, 0), (slots[0][(0, m - 1)], 0, 0, m - 1)
     for key in sorted((t, r, i, mb) for r in range(pp) for (i, mb), t in slots[r].items()):
         t, r, i, mb = key
         if (key < first_b and warmup) or (key > last_f and key >= first_b):
-            grid, kind = grids[r], PASSES[i][0]
+            held, grid = grids[r], grids[r].grid
             lo = max((slots[q][(j, k)] + 1 for q, j, k in _needs(pp, r, i, mb)), default=0)
             for free in range(lo, t):
                 if grid[free]:  # every pass of this rank before slot t has been visited
                     continue
-                grid[t], grid[free] = "", kind
-                if _peak(grid) <= cap:
+                if held.move(t, free, cap):
                     slots[r][(i, mb)] = free
                     break
-                grid[t], grid[free] = kind, ""
     return slots
 
 
@@ -117,24 +167,39 @@ def _with_w(slots: dict) -> list[tuple[str, int, int]]:
 
 
 def _compact(pp: int, slots: Slots) -> Slots:
-    """Each pass (W included) as early as its rank's order and its needs allow; W passes are then dropped."""
+    """Each pass (W included) as early as its rank's order and its needs allow; W passes are then dropped.
+
+    Each rank runs its order until a pass needs one not yet placed, and is parked on that pass until it is."""
     orders = [_with_w(s) for s in slots]
+    index = {p: n for n, p in enumerate(PASSES)}
     start = [dict() for _ in range(pp)]
     pos, clock = [0] * pp, [0] * pp
-    while any(pos[r] < len(orders[r]) for r in range(pp)):
-        progress = False
-        for r in range(pp):
-            while pos[r] < len(orders[r]):
-                kind, mb, chunk = orders[r][pos[r]]
-                t = clock[r]
-                if kind != "W":
-                    needs = _needs(pp, r, PASSES.index((kind, chunk)), mb)
-                    if any((j, k) not in start[q] for q, j, k in needs):
+    parked = {}  # (rank, pass index, microbatch) -> ranks waiting for it to be placed
+    work = list(range(pp - 1, -1, -1))
+    while work:
+        r = work.pop()
+        order, placed, p, t_clock = orders[r], start[r], pos[r], clock[r]
+        while p < len(order):
+            kind, mb, chunk = order[p]
+            t = t_clock
+            if kind != "W":
+                i = index[(kind, chunk)]
+                for q, j, k in _needs(pp, r, i, mb):
+                    got = start[q].get((j, k))
+                    if got is None:
+                        parked.setdefault((q, j, k), []).append(r)
                         break
-                    t = max([t] + [start[q][(j, k)] + 1 for q, j, k in needs])
-                    start[r][(PASSES.index((kind, chunk)), mb)] = t
-                clock[r], pos[r], progress = t + 1, pos[r] + 1, True
-        assert progress, "V-Half squeeze produced an order that cannot run"
+                    if got + 1 > t:
+                        t = got + 1
+                else:
+                    got = 0
+                if got is None:
+                    break
+                placed[(i, mb)] = t
+                work.extend(parked.pop((r, i, mb), ()))
+            t_clock, p = t + 1, p + 1
+        pos[r], clock[r] = p, t_clock
+    assert all(pos[r] == len(orders[r]) for r in range(pp)), "V-Half squeeze produced an order that cannot run"
     return start
 
 

@@ -1,5 +1,6 @@
-"""The simulator's plan of a schedule: what its loop needs that does not depend on costs, as small tuples of integers,
-derived once per schedule object (vp/schedule/simulate.py runs it; validate() reads it for its input and link checks).
+"""The simulator's program of a schedule (not to be confused with the planner, vp/plan/): what its loop needs that
+does not depend on costs, as small tuples of integers, derived once per schedule object (vp/schedule/simulate.py
+runs it; validate() reads it for its input, link and collective-order checks).
 """
 from dataclasses import replace
 from typing import NamedTuple
@@ -9,12 +10,12 @@ from vp.schedule.rules import members as group_members
 from vp.schedule.rules import root_of, shapes
 
 
-# step codes of the plan: what the loop does with an action
+# step codes of the program: what the loop does with an action
 _PLAIN, _SEND, _RECV, _SYNC, _MISSING = range(5)  # compute with no collective; p2p; anything that enters or waits
 _MEM_NONE, _MEM_HOLD, _MEM_FREE = range(3)  # F, S hold their activations (peak counted); B, W, T free them
 
 
-class _Plan(NamedTuple):
+class _Program(NamedTuple):
     """What the simulator needs of a schedule, independent of costs, as integers: derived once per schedule object
     (a sweep simulates one schedule with many costs; validate() and the caller share it).
 
@@ -38,16 +39,16 @@ class _Plan(NamedTuple):
     roots: list  # instance id -> the rank it is sent from (C0, IB: receivers wait for it alone) or None
 
 
-def _plan(s: Schedule) -> _Plan:
-    return s.memo("simulator_plan", _make_plan)
+def _program(s: Schedule) -> _Program:
+    return s.memo("simulator_program", _make_program)
 
 
 def p2p_in_order(s: Schedule) -> bool:
     """Whether every action's inputs come earlier on its rank and each link (one direction and kind of traffic
-    between two ranks) receives exactly what it sends, in the order sent: validate()'s checks, from the plan."""
-    plan = _plan(s)
-    sent, received = [[] for _ in plan.links], [[] for _ in plan.links]
-    for steps in plan.steps:
+    between two ranks) receives exactly what it sends, in the order sent: validate()'s checks, from the program."""
+    prog = _program(s)
+    sent, received = [[] for _ in prog.links], [[] for _ in prog.links]
+    for steps in prog.steps:
         for code, _, chan, b, c in steps:
             if code == _SEND:
                 sent[b].append(chan)
@@ -58,19 +59,15 @@ def p2p_in_order(s: Schedule) -> bool:
     return sent == received
 
 
-def _make_plan(s: Schedule) -> _Plan:
-    times, mems, p2ps, chans, insts, links = {}, {}, {}, {}, {}, {}  # key -> its index (dicts keep insertion order)
+def _make_program(s: Schedule) -> _Program:
+    times, mems, p2ps, links = {}, {}, {}, {}  # key -> its index (dicts keep insertion order)
     instances = []
+    chans = {}  # (src, dst, kind, stage) -> {microbatch: channel}
+    insts = {}  # (group, kind) -> {microbatch: instance id}
+    n_chans = 0
 
     def index(table: dict, key) -> int:
         return table.setdefault(key, len(table))
-
-    def instance(inst: Collective, mb: int) -> int:  # inst: of microbatch 0 (rules.shape)
-        got = insts.get((inst.group, inst.kind, mb))
-        if got is None:
-            got = insts[(inst.group, inst.kind, mb)] = len(instances)
-            instances.append(replace(inst, mb=mb))
-        return got
 
     def resolve(a: Action) -> tuple:  # _shape() with its keys turned into table indices
         code, needs, x, mem, mode = _shape(s, a)
@@ -84,44 +81,61 @@ def _make_plan(s: Schedule) -> _Plan:
             x = (*x[:4], index(times, x[4]))
         return code, needs, x, mem, mode, (code, (), x, mem, mode)  # the last: one step for all that need nothing
 
+    def instance(proto: Collective, mb: int) -> int:  # proto: of microbatch 0 (rules.shape)
+        table = insts.setdefault((proto.group, proto.kind), {})
+        got = table.get(mb)
+        if got is None:
+            got = table[mb] = len(instances)
+            instances.append(replace(proto, mb=mb))
+        return got
+
     steps = []
     for r, acts in enumerate(s.ranks):
-        seen: dict = {}  # action -> its latest step on this rank so far (an Action equals its plain tuple)
-        shape: dict = {}  # (kind, chunk) -> resolve(), the same for every microbatch
+        done: dict = {}  # (kind, chunk) -> {microbatch: its latest step on this rank so far}
+        shape: dict = {}  # (kind, chunk) -> (resolve(), its own done table, its needs' done tables, its channels)
         out = []
         for i, a in enumerate(acts):
-            mb = a.mb
-            sh = shape.get((a.kind, a.chunk))
+            _, kind, mb, chunk = a
+            sh = shape.get((kind, chunk))
             if sh is None:
-                sh = shape[(a.kind, a.chunk)] = resolve(a)
-            code, need_shapes, x, mem, mode, _ = sh
+                got = resolve(a)
+                code, x = got[0], got[2]
+                link = (r, x[0], x[1], x[2]) if code == _SEND else (x[0], r, x[1], x[2]) if code == _RECV else None
+                sh = shape[(kind, chunk)] = (got, done.setdefault((kind, chunk), {}),
+                                             tuple(done.setdefault(n, {}) for n in got[1]),
+                                             chans.setdefault(link, {}) if link else None)
+            (code, _, x, mem, mode, bare), mine, need_tables, chan = sh
             needs = ()
-            for nk, nc in need_shapes:
-                j = seen.get((r, nk, mb, nc))
+            for table in need_tables:
+                j = table.get(mb)
                 if j is None:
                     needs = None
                     break
                 if j != i - 1:  # the step just before ends at the rank's clock, which every step waits for
                     needs += (j,)
-            seen[a if a.rank == r else (r, a.kind, mb, a.chunk)] = i
+            mine[mb] = i
+            if chan is not None and (needs is not None or code == _RECV):  # its channel: one per link and microbatch
+                c = chan.get(mb)
+                if c is None:
+                    c = chan[mb] = n_chans
+                    n_chans += 1
             if needs is None:  # raised when the rank gets there; a receive still waits for its send first
-                chan = index(chans, (x[0], r, x[1], mb, x[2])) if code == _RECV else -1
-                out.append((_MISSING, (), chan, 0, 0))
-            elif code == _SEND:
-                out.append((_SEND, needs, index(chans, (r, x[0], x[1], mb, x[2])), x[4], 0))
-            elif code == _RECV:
-                out.append((_RECV, needs, index(chans, (x[0], r, x[1], mb, x[2])), x[3], x[4]))
+                out.append((_MISSING, (), c if code == _RECV else -1, 0, 0))
             elif code == _PLAIN:
-                out.append((_PLAIN, needs, x, mem, mode) if needs else sh[5])
+                out.append((_PLAIN, needs, x, mem, mode) if needs else bare)
+            elif code == _SEND:
+                out.append((_SEND, needs, c, x[4], 0))
+            elif code == _RECV:
+                out.append((_RECV, needs, c, x[3], x[4]))
             else:
                 entry, at_end, waits, is_coll, dur = x
                 entry = instance(entry, mb) if entry else -1
-                waits = tuple(instance(w, mb) for w in waits)
+                waits = tuple([instance(w, mb) for w in waits]) if waits else ()
                 out.append((_SYNC, needs, (entry, at_end, waits, is_coll, dur), mem, mode))
         steps.append(out)
     members = [tuple(group_members(s, inst.group)) for inst in instances]
     roots = [root_of(s, inst.group) if inst.group in ("C0", "IB") else None for inst in instances]
-    return _Plan(steps, list(times), list(mems), list(p2ps), len(chans), list(links), instances, members, roots)
+    return _Program(steps, list(times), list(mems), list(p2ps), n_chans, list(links), instances, members, roots)
 
 
 def _shape(s: Schedule, a: Action) -> tuple:
