@@ -20,6 +20,7 @@ from omegaconf import OmegaConf
 from harness import jobs as J
 from harness.plan_output import describe, experiment_text, figure, no_plan_message, readme, summary
 from harness.profiles import CONF, user_conf_dir
+from vp.checks import writable_path
 from vp.files import write_text_atomic
 from vp.plan import Problem, search
 
@@ -43,7 +44,8 @@ def compose_plan(overrides: list[str]):
             raise ValueError(f"{', '.join(sweeps)}: the planner searches the axes itself; give one value to fix "
                              f"an axis (method=vocab-2), or plan.methods=[a,b] for a set of methods")
         cfg = compose_checked(["~experiment", "+plan=default"] + fixed)
-        gpu = J.hardware_of(cfg).act_bytes < 4  # a GPU profile (bf16 activations); CPU profiles keep 4 bytes
+        hw = J.hardware_of(cfg)  # a measured profile says where it was measured; a built-in GPU one has bf16
+        gpu = hw.machine["device"] == "cuda" if hw.machine.get("device") else hw.act_bytes < 4
         implied = {"run.device": "cuda", "run.dtype": "bf16", "run.iterations": 10, "run.warmup": 3,
                    "run.timeout_s": 1800} if gpu else {"run.device": "cpu", "run.dtype": "fp32"}
         extra = [f"{k}={v}" for k, v in implied.items() if k not in given]
@@ -88,6 +90,9 @@ def run(argv: list[str], out=print) -> int:
         problem, hw = problem_of(cfg, given)
         name = plan_name(cfg)
         path = experiment_path(cfg, name)
+        folder = Path(cfg.plan.figures) / f"plan_{name}"
+        writable_path(path.parent, "plan.out" if cfg.plan.out else "the experiment folder")
+        writable_path(folder, "plan.figures")  # before the search: a refusal after it would waste it
     except ValueError as err:
         print(f"plan refused: {err}", file=sys.stderr)
         return 2
@@ -99,13 +104,12 @@ def run(argv: list[str], out=print) -> int:
             out(json.dumps(summary(plan, None), indent=1))
         return 1
     experiment = f"plan_{name}"
-    write_text_atomic(path, experiment_text(cfg, argv, plan, experiment, hw))
-    folder = Path(cfg.plan.figures) / experiment
     folder.mkdir(parents=True, exist_ok=True)
     data = summary(plan, str(path))
     write_text_atomic(folder / "plan.json", json.dumps(data, indent=1) + "\n")
     write_text_atomic(folder / "README.md", readme(plan, hw, experiment))
     figure(plan, hw, folder / "pareto.png")
+    write_text_atomic(path, experiment_text(cfg, argv, plan, experiment, hw))  # last: a sweep can use it at once
     if cfg.plan.json:
         out(json.dumps(data, indent=1))
         return 0

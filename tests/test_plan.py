@@ -146,6 +146,8 @@ def test_bad_input_says_what_would_fit(user_conf, capsys):
     assert "plan.gpus is not set" in capsys.readouterr().err
     assert P.run(common + ["plan.gpus=4", "method=baseline,vocab-2"]) == 2
     assert "searches the axes itself" in capsys.readouterr().err
+    assert P.run(common + ["plan.gpus=4", "plan.figures=/proc/nope"]) == 2  # refused before the search
+    assert "plan.figures=/proc/nope/plan_" in capsys.readouterr().err
     assert not (user_conf / "conf").exists()  # nothing written by a refused or empty plan
 
 
