@@ -57,21 +57,9 @@ def local_runs_fork_their_ranks():
     patch.undo()
 
 
-# the files whose tests run longest (end-to-end sweeps, SLURM, many-process parity runs), started first so that
-# none of them is left running alone at the end of a distributed run
-FIRST = ("test_harness_runs", "test_harness_slurm", "test_bench", "test_mesh_train", "test_nccl", "test_tp_train",
-         "test_tp_report", "test_harness_config")
-
-
 def pytest_collection_modifyitems(config, items):
-    """Under pytest-xdist (make test runs `-n` workers with --dist loadgroup): the tests that submit to the one
-    SLURM cluster run on one worker, one after another (two at once would queue behind each other's jobs); the
-    tests of a file that share a module-scoped fixture (a report built once, a trained grid) run on one worker,
-    which builds it once instead of once per worker; the longest files go first."""
+    """Under pytest-xdist (make test runs `-n` workers with --dist loadgroup), the tests that submit to the one
+    SLURM cluster run on one worker, one after another: two at once would queue behind each other's jobs."""
     for item in items:
         if item.get_closest_marker("slurm"):
             item.add_marker(pytest.mark.xdist_group("slurm"))
-        elif any(d.scope == "module" for defs in item._fixtureinfo.name2fixturedefs.values() for d in defs):
-            item.add_marker(pytest.mark.xdist_group(item.module.__name__))
-    rank = {name: i for i, name in enumerate(FIRST)}
-    items.sort(key=lambda item: rank.get(item.module.__name__.rsplit(".", 1)[-1], len(FIRST)))
