@@ -66,3 +66,21 @@ def test_vocab_shards_span_pipeline_and_columns():
 def test_bad_meshes_name_the_field_and_the_fix(kw, message):
     with pytest.raises(ValueError, match=message):
         Mesh(**kw)
+
+
+def test_simulated_metrics_give_every_device_its_own_entries_in_rank_order():
+    """Metrics.from_simulation spreads one device per pipeline rank over the mesh, rank = (d pp + p) tp + t; each
+    device's memory_detail is its own dict (a change to one device's entry must not change another's)."""
+    from vp.config import RunConfig
+    from vp.metrics import Metrics
+    from vp.schedule import build, simulate
+
+    cfg = RunConfig(method="baseline", pp=2, dp=2, tp=2, layers=2, hidden=8, heads=2, seq_len=4, vocab_size=64,
+                    microbatches=2)
+    result = simulate(build(cfg.method, cfg.pp, cfg.microbatches, cfg.n_chunks))
+    m = Metrics.from_simulation(cfg, result, 1.0, static_bytes=[10.0, 20.0], bytes_sent=[1.0, 2.0],
+                                device_memory_bytes=1e9)
+    assert [d["static"] for d in m.memory_detail] == [10.0, 10.0, 20.0, 20.0] * 2
+    assert len({id(d) for d in m.memory_detail}) == cfg.world
+    m.memory_detail[0]["static"] = -1.0
+    assert [d["static"] for d in m.memory_detail[1:]] == [10.0, 20.0, 20.0, 10.0, 10.0, 20.0, 20.0]

@@ -5,6 +5,7 @@ iteration time, the number of devices and the device's dense peak. Per rank: pea
 pass kind (`pass_time_s`), the fraction of the iteration spent outside compute passes (`bubble_fraction`); over
 the run, `bubble_rate` = the mean bubble fraction (1 - busy / (devices x time)).
 """
+import copy
 import statistics
 import time
 from dataclasses import dataclass, field, fields
@@ -144,7 +145,7 @@ class Metrics:
         bubble = [1.0 - b / t for b in result.busy]
 
         def per_rank(values: list) -> list:  # every replica's pipeline, and every device of a stage's tp group,
-            return [v for v in values for _ in range(cfg.tp)] * cfg.dp  # behaves alike: rank = (d pp + p) tp + t
+            return [copy.copy(v) for _ in range(cfg.dp) for v in values for _ in range(cfg.tp)]  # own dicts  # behaves alike: rank = (d pp + p) tp + t
 
         comm = [comm_buffer_bytes(held, hw) for held in communicators] if communicators else [0.0] * len(ranks)
 
