@@ -4,8 +4,15 @@ processes or on SLURM.
 cluster=local runs one job at a time (timings are not disturbed) and prints progress with an ETA;
 cluster=slurm submits every job with sbatch and, with cluster.wait=true, follows them to the end. A job
 that dies without writing its record (a killed rank, a time limit) gets a failure record here.
+
+W&B: the driver logs each run it follows once the run's record is written (every local run; SLURM runs with
+cluster.wait=true), so a run's processes, and a SLURM job's GPUs, are released as soon as the record is on disk,
+and wandb and matplotlib are imported once per sweep instead of once per run. Runs nobody follows
+(cluster.wait=false) log from their rank 0 as they end.
 """
+import json
 import signal
+import sys
 import threading
 import time
 from contextlib import contextmanager
@@ -14,7 +21,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from harness import slurm
-from harness.records import failure_record, finish_run, status_of, trace_path
+from harness.records import failure_record, finish_run, log_run, status_of, trace_path
 from harness.task import run_task
 
 
@@ -22,8 +29,42 @@ def _spec(job, cfg) -> dict:
     folder = Path(cfg.cluster.folder).resolve() / cfg.experiment / job.run_id
     return {"config": job.run.to_dict(), "path": str(job.path.resolve()), "experiment": cfg.experiment,
             "labels": job.labels, "folder": str(folder), "rendezvous": cfg.cluster.rendezvous,
-            "logger": OmegaConf.to_container(cfg.logger, resolve=True), "trace": str(trace_path(job.path).resolve()),
+            "logger": None if _driver_logs(cfg) else OmegaConf.to_container(cfg.logger, resolve=True),
+            "trace": str(trace_path(job.path).resolve()),
             "wandb_root": str(Path.cwd()), "fault": job.fault}
+
+
+def _driver_logs(cfg) -> bool:
+    """Whether this process logs the runs' records to W&B (it follows them to the end), not their rank 0."""
+    return cfg.cluster.get("name") == "local" or bool(cfg.cluster.get("wait", True))
+
+
+@contextmanager
+def _wandb_logger(cfg, log):
+    """Yields log_finished(job): logs the record a run's rank 0 wrote to W&B from this process. A failure to log is
+    reported and the sweep goes on (the record is kept). The W&B service this starts ends with the sweep."""
+    logger = OmegaConf.to_container(cfg.logger, resolve=True)
+    on = logger.get("mode", "disabled") != "disabled"
+
+    def log_finished(job) -> None:
+        if not on:
+            return
+        try:
+            log_run(json.loads(job.path.read_text()), job.path, logger, Path.cwd())
+        except Exception as err:  # noqa: BLE001 - W&B trouble never costs a run its record
+            log(f"    W&B logging of run {job.run_id} failed ({type(err).__name__}: {err}); its record {job.path} "
+                f"is kept")
+
+    try:
+        yield log_finished
+    finally:
+        if on and "wandb" in sys.modules:
+            sys.modules["wandb"].teardown()
+
+
+def _wrote_own_record(job, before: tuple | None) -> bool:
+    """Whether the run's rank 0 wrote a new record (not the one there before, not a failure record yet)."""
+    return status_of(job.path) is not None and _signature(job.path) != before
 
 
 def executor_for(job, cfg, folder: Path):
@@ -154,6 +195,11 @@ def run_local(jobs, cfg, log=print) -> dict:
     """One job at a time; progress lines: done / total, the current run, elapsed and an ETA."""
     from vp.record import now
 
+    with _wandb_logger(cfg, log) as log_finished:
+        return _run_local(jobs, cfg, log, log_finished, now)
+
+
+def _run_local(jobs, cfg, log, log_finished, now) -> dict:
     counts, began, total = {}, time.monotonic(), len(jobs)
     for i, job in enumerate(jobs):
         spec = _spec(job, cfg)
@@ -174,10 +220,13 @@ def run_local(jobs, cfg, log=print) -> dict:
             raise
         except Exception as err:  # noqa: BLE001 - the failure becomes the record's error text
             error = f"{type(err).__name__}: {err}"
+        own = _wrote_own_record(job, before)
         status, note = _record_failure_if_missing(job, cfg, handle, error, started, before,
                                                   "TIMEOUT" in str(handle.state))
         counts[status] = counts.get(status, 0) + 1
         log(f"    {status} in {_fmt(time.monotonic() - t0)}{note}")
+        if own:
+            log_finished(job)
     log(f"[{total}/{total} done in {_fmt(time.monotonic() - began)}] " +
         ", ".join(f"{n} {s}" for s, n in sorted(counts.items())))
     return counts
@@ -197,7 +246,8 @@ def run_slurm(jobs, cfg, log=print) -> dict:
         log(f"{len(handles)} jobs submitted; rerun the same command later to resume what did not finish")
         return {"submitted": len(handles)}
     try:
-        return _follow(handles, cfg, started, log)
+        with _wandb_logger(cfg, log) as log_finished:
+            return _follow(handles, cfg, started, log, log_finished=log_finished)
     except KeyboardInterrupt:
         ids = " ".join(str(h.job_id) for _, h, _ in handles)
         log(f"stopped following; the SLURM jobs go on and write their records (scancel {ids} stops them). "
@@ -206,7 +256,8 @@ def run_slurm(jobs, cfg, log=print) -> dict:
 
 
 def _follow(handles, cfg, started: str, log, poll=slurm.job_states, cancel=slurm.cancel,
-            running=slurm.running_jobs, nodes_up=slurm.nodes_up, clock=time.monotonic, sleep=time.sleep) -> dict:
+            running=slurm.running_jobs, nodes_up=slurm.nodes_up, clock=time.monotonic, sleep=time.sleep,
+            log_finished=lambda job: None) -> dict:
     """Poll squeue until every job ended; record those that ended without a record. A pending job's reason is
     shown whenever it changes; a reason that cannot clear by itself (harness.slurm.stuck) that still holds after
     cluster.pending_grace_s cancels the job, recorded failed with the reason."""
@@ -238,7 +289,10 @@ def _follow(handles, cfg, started: str, log, poll=slurm.job_states, cancel=slurm
                 log(f"    cancelled SLURM job {key} ({job.name}): recorded {status} with its reason, {job.path}")
             else:
                 error = "" if st.state == "COMPLETED" else f"SLURM job {key} ended {st.state}: " + _tail(handle)
+                own = _wrote_own_record(job, before)
                 status, _ = _record_failure_if_missing(job, cfg, handle, error, started, before, st.state == "TIMEOUT")
+                if own:
+                    log_finished(job)
             counts[status] = counts.get(status, 0) + 1
         pending = still
         line = f"[{total - len(pending)}/{total} done] " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))

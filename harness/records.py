@@ -22,17 +22,23 @@ def trace_path(record_path: Path) -> Path:
 def finish_run(record: dict, path: Path, logger=None, wandb_root: Path = Path(".")) -> Path:
     """Write the record (atomically), then log it to W&B when a logger is configured."""
     write_atomic(path, record)
-    if logger is not None and logger.get("mode", "disabled") != "disabled":
-        from harness.timeline import timeline_images
-        from harness.wandb_log import log_record
-
-        images = timeline_images(record, path, trace_path(path)) if record.get("metrics") else {}
-        try:
-            log_record(record, logger, wandb_root, images)
-        finally:
-            for picture in images.values():
-                picture.unlink(missing_ok=True)
+    log_run(record, path, logger, wandb_root)
     return path
+
+
+def log_run(record: dict, path: Path, logger=None, wandb_root: Path = Path(".")) -> None:
+    """Log a written record to W&B (with its timeline pictures) when a logger is configured (mode not disabled)."""
+    if logger is None or logger.get("mode", "disabled") == "disabled":
+        return
+    from harness.timeline import timeline_images
+    from harness.wandb_log import log_record
+
+    images = timeline_images(record, path, trace_path(path)) if record.get("metrics") else {}
+    try:
+        log_record(record, logger, wandb_root, images)
+    finally:
+        for picture in images.values():
+            picture.unlink(missing_ok=True)
 
 
 def failure_record(config: dict, experiment: str, backend: str, labels: dict, status: str, error: str,

@@ -2,8 +2,8 @@
 
 Rank, world size and the first node's address come from submitit's job environment (local processes or
 SLURM tasks); ranks meet there over TCP, or through a fresh file in the job's folder (cluster.rendezvous).
-Rank 0 writes the measured timeline (`<run_id>.trace.json`, Chrome/Perfetto) and the record beside it (and
-logs it to W&B). A rank that fails leaves its traceback in the job folder, from
+Rank 0 writes the measured timeline (`<run_id>.trace.json`, Chrome/Perfetto) and the record beside it; it logs
+the record to W&B only when no sweep driver follows the run (SLURM with cluster.wait=false: harness.dispatch). A rank that fails leaves its traceback in the job folder, from
 which the sweep driver writes the failure record (harness.dispatch).
 """
 import faulthandler

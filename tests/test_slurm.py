@@ -177,10 +177,12 @@ def test_a_job_stuck_on_a_reason_that_cannot_clear_is_cancelled_after_the_grace_
                                         run.to_dict(), "metrics": {}}))
 
     completed_with_record(jobs[1])
+    logged = []
     counts = dispatch._follow(handles, cfg, "start", log.append, poll=poll, cancel=cancelled.append,
                               running=lambda: 0, nodes_up=lambda p: 2, clock=lambda: now[0],
-                              sleep=lambda s: now.__setitem__(0, now[0] + s))
+                              sleep=lambda s: now.__setitem__(0, now[0] + s), log_finished=logged.append)
     assert cancelled == ["11"] and counts == {"failed": 1, "ok": 1}
+    assert logged == [jobs[1]]  # the driver logs the record rank 0 wrote (the failure record: finish_run, itself)
     rec = json.loads(jobs[0].path.read_text())
     assert rec["status"] == "failed" and "pended with reason PartitionConfig" in rec["error"]
     assert "the partition cannot give what the job asks" in rec["error"]
@@ -189,6 +191,21 @@ def test_a_job_stuck_on_a_reason_that_cannot_clear_is_cancelled_after_the_grace_
     assert any("SLURM job 12 (method=m12) pending: Resources" in line for line in log)
     assert not any("pending: None" in line for line in log)
     assert now[0] >= 5  # not before the grace
+
+
+def test_runs_the_driver_follows_leave_w_and_b_to_it_and_the_others_log_from_rank_0(tmp_path):
+    """The task's spec carries the logger only when no driver follows the run (SLURM with cluster.wait=false)."""
+    run = RunConfig(method="baseline", pp=2, layers=2, hidden=16, heads=2, seq_len=8, vocab_size=101, microbatches=2)
+    job = Job(1, ["method=baseline"], None, run=run, run_id="0" * 12, path=tmp_path / "r" / ("0" * 12 + ".json"))
+    logger = {"mode": "offline", "project": "p"}
+
+    def spec(name, **extra):
+        cfg = OmegaConf.create({"experiment": "x", "logger": logger, "cluster": {
+            "name": name, "folder": str(tmp_path), "rendezvous": "file", **extra}})
+        return dispatch._spec(job, cfg)["logger"]
+
+    assert spec("local") is None and spec("slurm", wait=True) is None
+    assert spec("slurm", wait=False) == logger
 
 
 def test_a_slurm_command_that_does_not_answer_is_a_failed_call_not_a_traceback(tmp_path):
