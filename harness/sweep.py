@@ -283,7 +283,7 @@ def run(overrides: list[str], log=_print) -> int:
     if cfg.report:
         from harness.report import build_reports
 
-        for path in build_reports(Path(cfg.results_dir), cfg.reports_dir, [cfg.experiment]):
+        for path in build_reports(Path(cfg.results_dir), cfg.reports_dir, [cfg.experiment], reuse=True, log=log):
             log(f"report: {path}")
     return 0
 

@@ -208,6 +208,40 @@ def test_second_build_gives_identical_tables_and_drops_stale_files(built, tmp_pa
     assert not (first / "mfu_vs_vocab_gone.png").exists() and (first / "notes.txt").exists()
 
 
+def test_a_sweep_keeps_a_report_built_from_the_same_records_traces_and_code(built, monkeypatch, tmp_path):
+    """reuse=True (what harness.sweep asks) keeps the report while its fingerprint holds; a changed record, trace or
+    unreadable file, or a build that never finished (no .built), is built again."""
+    import harness.report.build as B
+
+    root, _ = built
+    source, out = root / "results" / "mini", root / "reports" / "mini"
+    rebuilt, lines = [], []
+    monkeypatch.setattr(B, "build_experiment", lambda name, recs, out, *rest: rebuilt.append(name) or out / "README.md")
+    assert build_reports(root / "results", root / "reports", ["mini"], reuse=True, log=lines.append) == \
+        [out / "README.md"]
+    assert rebuilt == [] and lines == [f"report {out}: up to date (built from these records, traces and code)"]
+    build_reports(root / "results", root / "reports", ["mini"], log=lines.append)  # the report command rebuilds
+    assert rebuilt == ["mini"]
+    (out / B.BUILT).rename(tmp_path / "built")  # an interrupted build
+    build_reports(root / "results", root / "reports", ["mini"], reuse=True)
+    assert rebuilt == ["mini", "mini"]
+    (tmp_path / "built").rename(out / B.BUILT)
+    recs = fixture_records()
+    base = B.fingerprint(recs, source)
+    assert (out / B.BUILT).read_text().strip() == base == B.fingerprint(fixture_records(), source)
+    changed = [dict(r) for r in recs]
+    changed[0] = {**changed[0], "status": "failed"}
+    assert B.fingerprint(changed, source) != base and B.fingerprint(recs, source, ["x.json: bad"]) != base
+    copy = tmp_path / "mini"
+    shutil.copytree(source, copy)
+    assert B.fingerprint(recs, copy) == base
+    trace = copy / f"{recs[0]['run_id']}.trace.json"
+    trace.write_text("{}")
+    with_trace = B.fingerprint(recs, copy)
+    os.utime(trace, ns=(trace.stat().st_atime_ns, trace.stat().st_mtime_ns + 10**9))  # a rerun's new trace
+    assert len({base, with_trace, B.fingerprint(recs, copy)}) == 3
+
+
 def test_figures_grow_with_their_panels(tmp_path):
     df = records_frame(fixture_records("real"))
     one_setup = df[df["pp"] == 2]

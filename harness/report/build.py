@@ -1,7 +1,11 @@
 """<reports_dir>/<experiment>/ from <results_dir>/<experiment>/: tables (Markdown and LaTeX), figures, runs.csv and
 a README that opens with the findings and indexes the rest; then <reports_dir>/index.md over every experiment
 folder there. Reads only records (and traces) on disk. A report belongs to its results: reports_dir defaults
-to a folder beside results_dir (report_dir_for), and a report folder built from other results is never overwritten."""
+to a folder beside results_dir (report_dir_for), and a report folder built from other results is never overwritten.
+A sweep (reuse=True) keeps a report whose records, traces and drawing code are those it was built from (`.built`
+holds their fingerprint, written last); `python -m harness.report` always rebuilds."""
+import hashlib
+import json
 import multiprocessing
 import os
 import re
@@ -32,6 +36,9 @@ CSV_COLUMNS = ["run_id", "status", "backend", "hardware", "method", "gpus", "mes
                "iteration_time_s", "tokens_per_s", "mfu", "max_memory_bytes", "error"]
 SUMMARY = re.compile(r"^\d+ runs: ")
 SOURCE = ".source"  # in each report folder: the results folder it was built from, relative to the report
+BUILT = ".built"  # in each report folder: the fingerprint of what it was built from, written when it is complete
+_HARNESS = Path(__file__).parents[1]
+_DRAWN_BY = (_HARNESS / "report", _HARNESS / "published", _HARNESS / "timeline.py", _HARNESS / "records.py")
 
 
 def experiment_dirs(results_dir: Path) -> list[str]:
@@ -61,9 +68,30 @@ def check_report_target(out: Path, source: Path) -> None:
                          f"give this sweep its own reports_dir=... (or remove that folder)")
 
 
-def build_reports(results_dir: Path, reports_dir=None, experiments: list[str] | None = None) -> list[Path]:
+def fingerprint(records: list[dict], source: Path, unreadable=()) -> str:
+    """What a report is drawn from: its records, the traces beside them (name, size, time), the unreadable files
+    it names, the code that draws it (harness.report, the published tables, timelines, the simulator that replays
+    records: harness.sim.simulator_version) and the versions of pandas, matplotlib and seaborn."""
+    from importlib.metadata import version
+
+    from harness.sim import simulator_version
+
+    h = hashlib.sha1(json.dumps([records, sorted(unreadable)], sort_keys=True, default=str).encode())
+    for trace in sorted(Path(source).glob("*.trace.json")):
+        st = trace.stat()
+        h.update(f"{trace.name}:{st.st_size}:{st.st_mtime_ns}\0".encode())
+    for src in _DRAWN_BY:
+        for path in sorted(p for p in src.iterdir() if p.is_file()) if src.is_dir() else [src]:
+            h.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    h.update(" ".join([simulator_version()] + [version(p) for p in ("pandas", "matplotlib", "seaborn")]).encode())
+    return h.hexdigest()[:16]
+
+
+def build_reports(results_dir: Path, reports_dir=None, experiments: list[str] | None = None, reuse: bool = False,
+                  log=None) -> list[Path]:
     """Write <reports_dir>/<experiment>/ for each experiment (all under results_dir when None) and the index;
-    returns the README.md of each experiment. Every experiment is read and checked before anything is written."""
+    returns the README.md of each experiment. Every experiment is read and checked before anything is written.
+    reuse: keep a report already built from the same records, traces and code (log says so)."""
     results_dir = Path(results_dir)
     reports_dir = report_dir_for(results_dir, reports_dir)
     if not results_dir.is_dir():
@@ -82,6 +110,17 @@ def build_reports(results_dir: Path, reports_dir=None, experiments: list[str] | 
     for name in read:
         check_report_target(reports_dir / name, results_dir / name)
     jobs = [(name, recs, reports_dir / name, results_dir / name, bad) for name, (recs, bad) in read.items()]
+    kept = []
+    if reuse:
+        for job in list(jobs):
+            name, recs, out, source, bad = job
+            built = out / BUILT
+            if built.is_file() and (out / "README.md").is_file() and \
+                    built.read_text().strip() == fingerprint(recs, source, bad):
+                jobs.remove(job)
+                kept.append(out / "README.md")
+                if log:
+                    log(f"report {out}: up to date (built from these records, traces and code)")
     workers = min(len(jobs), os.cpu_count() or 1, 4)
     if workers > 1 and sum(len(job[1]) for job in jobs) >= 100:
         # experiments are independent and drawing their figures dominates: one process each, where that pays for
@@ -91,7 +130,7 @@ def build_reports(results_dir: Path, reports_dir=None, experiments: list[str] | 
     else:
         written = [_build_one(job) for job in jobs]
     write_index(reports_dir)
-    return written
+    return kept + written
 
 
 def _build_one(job: tuple) -> Path:
@@ -145,6 +184,8 @@ def readme(name: str, source: Path, df: pd.DataFrame, tables: list[Table], skipp
 
 def build_experiment(name: str, records: list[dict], out: Path, source: Path, unreadable=()) -> Path:
     out.mkdir(parents=True, exist_ok=True)
+    (out / BUILT).unlink(missing_ok=True)  # until this build is complete
+    drawn_from = fingerprint(records, source, unreadable)  # before anything reads (or could change) the records
     _write(out / SOURCE, os.path.relpath(Path(source).resolve(), out.resolve()) + "\n")
     df = records_frame(records)
     tables, skipped = all_tables(df)
@@ -173,6 +214,7 @@ def build_experiment(name: str, records: list[dict], out: Path, source: Path, un
     for path in out.iterdir():
         if path.is_file() and GENERATED.match(path.name) and path not in written:
             path.unlink()
+    _write(out / BUILT, drawn_from + "\n")
     return out / "README.md"
 
 
