@@ -207,30 +207,53 @@ def test_a_report_folder_of_other_results_is_not_overwritten(tmp_path):
     assert code == 2 and readme.read_text() == before
 
 
-def test_jobs_composed_once_per_group_choice_equal_hydras_own_composition():
-    """harness.sweep.JobComposer (Hydra once per model/vocab/method choice, the job's values applied as Hydra
-    applies them) gives the config compose_checked(fixed + extra) gives (checked here on the first jobs of two
-    grids; every job of every experiment when it was written); what it cannot apply the same way gets Hydra's own
-    composition and error."""
+def _same_config(fast, full, path="cfg"):
+    """The same values (as YAML) and, node by node, the same types and flags (struct, readonly)."""
+    if path == "cfg":
+        assert OmegaConf.to_yaml(fast) == OmegaConf.to_yaml(full)
+    assert (fast._metadata.ref_type, fast._metadata.object_type) == (full._metadata.ref_type,
+                                                                      full._metadata.object_type), path
+    assert (OmegaConf.is_struct(fast), OmegaConf.is_readonly(fast)) == (OmegaConf.is_struct(full),
+                                                                        OmegaConf.is_readonly(full)), path
+    if OmegaConf.is_dict(fast):
+        assert list(fast.keys()) == list(full.keys()), path
+        for key in fast.keys():
+            a, b = fast._get_node(key), full._get_node(key)
+            assert type(a) is type(b), f"{path}.{key}"
+            if OmegaConf.is_config(a) and not (a._is_none() or a._is_missing() or a._is_interpolation()):
+                _same_config(a, b, f"{path}.{key}")
+
+
+def test_jobs_composed_per_group_option_equal_hydras_own_composition():
+    """harness.sweep.JobComposer (Hydra once per option of model/vocab/method, the option's node put into the config
+    of the other choices, the job's values applied as Hydra applies them) gives the config compose_checked(fixed +
+    extra) gives, node types and flags included (checked here on jobs of two grids that change one, two and three
+    groups at once; every job of every experiment when it was written); what it cannot apply the same way gets
+    Hydra's own composition and error."""
     from harness import jobs as J
     from harness.sweep import JobComposer, compose_checked
 
     with initialize_config_dir(CONF, version_base="1.3"):
-        # paper_1f1b: jobs i and i + 8 differ in run.seq_len alone (one group choice)
-        for fixed, pick in ((["experiment=vp_tp", "backend=sim"], range(8)),
-                            (["experiment=paper_1f1b", "backend=sim"], (0, 1, 8, 9, 16, 24))):
+        # paper_1f1b: job = setup x 16 + seq x 8 + method; setups 0-3 are 4b with 32k..256k, 4 is 10b with 32k,
+        # 11 is 21b with 256k: from job 0, job 1 changes the method, 16 the vocabulary, 64 the model, 79 the model and
+        # the method, 190 all three
+        for fixed, pick in ((["experiment=vp_tp", "backend=sim"], (0, 1, 3, 7)),
+                            (["experiment=paper_1f1b", "backend=sim"], (0, 1, 16, 64, 79, 190))):
             extras = [J.grid_overrides(compose_checked(fixed).get("grid"), {})[i] for i in pick]
             compose_job = JobComposer(fixed)
             for extra in extras:
-                fast, full = compose_job(extra), compose_checked(fixed + extra)
-                assert OmegaConf.to_yaml(fast) == OmegaConf.to_yaml(full), (fixed, extra)
-                assert OmegaConf.is_struct(fast) and OmegaConf.is_readonly(fast) == OmegaConf.is_readonly(full)
-            assert len(compose_job.by_choice) < len(extras)
+                _same_config(compose_job(extra), compose_checked(fixed + extra))
+            # Hydra composed the first job's choices, then once per other option of model, vocab or method
+            first = dict(o.split("=", 1) for o in extras[0] if o.split("=")[0] in ("model", "vocab", "method"))
+            others = {(k, v) for extra in extras for k, v in (o.split("=", 1) for o in extra) if first.get(k, v) != v}
+            assert compose_job.compositions == 1 + len(others)
         compose_job = JobComposer(["experiment=smoke"])
         with pytest.raises(ValueError, match="run.pp=two: .*run.pp takes a value of type int"):
             compose_job(["model=tiny", "run.pp=two"])
         with pytest.raises(ValueError, match="run.extra is not a field of run; its fields are pp, "):
             compose_job(["model=tiny", "+run.extra=1"])
+        with pytest.raises(ValueError, match="Could not find 'model/nope'"):
+            compose_job(["model=nope"])
 
 
 def test_paper_grid_gives_redis_the_official_final_stage_layers(tmp_path):

@@ -15,7 +15,7 @@ import sys
 
 from vp.checks import MAX_TOKENS_PER_MICROBATCH, check_fault, check_memory, check_output_file, check_size, parse_fault
 from vp.config import RunConfig, check_config
-from vp.launch import RunFailed, launch_local
+from vp.launch import RunFailed, exit_interrupted, launch_local
 
 
 def launcher_env(env=os.environ) -> tuple[int, int, int, str] | None:
@@ -143,4 +143,7 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    if code == 130:  # Ctrl-C: the ranks are gone; leave without the interpreter's slow shutdown
+        exit_interrupted(code)
+    sys.exit(code)
