@@ -98,3 +98,17 @@ def test_sharing_only_where_a_node_has_more_devices_than_cores():
     gpu = replace(cfg, device="cuda", dtype="bf16")
     for name in ("a100_80g", "h100", "h200"):
         assert pass_costs(gpu, PROFILES[name], s).sharing is None
+
+
+def test_after_the_flush_every_device_shares_the_cores():
+    # the data-parallel all-reduce (a gloo all-reduce copies and sums on the CPU) and the optimizer step run on
+    # every device at once: dp 2 x pp 2 on 2 cores takes twice their time alone
+    from vp.cost import dp_allreduce_s, tail_s
+
+    cfg = RunConfig(method="baseline", pp=2, dp=2, layers=4, hidden=64, heads=4, seq_len=32, vocab_size=2000,
+                    microbatches=4, device="cpu", dtype="fp32")
+    s = build("baseline", 2, 4)
+    alone = replace(CPU, cores=4, optimizer_s_per_param=1e-9)
+    shared = replace(alone, cores=2)
+    assert dp_allreduce_s(cfg, alone, s) > 0
+    assert tail_s(cfg, shared, s) == pytest.approx(2 * tail_s(cfg, alone, s))

@@ -48,10 +48,12 @@ def comm_times(cfg: RunConfig, hw: Hardware, sched: Schedule) -> dict:
 def tail_s(cfg: RunConfig, hw: Hardware, sched: Schedule) -> float:
     """Seconds after the pipeline's flush on the slowest device: its tensor-parallel group's once-per-iteration
     all-reduces (grid: depth and token-block replicas' gradients, the loss), then the data-parallel one, then the
-    optimizer step over its parameters (where the profile measured it)."""
+    optimizer step over its parameters (where the profile measured it). Where devices share cores (a CPU profile's
+    `cores`) the data-parallel all-reduce and the step are slowed by devices / cores: every device runs them at
+    once (a gloo all-reduce of the gradients copies and sums them on the CPU)."""
     net = Network.of(hw)
-    dp = dp_allreduce_per_rank(cfg, hw, sched)
     slower = hw.contention(min(cfg.world, hw.gpus_per_node))
+    dp = [slower * s for s in dp_allreduce_per_rank(cfg, hw, sched)]
     step = [slower * optimizer_s(hw, n, vocab) for n, vocab in zip(rank_params(cfg, sched),
                                                                    vocab_tensors(cfg, sched))]
     return max(tp_tail_s(cfg, net, sched, p) + dp[p] + step[p] for p in range(cfg.pp))
