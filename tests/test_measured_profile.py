@@ -117,6 +117,25 @@ def test_microbenchmarks_time_what_they_say():
     assert [r[0] for r in elem] == [3 * 64 * 4, 3 * 4096 * 4]
 
 
+def test_cpu_microbenchmarks_count_the_cpu_time_of_their_thread_not_the_wall_clock():
+    # a loaded machine's other processes take time slices from a long operation: the wall clock counts them, the
+    # thread's CPU time does not (sleeping stands for being descheduled)
+    import time
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        cpu, wall = M.Timer(torch.device("cpu")), M.Timer(torch.device("cpu"), wall=True)
+    finally:
+        torch.set_num_threads(threads)
+    assert cpu.sample(lambda: time.sleep(0.05)) < 0.01 <= 0.05 <= wall.sample(lambda: time.sleep(0.05))
+    assert cpu.sample(lambda: sum(range(200_000))) > 0
+    # a profile timed otherwise (the wall clock before) is measured again by --reuse
+    here = HM.machine(torch.device("cpu"), "fp32", 1)
+    assert here["clock"] == "thread_time" and HM.same_machine({"machine": here}, "cpu", "fp32")
+    assert not HM.same_machine({"machine": {k: v for k, v in here.items() if k != "clock"}}, "cpu", "fp32")
+
+
 @pytest.fixture
 def quick(monkeypatch):
     """--measure with a small grid, two payloads and groups of 2: the real path, a few seconds."""
