@@ -5,7 +5,7 @@ The GEMMs measured are a log grid of shapes and every GEMM the jobs of the given
 tp_smoke) would run, as the cost model lists them (vp.cost.pass_work); attention likewise. The profile holds the
 tables and, fitted to them, the analytical model's parameters (peak, GEMM and attention ceilings, elementwise
 bandwidth, per-operation cost, link latency and bandwidth) that answer outside the tables, and `machine`: host,
-device, torch version, dtype, threads per rank, cores, load average and date.
+device, torch version, dtype, threads per rank, how compute was timed (clock), cores, load average and date.
 """
 import datetime
 import os
@@ -35,6 +35,8 @@ GRID_FLOPS = {"cpu": 4e9, "cuda": 1e13}  # grid shapes above this are left to th
 CPU_RANKS = 64  # the ranks of a CPU run share one node in the network model up to this many
 BUILTIN_OF = {"A100": "a100_80g", "H100": "h100", "H100 PCIe": "h100", "H200": "h200"}  # vp.flops model -> profile
 GROUPS = (2, 4, 8)  # group sizes of the collectives (the local sweeps run at most 8 ranks)
+# how compute is timed (vp.cost.measure.Timer; one thread per rank on CPU): a profile timed otherwise is measured again
+CLOCK = {"cpu": "thread_time", "cuda": "cuda_events"}
 COLLECTIVE_SIZES = [256, 16384, 2**20, 2**24]  # payload bytes (all_gather up to 64 MiB gathered)
 
 
@@ -45,7 +47,7 @@ def machine(device: torch.device, dtype: str, threads: int) -> dict:
     else:
         name = _cpu_name() or platform.processor() or "cpu"
     return {"host": socket.gethostname(), "device": device.type, "device_name": name, "torch": str(torch.__version__),
-            "dtype": dtype, "threads": threads, "cores": len(os.sched_getaffinity(0)),
+            "dtype": dtype, "threads": threads, "clock": CLOCK[device.type], "cores": len(os.sched_getaffinity(0)),
             "load_average": [round(x, 2) for x in os.getloadavg()],
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
 
@@ -67,8 +69,8 @@ def default_name(device: str) -> str:
 
 def same_machine(profile: dict, device: str, dtype: str) -> bool:
     have = profile.get("machine") or {}
-    return (have.get("host"), have.get("device"), have.get("torch"), have.get("dtype")) == \
-        (socket.gethostname(), device, torch.__version__, dtype)
+    return (have.get("host"), have.get("device"), have.get("torch"), have.get("dtype"), have.get("clock")) == \
+        (socket.gethostname(), device, torch.__version__, dtype, CLOCK[device])
 
 
 def job_shapes(experiments: list[str], act_bytes: int) -> tuple[set, set, set, set]:

@@ -11,12 +11,13 @@ from harness import measure as HM
 from harness_util import sweep
 from harness.calibrate import main as calibrate_main
 from vp.config import RunConfig
-from vp.cost import PROFILES, Hardware, pass_times, pass_work
+from vp.cost import PROFILES, Hardware, pass_costs, pass_times, pass_work
 from vp.cost import measure as M
 from vp.cost.gemm import Gemm, elementwise_time, gemm_time
 from vp.cost.network import ALL_REDUCE, BROADCAST, Network
+from vp.cost.passes import compute_times
 from vp.cost.tables import Tables, as_text, rows
-from vp.schedule import build
+from vp.schedule import build, simulate
 
 CPU = Hardware("cpu", 1e11, sms=0, tile_k_overhead=0, align_penalty=0.0, gemm_efficiency=0.5, act_bytes=4,
                gpus_per_node=64, link_latency=1e-4, link_bandwidth=1e9, collective_latency=0.0)
@@ -51,7 +52,9 @@ def test_collectives_are_read_per_operation_and_group_size_within_the_measured_p
     assert net.collective(ALL_REDUCE, (0, 1), 2048) == pytest.approx(2e-4)  # log-log between the two
     assert net.collective(ALL_REDUCE, (0, 1), 10) == pytest.approx(1e-4)  # the latency floor below
     analytic = Network.of(CPU)
-    assert net.collective(ALL_REDUCE, (0, 1), 1e6) == analytic.collective(ALL_REDUCE, (0, 1), 1e6)  # beyond
+    # beyond the largest payload: latency + bytes / bandwidth through the two largest (1e-4 s per 3072 bytes)
+    assert net.collective(ALL_REDUCE, (0, 1), 10240) == pytest.approx(4e-4 + 6144 * 3e-4 / 3072)
+    assert net.collective(ALL_REDUCE, (0, 1), 10240) != analytic.collective(ALL_REDUCE, (0, 1), 10240)
     assert net.collective(ALL_REDUCE, (0, 1, 2), 1024) == analytic.collective(ALL_REDUCE, (0, 1, 2), 1024)
     assert net.collective(BROADCAST, (0, 1), 1024) == analytic.collective(BROADCAST, (0, 1), 1024)
     assert net.p2p(0, 1, 1024) == pytest.approx(5e-5)
@@ -86,15 +89,17 @@ def test_pass_times_follow_the_measured_tables():
 
 
 def test_ranks_beyond_the_cores_share_them():
+    # tp 4 on 2 cores, one stage: the 4 devices always compute at once, so every pass's own work takes twice its
+    # time alone and its tensor-parallel collectives their own time (tests/test_sim_sharing.py: the general case)
     cfg = RunConfig(method="baseline", pp=1, tp=4, tp_mode="1d", layers=2, hidden=64, heads=4, seq_len=32,
                     vocab_size=2000, microbatches=2, device="cpu", dtype="fp32")
     sched = build("baseline", 1, 2, 1)
-    alone = pass_times(cfg, replace(CPU, collective_latency=0.0), sched)
-    shared = pass_times(cfg, replace(CPU, cores=2), sched)
-    compute = pass_times(replace(cfg, tp=1), CPU, sched)
-    assert shared[("F", 0)] - alone[("F", 0)] > 0
-    assert replace(CPU, cores=2).contention(4) == 2.0 and CPU.contention(4) == 1.0
-    assert compute[("F", 0)] > 0
+    costs = pass_costs(cfg, replace(CPU, cores=2), sched)
+    assert costs.compute == pass_times(cfg, CPU, sched)  # the pass times stay those of a device alone
+    assert costs.sharing.devices == 4 and costs.sharing.cpu == compute_times(cfg, CPU, sched)
+    alone, shared = simulate(sched, replace(costs, sharing=None)), simulate(sched, costs)
+    assert shared.makespan == pytest.approx(alone.makespan + sum(costs.sharing.cpu[(k, 0)] for k in "FB") * 2)
+    assert replace(CPU, cores=2).contention(4) == 2.0 and CPU.contention(4) == 1.0  # the optimizer step's tail
 
 
 def test_builtin_profiles_have_no_tables_and_keep_their_numbers():
@@ -110,6 +115,25 @@ def test_microbenchmarks_time_what_they_say():
     assert att[:3] == [2, 16, 8] and att[3] > 0 and att[4] >= 0
     elem = M.elementwise(torch.device("cpu"), torch.float32, timer, sizes=[64, 4096])
     assert [r[0] for r in elem] == [3 * 64 * 4, 3 * 4096 * 4]
+
+
+def test_cpu_microbenchmarks_count_the_cpu_time_of_their_thread_not_the_wall_clock():
+    # a loaded machine's other processes take time slices from a long operation: the wall clock counts them, the
+    # thread's CPU time does not (sleeping stands for being descheduled)
+    import time
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        cpu, wall = M.Timer(torch.device("cpu")), M.Timer(torch.device("cpu"), wall=True)
+    finally:
+        torch.set_num_threads(threads)
+    assert cpu.sample(lambda: time.sleep(0.05)) < 0.01 <= 0.05 <= wall.sample(lambda: time.sleep(0.05))
+    assert cpu.sample(lambda: sum(range(200_000))) > 0
+    # a profile timed otherwise (the wall clock before) is measured again by --reuse
+    here = HM.machine(torch.device("cpu"), "fp32", 1)
+    assert here["clock"] == "thread_time" and HM.same_machine({"machine": here}, "cpu", "fp32")
+    assert not HM.same_machine({"machine": {k: v for k, v in here.items() if k != "clock"}}, "cpu", "fp32")
 
 
 @pytest.fixture

@@ -6,13 +6,14 @@ import statistics
 from vp.config import RunConfig
 from vp.cost.memory import held_bytes, rank_params
 from vp.cost.network import ALL_REDUCE, OPS, Network, fit_link, groups
-from vp.cost.passes import pass_times
+from vp.cost.passes import compute_times, pass_times
 from vp.cost.profiles import Hardware
 from vp.cost.tensor import Split, vocab_row_steps
 from vp.cost.tensor import seconds as tp_seconds
 from vp.cost.tensor import tail_s as tp_tail_s
 from vp.cost.traffic import payloads
 from vp.schedule import Costs, Schedule, build
+from vp.schedule.sharing import Sharing
 
 COLLECTIVE_KINDS = ("C0", "C1", "C2", "IF", "IB", "S", "T")
 ROOTED_KINDS = ("C0", "IF", "IB")  # along the pipeline axis (one tp offset); the rest over the vocabulary group
@@ -47,10 +48,12 @@ def comm_times(cfg: RunConfig, hw: Hardware, sched: Schedule) -> dict:
 def tail_s(cfg: RunConfig, hw: Hardware, sched: Schedule) -> float:
     """Seconds after the pipeline's flush on the slowest device: its tensor-parallel group's once-per-iteration
     all-reduces (grid: depth and token-block replicas' gradients, the loss), then the data-parallel one, then the
-    optimizer step over its parameters (where the profile measured it)."""
+    optimizer step over its parameters (where the profile measured it). Where devices share cores (a CPU profile's
+    `cores`) the data-parallel all-reduce and the step are slowed by devices / cores: every device runs them at
+    once (a gloo all-reduce of the gradients copies and sums them on the CPU)."""
     net = Network.of(hw)
-    dp = dp_allreduce_per_rank(cfg, hw, sched)
     slower = hw.contention(min(cfg.world, hw.gpus_per_node))
+    dp = [slower * s for s in dp_allreduce_per_rank(cfg, hw, sched)]
     step = [slower * optimizer_s(hw, n, vocab) for n, vocab in zip(rank_params(cfg, sched),
                                                                    vocab_tensors(cfg, sched))]
     return max(tp_tail_s(cfg, net, sched, p) + dp[p] + step[p] for p in range(cfg.pp))
@@ -99,8 +102,23 @@ def dp_allreduce_per_rank(cfg: RunConfig, hw: Hardware, sched: Schedule) -> list
 
 
 def pass_costs(cfg: RunConfig, hw: Hardware, sched: Schedule) -> Costs:
-    """Seconds per action and bytes held per microbatch on one device of each stage, for the simulator."""
-    return Costs(pass_times(cfg, hw, sched), comm_times(cfg, hw, sched), held_bytes(cfg, hw, sched))
+    """Seconds per action and bytes held per microbatch on one device of each stage, for the simulator; with
+    how the devices share the node's cores where they do (sharing)."""
+    compute = compute_times(cfg, hw, sched)
+    return Costs(pass_times(cfg, hw, sched, compute), comm_times(cfg, hw, sched), held_bytes(cfg, hw, sched),
+                 sharing(cfg, hw, compute))
+
+
+def sharing(cfg: RunConfig, hw: Hardware, compute: dict) -> Sharing | None:
+    """How a run's devices share the node's cores (a profile with `cores`, a CPU one, and more devices on a node
+    than cores), for the simulator's processor sharing (vp.schedule.sharing): each pipeline rank stands for the
+    devices of the node that run its passes at the same time, its data-parallel replicas and tensor-parallel peers
+    (min(world, gpus_per_node) / pp: the node's share where a run spans several); the passes' own work competes for
+    cores, their tensor-parallel collectives do not. None where no device waits for a core."""
+    here = min(cfg.world, hw.gpus_per_node)
+    if hw.cores <= 0 or here <= hw.cores:
+        return None
+    return Sharing(float(hw.cores), here / cfg.pp, dict(compute))
 
 
 def record_costs(record: dict) -> tuple[Schedule, Costs]:

@@ -1,8 +1,14 @@
 """Microbenchmarks of one machine, for a measured hardware profile (python -m harness.calibrate --measure).
 
-Every figure is timed the way the runtime times a pass (vp.runtime.loop.ActionTimer): time.perf_counter around
-the operation on CPU, CUDA events around it on a GPU (synchronised once per sample), the median of several
-samples after a warm-up. What is measured, in the run's dtype and with the threads one rank of a run gets:
+Every figure is the median of several samples after a warm-up, each timed around the operation: CUDA events on a
+GPU (synchronised once per sample); on a CPU the thread's CPU time (time.thread_time) where a rank computes on one
+thread, else time.perf_counter. CPU time is what the operation costs on a core of its own: on a loaded machine the
+wall clock also counts the time slices other processes took, which an operation longer than a slice always pays
+and a shorter one mostly does not (a [256, 64000] x [64000, 256] GEMM at load 7-10: 468-534 ms wall, 233-262 ms CPU;
+a 256^3 one 1.0-5.0 ms wall, 1.0-1.2 ms CPU), so wall-clock tables of one machine disagreed with each other by the
+load they were measured at. How a run's own ranks share the cores is the simulator's part (vp.schedule.sharing).
+Collectives wait on other processes and are timed on the wall clock. What is measured, in the run's dtype and with
+the threads one rank of a run gets:
   gemm        seconds of C[m, n] = A[m, k] B[k, n] per shape, the weight given as the runtime's linear layers
               hold it ([n, k], transposed);
   attention   seconds of causal scaled_dot_product_attention forward and backward per (batch x heads, seq,
@@ -33,10 +39,13 @@ OPS = ("all_reduce", "broadcast", "all_gather", "reduce")
 
 
 class Timer:
-    """Median seconds of fn() over samples, timed as the runtime times passes."""
+    """Median seconds of fn() over samples: CUDA events, or on a CPU the calling thread's CPU time when torch
+    computes on it alone (one intra-op thread), else the wall clock (wall=True: always the wall clock)."""
 
-    def __init__(self, device: torch.device, target_s: float = 0.02, min_reps: int = 3, max_reps: int = 15):
+    def __init__(self, device: torch.device, target_s: float = 0.02, min_reps: int = 3, max_reps: int = 15,
+                 wall: bool = False):
         self.device, self.target_s, self.min_reps, self.max_reps = device, target_s, min_reps, max_reps
+        self.clock = time.perf_counter if wall or torch.get_num_threads() > 1 else time.thread_time
 
     def sample(self, fn) -> float:
         if self.device.type == "cuda":
@@ -46,9 +55,9 @@ class Timer:
             end.record()
             torch.cuda.synchronize()
             return start.elapsed_time(end) / 1e3
-        t0 = time.perf_counter()
+        t0 = self.clock()
         fn()
-        return time.perf_counter() - t0
+        return self.clock() - t0
 
     def __call__(self, fn) -> float:
         first = self.sample(fn)  # warm-up (allocations, kernel selection), also sizes the number of samples

@@ -212,17 +212,22 @@ def work_seconds(hw: Hardware, parts: dict) -> Seconds:
     return Seconds(compute, memory, fixed)
 
 
-def pass_times(cfg: RunConfig, hw: Hardware, sched: Schedule) -> dict:
-    """Seconds of every pass: {(kind, stage or None): seconds}, a stage's tensor-parallel collectives included
-    (vp.cost.tensor.pass_comm_s: serial, less what a grid's prefetching SUMMA loop hides behind its GEMMs)."""
+def compute_times(cfg: RunConfig, hw: Hardware, sched: Schedule) -> dict:
+    """Seconds of every pass's own work on one device computing alone: {(kind, stage or None): seconds}."""
     out, timed = {}, {}  # parts shared by stages alike (pass_work) are timed once
     for key, parts in pass_work(cfg, hw, sched).items():
         if id(parts) not in timed:
             timed[id(parts)] = work_seconds(hw, parts).total(hw) if parts else 0.0
         out[key] = timed[id(parts)]
-    slower = hw.contention(min(cfg.world, hw.gpus_per_node))  # CPU ranks beyond the cores share them
-    if slower > 1:
-        out = {key: s * slower for key, s in out.items()}
+    return out
+
+
+def pass_times(cfg: RunConfig, hw: Hardware, sched: Schedule, compute: dict | None = None) -> dict:
+    """Seconds of every pass: {(kind, stage or None): seconds}, its own work (compute_times, or `compute` if given)
+    and a stage's tensor-parallel collectives (vp.cost.tensor.pass_comm_s: serial, less what a grid's prefetching
+    SUMMA loop hides behind its GEMMs). Devices that share cores (a CPU run with more ranks than cores) are slowed
+    where the simulator finds them computing at once (Costs.sharing, vp.cost.costs.sharing), not here."""
+    out = dict(compute_times(cfg, hw, sched) if compute is None else compute)
     if cfg.tp > 1:
         net, sh = Network.of(hw), Shapes.of(cfg, hw)
         per_layer = {k: sum(gemm_time(hw, g) for g in sh.layer(k).gemms) for k in ("F", "B", "W")}

@@ -10,8 +10,8 @@ by the cost model where they cover a question; None elsewhere, and the analytica
   optimizer    seconds per parameter of one step over a single tensor per tensor size, log-log linear between
                measured sizes, the nearest's beyond them; None without such rows;
   collectives  per (op, group size) measured, log-log linear in payload bytes; the smallest's time below the
-               smallest payload (latency), None beyond the largest (the analytical network, fitted to the same
-               measurements, extrapolates).
+               smallest payload (latency); beyond the largest, a latency and a bandwidth through the two largest
+               (the analytical network, whose point-to-point link answers a whole ring, was 2-8x too fast there).
 """
 import math
 from dataclasses import dataclass, field
@@ -97,11 +97,16 @@ class Tables:
     def collective_s(self, op: str, n: int, nbytes: float) -> float | None:
         """Seconds of one collective (or 'p2p', n = 2) among n ranks of one machine, or None."""
         entry = self.collectives.get((op, int(n)))
-        if entry is None or nbytes > entry[0][-1]:
+        if entry is None:
             return None
         xs, ys = entry
         if nbytes <= xs[0]:
             return float(ys[0])
+        if nbytes > xs[-1]:  # latency + bytes / bandwidth through the two largest payloads measured
+            if len(xs) < 2:
+                return None
+            slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])
+            return float(ys[-1] + (slope if slope > 0 else ys[-1] / xs[-1]) * (nbytes - xs[-1]))
         return float(2.0 ** np.interp(math.log2(nbytes), np.log2(xs), np.log2(ys)))
 
     def __bool__(self) -> bool:

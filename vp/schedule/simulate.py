@@ -23,11 +23,12 @@ keep their own channels, as in the default mode.
 """
 import functools
 import gc
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from vp.schedule.actions import Action, Schedule
 from vp.schedule.program import _MEM_HOLD, _MISSING, _PLAIN, _RECV, _SEND, _program
 from vp.schedule.rules import local_needs
+from vp.schedule.sharing import Sharing, processor_sharing
 
 def collector_paused(fn):
     """Run fn with Python's cyclic garbage collector paused: building, validating and simulating a schedule allocate
@@ -59,10 +60,12 @@ class Costs:
     memory[(kind, stage)] is what F (or S) holds until its B or W (or T) releases it; where W is split,
     memory[("B", stage)] is the part of F's that B releases (what only the input gradient needed) and W releases
     the rest (what the weight gradient needs: 0 for B by default, so W releases all).
+    sharing: where devices share a node's cores (CPU runs), how (vp.schedule.sharing); None: each computes alone.
     """
     compute: dict = field(default_factory=dict)
     comm: dict = field(default_factory=dict)
     memory: dict = field(default_factory=dict)
+    sharing: Sharing | None = None
 
     def time(self, kind: str, stage: int | None) -> float:
         return self.compute.get((kind, stage), self.compute.get((kind, None), 0.0))
@@ -116,13 +119,19 @@ class SimResult:
 
 
 @collector_paused
-def simulate(s: Schedule, costs: Costs | None = None, strict: bool = False) -> SimResult:
+def simulate(s: Schedule, costs: Costs | None = None, strict: bool = False,
+             durations: list[list[float]] | None = None) -> SimResult:
     """Run the schedule on the execution model above (strict: all of a rank's collectives on one queue).
+    durations[r][i]: the seconds of rank r's compute action i in place of the costs' (what processor sharing sets);
+    costs with `sharing` are simulated to the fixed point of vp.schedule.sharing.
 
     Event-driven: each rank runs its actions in order until one must wait (a receive whose send is not posted, a
     collective not complete, a communicator not created); it is then parked on that one event and run again when
     the event happens, so each action is decided once and the cost is linear in the number of actions."""
     costs = costs or unit_costs(s)
+    if costs.sharing is not None and durations is None:
+        alone = replace(costs, sharing=None)
+        return processor_sharing(s, costs, lambda d: simulate(s, alone, strict, d))[0]
     pp, ranks = s.pp, s.ranks
     prog = _program(s)
     steps, instances, members, roots = prog.steps, prog.instances, prog.members, prog.roots
@@ -206,6 +215,7 @@ def simulate(s: Schedule, costs: Costs | None = None, strict: bool = False) -> S
         r = work.pop()
         i, prog_r, acts, end_r, tl = idx[r], steps[r], ranks[r], ends[r], timeline[r]
         n, t_clock, t_busy, t_mem, t_peak = len(prog_r), clock[r], busy[r], mem[r], peak[r]
+        own = durations[r] if durations is not None else None
         while i < n:
             code, needs, a, b, c = prog_r[i]
             if code == _MISSING:
@@ -219,7 +229,7 @@ def simulate(s: Schedule, costs: Costs | None = None, strict: bool = False) -> S
                 if e > ready:  # ready = max(ready, e)
                     ready = e
             if code == _PLAIN:
-                d = dur[a]
+                d = dur[a] if own is None else own[i]
                 finish = ready + d
                 tl.append((acts[i], ready, finish))
             elif code == _SEND:
@@ -279,7 +289,7 @@ def simulate(s: Schedule, costs: Costs | None = None, strict: bool = False) -> S
                     t_clock = start
                     i += 1
                     continue
-                d = dur[d]
+                d = dur[d] if own is None else own[i]
                 finish = start + d
                 if at_end:
                     enter(entry, r, finish)

@@ -1,0 +1,114 @@
+"""Processor sharing (vp.schedule.sharing): devices of a CPU node that compute at once share its cores, found as a
+fixed point of the one simulator; profiles without `cores` are untouched."""
+from dataclasses import replace
+
+import pytest
+
+from vp.config import RunConfig
+from vp.cost import PROFILES, Hardware, pass_costs
+from vp.schedule import Action, Costs, SimResult, build, simulate, unit_costs
+from vp.schedule.methods import METHODS
+from vp.schedule.sharing import MAX_ROUNDS, Sharing, processor_sharing
+
+CPU = Hardware("cpu_test", 1e11, sms=0, mem_bandwidth=1e10, gpus_per_node=64, cores=2)
+
+
+def independent(durations_alone: list[float]):
+    """Ranks that each run one F from time 0 and never wait for each other: a stand-in for simulate whose exact
+    processor-sharing answer can be worked out by hand."""
+    s = build("baseline", len(durations_alone), len(durations_alone))
+    costs = Costs({("F", r): d for r, d in enumerate(durations_alone)})
+
+    def simulate_with(durations):
+        ends = [durations[r][0] if durations else d for r, d in enumerate(durations_alone)]
+        timeline = [[(Action(r, "F", 0, 0), 0.0, e)] for r, e in enumerate(ends)]
+        return SimResult(max(ends), list(ends), [0.0] * len(ends), timeline)
+
+    return s, costs, simulate_with
+
+
+def test_four_ranks_on_two_cores_share_them_as_worked_out_by_hand():
+    # alone 1, 2, 3, 4 s from t = 0 on 2 cores: 4 busy at rate 1/2 until rank 0 ends at 2 (1 s of work done by
+    # each), 3 busy at 2/3 until rank 1 ends at 3.5, then 2 busy at full speed: rank 2 ends at 4.5, rank 3 alone
+    # at 5.5
+    s, costs, sim = independent([1.0, 2.0, 3.0, 4.0])
+    result, rounds = processor_sharing(s, replace(costs, sharing=Sharing(2.0)), sim, tolerance=1e-12,
+                                       max_rounds=500)
+    ends = [tl[0][2] for tl in result.timeline]
+    assert ends == pytest.approx([2.0, 3.5, 4.5, 5.5], rel=1e-6)
+    assert rounds < 500
+    # each simulated rank standing for 2 devices: 8 devices on 2 cores, never fewer than 2 per core until rank 2
+    # is alone (2 devices, full speed): 4 busy x 2 at 1/4 until 4; 3 x 2 at 1/3 until 7; 2 x 2 at 1/2 until 9;
+    # then rank 3's last second alone
+    result, _ = processor_sharing(s, replace(costs, sharing=Sharing(2.0, devices=2.0)), sim, tolerance=1e-12,
+                                  max_rounds=500)
+    assert [tl[0][2] for tl in result.timeline] == pytest.approx([4.0, 7.0, 9.0, 10.0], rel=1e-6)
+
+
+def test_only_the_cpu_part_of_a_pass_is_shared():
+    s, costs, sim = independent([2.0, 2.0, 2.0, 2.0])
+    # each pass: 1 s of compute, 1 s of tensor-parallel collectives; 4 compute at half speed
+    sharing = Sharing(2.0, cpu={("F", r): 1.0 for r in range(4)})
+    result, _ = processor_sharing(s, replace(costs, sharing=sharing), sim, tolerance=1e-12, max_rounds=500)
+    assert [tl[0][2] for tl in result.timeline] == pytest.approx([3.0] * 4, rel=1e-6)
+
+
+def test_passes_that_never_overlap_are_not_slowed():
+    s = build("baseline", 4, 1)  # one microbatch: the ranks compute one after another
+    costs = unit_costs(s, comm={"P2P": 0.1})
+    alone = simulate(s, costs)
+    assert simulate(s, replace(costs, sharing=Sharing(2.0))).makespan == pytest.approx(alone.makespan, rel=1e-12)
+    # two devices per rank on one core each: every pass alone already waits for a core
+    slow = simulate(s, replace(costs, sharing=Sharing(1.0, devices=2.0)))
+    assert slow.makespan == pytest.approx(2 * alone.makespan - 6 * 0.1, rel=1e-9)  # 6 transfers unchanged
+
+
+def test_a_pipeline_slows_between_alone_and_every_pass_shared():
+    # baseline at pp 4 with a heavy last stage (the whole output layer): the last rank computes mostly alone
+    s = build("baseline", 4, 8)
+    costs = unit_costs(s, passes={"F": 1.0, "B": 2.0}, stage_weights=[1.0, 1.0, 1.0, 6.0], comm={"P2P": 0.01})
+    alone = simulate(s, costs).makespan
+    shared = simulate(s, replace(costs, sharing=Sharing(2.0))).makespan
+    world_over_cores = simulate(s, replace(costs, compute={k: 2 * v for k, v in costs.compute.items()})).makespan
+    assert alone < shared < 0.8 * world_over_cores
+
+
+@pytest.mark.parametrize("method", sorted(METHODS))
+def test_the_fixed_point_converges_for_every_method(method):
+    s = build(method, 4, 8)
+    costs = unit_costs(s, passes={"S": 0.5, "T": 0.5, "IF": 0.1, "IB": 0.1},
+                       comm={"P2P": 0.05, "C0": 0.02, "C1": 0.02, "C2": 0.02, "IF": 0.02, "IB": 0.02})
+    costs = replace(costs, sharing=Sharing(2.0))
+    alone = replace(costs, sharing=None)
+    result, rounds = processor_sharing(s, costs, lambda d: simulate(s, alone, False, d))
+    assert rounds < MAX_ROUNDS
+    assert simulate(s, alone).makespan <= result.makespan <= 2 * simulate(s, alone).makespan
+    assert simulate(s, costs).makespan == result.makespan  # simulate() is that fixed point
+
+
+def test_sharing_only_where_a_node_has_more_devices_than_cores():
+    cfg = RunConfig(method="baseline", pp=4, layers=4, hidden=64, heads=4, seq_len=32, vocab_size=2000,
+                    microbatches=4, device="cpu", dtype="fp32")
+    s = build("baseline", 4, 4)
+    got = pass_costs(cfg, CPU, s).sharing
+    assert got == Sharing(2.0, 1.0, got.cpu) and got.cpu[("F", 0)] > 0
+    assert pass_costs(replace(cfg, dp=2), CPU, s).sharing.devices == 2.0
+    assert pass_costs(cfg, replace(CPU, cores=4), s).sharing is None  # 4 ranks on 4 cores
+    assert pass_costs(cfg, replace(CPU, cores=0), s).sharing is None
+    gpu = replace(cfg, device="cuda", dtype="bf16")
+    for name in ("a100_80g", "h100", "h200"):
+        assert pass_costs(gpu, PROFILES[name], s).sharing is None
+
+
+def test_after_the_flush_every_device_shares_the_cores():
+    # the data-parallel all-reduce (a gloo all-reduce copies and sums on the CPU) and the optimizer step run on
+    # every device at once: dp 2 x pp 2 on 2 cores takes twice their time alone
+    from vp.cost import dp_allreduce_s, tail_s
+
+    cfg = RunConfig(method="baseline", pp=2, dp=2, layers=4, hidden=64, heads=4, seq_len=32, vocab_size=2000,
+                    microbatches=4, device="cpu", dtype="fp32")
+    s = build("baseline", 2, 4)
+    alone = replace(CPU, cores=4, optimizer_s_per_param=1e-9)
+    shared = replace(alone, cores=2)
+    assert dp_allreduce_s(cfg, alone, s) > 0
+    assert tail_s(cfg, shared, s) == pytest.approx(2 * tail_s(cfg, alone, s))

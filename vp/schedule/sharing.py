@@ -1,0 +1,123 @@
+"""Compute passes that share a node's cores: processor sharing, found as a fixed point of the one simulator.
+
+A CPU run with more processes than cores (each pass timed alone, vp.cost.measure) does not slow every pass by
+processes / cores: a pass slows only while other processes compute beside it. A pass progresses at the rate
+
+    min(1, cores / n(t)),   n(t) = devices x (pipeline ranks computing at t),
+
+where `devices` is how many devices of the node each simulated pipeline rank stands for (its data-parallel replicas
+and tensor-parallel peers run the same passes at the same time). The simulator runs each rank ahead until it
+blocks, not in global time order, so n(t) is not known while it runs. It is found as a fixed point instead:
+simulate; for each compute action, take n(t) of the other ranks from that timeline and solve for its end e with
+integral over [start, e] of min(1, cores / n(t)) dt = its time alone (the part of it that competes for cores);
+simulate again with those durations; repeat until the makespan moves by less than `tolerance` (relative). From
+the fourth round on the new durations are averaged with the last ones, which stops two ranks that alternate
+between overlapping and not from oscillating. A duration never falls below its time alone, so the makespan never
+falls below the uncontended one (the planner's lower bounds stay bounds).
+"""
+from bisect import bisect_right
+from dataclasses import dataclass, field
+
+from vp.schedule.actions import COMPUTE
+
+TOLERANCE = 1e-3  # relative change of the makespan at which the fixed point stops
+MAX_ROUNDS = 40
+DAMP_FROM = 4  # rounds before this one take the new durations as they are, later ones average with the last
+
+
+@dataclass(frozen=True)
+class Sharing:
+    """How the devices of a node share its cores (Costs.sharing; None: every device computes alone).
+
+    cores: the node's compute units; devices: devices of the node each pipeline rank of the schedule stands for;
+    cpu[(kind, stage)] (keys as Costs.compute): the seconds of a pass that compete for cores, by default all of it
+    (a stage's tensor-parallel collectives wait on other processes and run at their own speed)."""
+    cores: float
+    devices: float = 1.0
+    cpu: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        assert self.cores > 0 and self.devices > 0, (self.cores, self.devices)
+
+
+def processor_sharing(s, costs, simulate_with, tolerance: float = TOLERANCE, max_rounds: int = MAX_ROUNDS):
+    """(SimResult, rounds): the fixed point above. simulate_with(durations) runs the simulator with per-rank,
+    per-step durations of the compute actions (None: the costs' own, uncontended)."""
+    share = costs.sharing
+    result = simulate_with(None)
+    alone, cpu = [], []  # per rank, per step: seconds alone, and the part of them that competes for cores
+    for r, timeline in enumerate(result.timeline):
+        a_r, c_r = [], []
+        for a, _, _ in timeline:
+            if a.kind in COMPUTE:
+                stage = s.stage(r, a.chunk) if a.kind in ("F", "B", "W") else None
+                d = costs.time(a.kind, stage)
+                c = share.cpu.get((a.kind, stage), share.cpu.get((a.kind, None), d))
+                a_r.append(d)
+                c_r.append(min(c, d))
+            else:
+                a_r.append(0.0)
+                c_r.append(0.0)
+        alone.append(a_r)
+        cpu.append(c_r)
+    durations = alone
+    for rounds in range(1, max_rounds + 1):
+        new = stretched(result.timeline, alone, cpu, share)
+        if rounds >= DAMP_FROM:
+            new = [[(x + y) / 2 for x, y in zip(n_r, d_r)] for n_r, d_r in zip(new, durations)]
+        durations = new
+        last, result = result.makespan, simulate_with(durations)
+        if abs(result.makespan - last) <= tolerance * result.makespan:
+            return result, rounds
+    return result, max_rounds
+
+
+def stretched(timeline, alone, cpu, share: Sharing) -> list[list[float]]:
+    """Per rank, per step: how long each compute action takes from its start in `timeline` when the other ranks
+    compute as they do there (processor sharing); the part of it that does not compete for cores is added as is."""
+    deltas: dict = {}
+    spans = []  # per rank: starts and ends of its compute actions (disjoint, in order)
+    for tl in timeline:
+        starts, ends = [], []
+        for a, t0, t1 in tl:
+            if a.kind in COMPUTE and t1 > t0:
+                starts.append(t0)
+                ends.append(t1)
+                deltas[t0] = deltas.get(t0, 0) + 1
+                deltas[t1] = deltas.get(t1, 0) - 1
+        spans.append((starts, ends))
+    times = sorted(deltas)
+    busy, n = [], 0  # busy[j]: ranks computing in [times[j], times[j + 1])
+    for t in times:
+        n += deltas[t]
+        busy.append(n)
+    out = []
+    for r, tl in enumerate(timeline):
+        starts, ends = spans[r]
+        out.append([_finish(t0, cpu[r][i], times, busy, starts, ends, share) - t0 + alone[r][i] - cpu[r][i]
+                    if cpu[r][i] > 0 else alone[r][i] for i, (_, t0, _) in enumerate(tl)])
+    return out
+
+
+def _finish(t: float, work: float, times: list, busy: list, starts: list, ends: list, share: Sharing) -> float:
+    """The end e of `work` seconds of computing from t: integral over [t, e] of min(1, cores / n) = work, where n
+    counts this rank and the others computing (busy, less this rank's own spans)."""
+    j = bisect_right(times, t) - 1  # segment of the step function holding t (-1: before any)
+    q = bisect_right(starts, t) - 1  # this rank's last span starting at or before t
+    inf = float("inf")
+    while True:
+        total = busy[j] if j >= 0 else 0
+        inside = q >= 0 and t < ends[q]
+        others = total - 1 if inside else total
+        rate = min(1.0, share.cores / (share.devices * (1 + others)))
+        nxt = times[j + 1] if j + 1 < len(times) else inf
+        own_edge = ends[q] if inside else (starts[q + 1] if q + 1 < len(starts) else inf)
+        edge = min(nxt, own_edge)
+        if edge == inf or rate * (edge - t) >= work:
+            return t + work / rate
+        work -= rate * (edge - t)
+        t = edge
+        if t >= nxt:
+            j += 1
+        if not inside and q + 1 < len(starts) and t >= starts[q + 1]:
+            q += 1  # this rank's next span begins (leaving a span needs no step: `inside` compares with its end)
