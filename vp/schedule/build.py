@@ -22,16 +22,18 @@ the receivers' one-pass delay), but never before the unit that precedes it in th
 A family with a vocab_placer places them its own way instead (V-Half: vp/schedule/vhalf_vocab.py).
 """
 from bisect import bisect_left
-from itertools import accumulate, repeat
-from operator import itemgetter
+from itertools import accumulate, compress, count, repeat
+from operator import itemgetter, ne, sub
 from dataclasses import replace
 from typing import NamedTuple
 
-from vp.schedule.actions import P2P, Action, Schedule
+from vp.schedule.actions import KINDS, P2P, Action, Schedule
 from vp.schedule.methods import VOCAB, chunks_for, get_method
 from vp.schedule.simulate import Costs, collector_paused, simulate
 
 RECEIVES = ("RF", "RB")
+_RECEIVES = frozenset(RECEIVES)
+_PASSES = frozenset(KINDS) - frozenset(P2P)
 
 
 def lower(s: Schedule) -> Schedule:
@@ -166,8 +168,9 @@ def insert_vocab_passes(s: Schedule) -> Schedule:
         return held[r]
 
     units = _units(s, times)
-    flat = [x for u in units for x in u.actions]  # every unit's (kind, mb), in the collective order
-    ends = list(accumulate(len(u.actions) for u in units))  # unit i's actions are flat[ends[i - 1]:ends[i]]
+    vocab_kinds = [kind for u in units for kind, _ in u.actions]  # every unit's passes, in the collective order
+    vocab_mbs = [k for u in units for _, k in u.actions]
+    ends = list(accumulate(len(u.actions) for u in units))  # unit i's passes are [ends[i - 1]:ends[i]] of those
     c0 = [(i, k) for i, u in enumerate(units) for kind, k in u.actions if kind == "C0"]
     never = float("-inf")  # bisect_left(starts, never) == 0: no bound (a receiver placing C0 as early as allowed)
     targets = {}  # (is the last rank, is the first rank) -> each unit's target time on such a rank
@@ -180,9 +183,10 @@ def insert_vocab_passes(s: Schedule) -> Schedule:
             want = targets[role] = [u.key[0] if r == u.root else never if u.receivers is None
                                     else u.key[0] + u.receivers for u in units]
         kinds = list(map(itemgetter(1), lowered))
-        at = [i for i, kind in enumerate(kinds) if kind not in P2P]  # the stage passes, in the lowered list
-        starts = [tl[i][1] for i in at]
-        group = [i - 1 if i and kinds[i - 1] in RECEIVES else i for i in at]  # where each begins (its receive)
+        at = list(compress(count(), map(_PASSES.__contains__, kinds)))  # the stage passes, in the lowered list
+        starts = list(map(itemgetter(1), map(tl.__getitem__, at)))
+        received = list(map(_RECEIVES.__contains__, kinds)) + [False]  # [-1]: nothing before the first action
+        group = list(map(sub, at, map(received.__getitem__, map(sub, at, repeat(1)))))  # where each begins
         group.append(len(lowered))
         pos = list(map(bisect_left, repeat(starts, len(want)), want))
         after = _after_inputs(s, r, acts)
@@ -191,15 +195,15 @@ def insert_vocab_passes(s: Schedule) -> Schedule:
             if got > pos[i]:
                 pos[i] = got
         pos = list(accumulate(pos, max))  # never before the previous unit: one collective order on every rank
-        vocab = [new(Action, (r, kind, k, 0)) for kind, k in flat]
-        seq, done, cut, first = [], 0, 0, 0  # lowered[:done] and vocab[:first] are in seq
-        for i, p in enumerate(pos):
-            if not i or p != pos[i - 1]:
-                seq += vocab[first:ends[i - 1] if i else 0]
-                first = ends[i - 1] if i else 0
-                cut = group[p]
-                seq += lowered[done:cut]
-                done = cut
+        vocab = list(map(new, repeat(Action), zip(repeat(r), vocab_kinds, vocab_mbs, repeat(0))))
+        done = group[pos[0]]
+        seq, first = lowered[:done], 0  # lowered[:done] and vocab[:first] are in seq
+        for i in compress(count(1), map(ne, pos[1:], pos)):  # the units where the position moves on
+            seq += vocab[first:ends[i - 1]]
+            first = ends[i - 1]
+            cut = group[pos[i]]
+            seq += lowered[done:cut]
+            done = cut
         seq += vocab[first:]
         out.append(seq + lowered[done:])
     return replace(s, ranks=out)
