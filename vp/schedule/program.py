@@ -86,7 +86,7 @@ def _make_program(s: Schedule) -> _Program:
     def classify(r: int, a: Action, done: dict) -> tuple:
         """What every action of a's (kind, chunk) on rank r shares: (code, its needs' done tables, its own done
         table, x); x: _PLAIN: (its step where it needs nothing, (x, mem, mode)); _SEND, _RECV: (its link's
-        channels by microbatch, p2p index, link); _SYNC: ((entered instances by microbatch, prototype) or None,
+        channels by microbatch, p2p index, link, the link's channels sent or received so far); _SYNC: ((entered instances by microbatch, prototype) or None,
         ((waited instances by microbatch, prototype), ...), (at_end, is_coll, duration index), mem, mode)."""
         code, needs, x, mem, mode, bare = resolve(a)
         tables = tuple(done.setdefault(n, {}) for n in needs)
