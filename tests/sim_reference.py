@@ -2,7 +2,10 @@
 
 tests/fixtures/simulator_reference.json was written by `python -m tests.sim_reference --write` from the round-robin
 simulator (commit 7ae41d4, before vp/schedule/simulate.py became event-driven) and must change only with a
-deliberate change of the execution model. Each case is a schedule with costs and a mode; its digest holds the
+deliberate change of the execution model. tests/fixtures/build_reference.json (`--write-builds`, from commit
+1e559fa, before build, validate and the program were rewritten in bulk) holds what build() gives for every method
+on a few grids larger than the golden ones: the schedule's text, its simulation in both modes and validate()'s
+verdict. Each case is a schedule with costs and a mode; its digest holds the
 makespan, per-rank busy and peak activations as float.hex and a hash of every action's start and end (or the
 ScheduleError's text). Records are simulated records of the paper grids (backend=sim), compared field by field but
 for `env` (times and the code's fingerprint).
@@ -17,6 +20,7 @@ from vp.schedule import Schedule, ScheduleError, build, simulate, unit_costs
 
 HERE = Path(__file__).parent
 FIXTURE = HERE / "fixtures" / "simulator_reference.json"
+BUILDS = HERE / "fixtures" / "build_reference.json"
 
 # pass, stage-weight and communication costs away from the unit defaults: unequal stages, per-pair p2p times,
 # every collective kind with its own time, S held in memory
@@ -79,6 +83,27 @@ def schedule_digests() -> dict:
             for name, s in schedules().items() for costs in COSTS for strict in (False, True)}
 
 
+def build_digests() -> dict:
+    """Every method at two sizes (and 3 chunks for the interleaved ones): its schedule's text, unit costs in the
+    default mode, the uneven costs in the strict mode, and what validate() says."""
+    from vp.schedule import validate
+    from vp.schedule.methods import METHODS
+
+    out = {}
+    for method, spec in METHODS.items():
+        for pp, m in ((5, 10), (8, 24)):
+            for chunks in ((None, 3) if spec.family.chunks == 0 else (None,)):
+                s = build(method, pp, m, chunks)
+                try:
+                    verdict = validate(s) is s
+                except ScheduleError as err:
+                    verdict = str(err)
+                out[f"{method}/{pp}x{m}" + (f"/v{chunks}" if chunks else "")] = {
+                    "text": hashlib.sha1(s.to_text().encode()).hexdigest(), "validate": verdict,
+                    "unit": digest(s, costs_of(s, "unit"), False), "uneven": digest(s, costs_of(s, "uneven"), True)}
+    return out
+
+
 def record_digest(case: dict) -> dict:
     """A simulated record of case["record"]'s run on case["hardware"], but for env."""
     from harness.sim import simulate_job
@@ -110,6 +135,10 @@ def without_nccl_buffers(rec: dict) -> dict:
         rec["error"] = "simulated peak memory ..."
     return rec
 
+
+if __name__ == "__main__" and sys.argv[1:] == ["--write-builds"]:
+    BUILDS.write_text(json.dumps(build_digests(), indent=1, sort_keys=True) + "\n")
+    print(f"wrote {BUILDS}")
 
 if __name__ == "__main__" and sys.argv[1:] == ["--write"]:
     records = json.loads(FIXTURE.read_text())["records"] if FIXTURE.exists() else []

@@ -22,14 +22,18 @@ the receivers' one-pass delay), but never before the unit that precedes it in th
 A family with a vocab_placer places them its own way instead (V-Half: vp/schedule/vhalf_vocab.py).
 """
 from bisect import bisect_left
+from itertools import accumulate, compress, count, repeat
+from operator import itemgetter, ne, sub
 from dataclasses import replace
 from typing import NamedTuple
 
-from vp.schedule.actions import P2P, Action, Schedule
+from vp.schedule.actions import KINDS, P2P, Action, Schedule
 from vp.schedule.methods import VOCAB, chunks_for, get_method
 from vp.schedule.simulate import Costs, collector_paused, simulate
 
 RECEIVES = ("RF", "RB")
+_RECEIVES = frozenset(RECEIVES)
+_PASSES = frozenset(KINDS) - frozenset(P2P)
 
 
 def lower(s: Schedule) -> Schedule:
@@ -126,32 +130,36 @@ def _start_of_pass_before(s: Schedule, at: dict, where: tuple[int, int]) -> dict
     return out
 
 
-def _after_inputs(s: Schedule, acts: list[Action]) -> dict[int, int]:
-    """Per microbatch k, the earliest position on a rank of a unit with C0(k): after the rank's own passes that
+def _after_inputs(s: Schedule, r: int, acts: list[Action]) -> dict[int, int]:
+    """Per microbatch k, the earliest position on rank r of a unit with C0(k): after the rank's own passes that
     the unit's root needs before it can enter (the rank's F(k) of every stage before the last). Entered any
     earlier, the collective would sit on the rank's queue ahead of a pass that communicates (a tensor-parallel
     stage's all-reduces), which the root waits for: a deadlock on one queue."""
-    last, out = s.n_stages - 1, {}
-    for i, a in enumerate(acts):
-        if a.kind == "F" and s.stage(a.rank, a.chunk) < last:
-            out[a.mb] = i + 1
-    return out
+    inner = {c for c in range(s.chunks) if s.stage(r, c) < s.n_stages - 1}
+    return dict([(a[2], i + 1) for i, a in enumerate(acts) if a[1] == "F" and a[3] in inner])  # the last F(k)
+
+
+def _stage_timeline(s: Schedule, costs: Costs | None = None) -> tuple[Schedule, list]:
+    """s's stage passes lowered (without vocabulary passes) and their timeline (unit_costs unless costs are given):
+    what both vocabulary placers time their passes by."""
+    low = lower(replace(s, vocab=VOCAB["local"]))
+    return low, simulate(low, costs).timeline
 
 
 def unit_times(s: Schedule, costs: Costs | None = None) -> dict:
     """(rank, kind, mb, chunk) -> (start, end) of every action of s's stage passes, lowered and simulated without
     vocabulary passes (unit_costs unless costs are given)."""
-    base = simulate(lower(replace(s, vocab=VOCAB["local"])), costs)
-    return {(a.rank, a.kind, a.mb, a.chunk): (t0, t1) for tl in base.timeline for a, t0, t1 in tl}
+    return {a: (t0, t1) for tl in _stage_timeline(s, costs)[1] for a, t0, t1 in tl}  # an Action is its tuple
 
 
 def insert_vocab_passes(s: Schedule) -> Schedule:
     """Place S/T/IF/IB and C0/C1/C2 into a schedule of stage passes (see the module docstring); lowered.
 
     The vocabulary passes send and receive nothing, so they go straight into the lowered stage passes (whose
-    timeline places them): a unit placed before stage pass i goes before i's receive, as lower() would put it."""
-    low = lower(replace(s, vocab=VOCAB["local"]))
-    timeline = simulate(low).timeline
+    timeline places them): a unit placed before stage pass i goes before i's receive, as lower() would put it.
+    Each rank's position of a unit is the running maximum of its bound (bisect on the rank's starts, the C0 bound),
+    taken in bulk; the ranks differ only in which units they are the root of."""
+    low, timeline = _stage_timeline(s)
     held: dict = {}
 
     def times(r: int) -> dict:  # (kind, mb, chunk) -> (start, end) of rank r's actions on the timeline
@@ -160,34 +168,43 @@ def insert_vocab_passes(s: Schedule) -> Schedule:
         return held[r]
 
     units = _units(s, times)
-    broadcasts = [[k for kind, k in u.actions if kind == "C0"] for u in units]
+    vocab_kinds = [kind for u in units for kind, _ in u.actions]  # every unit's passes, in the collective order
+    vocab_mbs = [k for u in units for _, k in u.actions]
+    ends = list(accumulate(len(u.actions) for u in units))  # unit i's passes are [ends[i - 1]:ends[i]] of those
+    c0 = [(i, k) for i, u in enumerate(units) for kind, k in u.actions if kind == "C0"]
+    never = float("-inf")  # bisect_left(starts, never) == 0: no bound (a receiver placing C0 as early as allowed)
+    targets = {}  # (is the last rank, is the first rank) -> each unit's target time on such a rank
     new = tuple.__new__  # Action(...) without its signature's call
     out = []
-    for r, (acts, lowered) in enumerate(zip(s.ranks, low.ranks)):
-        starts, group = [], []  # per stage pass: its start, and where it begins in the lowered list (its receive)
-        for i, (a, t0, _) in enumerate(timeline[r]):
-            if a.kind not in P2P:
-                starts.append(t0)
-                group.append(i - 1 if i and lowered[i - 1].kind in RECEIVES else i)
-        at = {}  # stage-pass index -> actions inserted before it
-        pos = 0  # never before the previous unit: the collective order is the same on every rank
-        after = _after_inputs(s, acts)
-        for u, c0 in zip(units, broadcasts):
-            delay = 0.0 if r == u.root else u.receivers
-            if delay is not None:
-                pos = max(pos, bisect_left(starts, u.key[0] + delay))
-            for k in c0:
-                pos = max(pos, after.get(k, 0))
-            got = at.get(pos)
-            if got is None:
-                got = at[pos] = []
-            got.extend([new(Action, (r, kind, k, 0)) for kind, k in u.actions])
-        seq, done = [], 0
-        for i in sorted(at):
-            cut = group[i] if i < len(group) else len(lowered)
+    for r, (acts, lowered, tl) in enumerate(zip(s.ranks, low.ranks, timeline)):
+        role = (r == s.last_rank, r == s.first_rank)
+        want = targets.get(role)
+        if want is None:
+            want = targets[role] = [u.key[0] if r == u.root else never if u.receivers is None
+                                    else u.key[0] + u.receivers for u in units]
+        kinds = list(map(itemgetter(1), lowered))
+        at = list(compress(count(), map(_PASSES.__contains__, kinds)))  # the stage passes, in the lowered list
+        starts = list(map(itemgetter(1), map(tl.__getitem__, at)))
+        received = list(map(_RECEIVES.__contains__, kinds)) + [False]  # [-1]: nothing before the first action
+        group = list(map(sub, at, map(received.__getitem__, map(sub, at, repeat(1)))))  # where each begins
+        group.append(len(lowered))
+        pos = list(map(bisect_left, repeat(starts, len(want)), want))
+        after = _after_inputs(s, r, acts)
+        for i, k in c0:
+            got = after.get(k, 0)
+            if got > pos[i]:
+                pos[i] = got
+        pos = list(accumulate(pos, max))  # never before the previous unit: one collective order on every rank
+        vocab = list(map(new, repeat(Action), zip(repeat(r), vocab_kinds, vocab_mbs, repeat(0))))
+        done = group[pos[0]]
+        seq, first = lowered[:done], 0  # lowered[:done] and vocab[:first] are in seq
+        for i in compress(count(1), map(ne, pos[1:], pos)):  # the units where the position moves on
+            seq += vocab[first:ends[i - 1]]
+            first = ends[i - 1]
+            cut = group[pos[i]]
             seq += lowered[done:cut]
-            seq += at[i]
             done = cut
+        seq += vocab[first:]
         out.append(seq + lowered[done:])
     return replace(s, ranks=out)
 

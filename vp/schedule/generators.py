@@ -10,14 +10,12 @@ def one_f_one_b(pp: int, microbatches: int, chunks: int = 1, vocab=None) -> Orde
     """Megatron's non-interleaved 1F1B: rank r runs p - r (+ the vocabulary algorithm's extra) forwards before
     its first backward."""
     extra = vocab.extra_warmup if vocab else 0
+    fwd = [("F", i, 0) for i in range(microbatches)]  # one tuple per pass, shared by the ranks
+    bwd = [("B", i, 0) for i in range(microbatches)]
     order = []
     for r in range(pp):
         warm = min(pp - r + extra, microbatches)
-        acts = [("F", i, 0) for i in range(warm)]
-        for i in range(microbatches - warm):
-            acts += [("B", i, 0), ("F", i + warm, 0)]
-        acts += [("B", i, 0) for i in range(microbatches - warm, microbatches)]
-        order.append(acts)
+        order.append(fwd[:warm] + [x for pair in zip(bwd, fwd[warm:]) for x in pair] + bwd[microbatches - warm:])
     return order
 
 
@@ -33,17 +31,15 @@ def interleaved(pp: int, microbatches: int, chunks: int, vocab=None) -> Order:
     assert microbatches % pp == 0, "interleaved 1F1B needs microbatches to be a multiple of pp"
     total = microbatches * chunks
 
-    def virtual(i: int, forward: bool) -> tuple[int, int]:
+    def virtual(i: int) -> tuple[int, int]:  # (microbatch, chunk) of forward step i
         group, pos = divmod(i, pp * chunks)
-        chunk = pos // pp
-        return group * pp + i % pp, (chunk if forward else chunks - 1 - chunk)
+        return group * pp + i % pp, pos // pp
 
+    steps = [virtual(i) for i in range(total)]
+    fwd = [("F", mb, chunk) for mb, chunk in steps]  # one tuple per pass, shared by the ranks
+    bwd = [("B", mb, chunks - 1 - chunk) for mb, chunk in steps]
     order = []
     for r in range(pp):
         warm = min(2 * (pp - r - 1) + (chunks - 1) * pp + extra, total)
-        acts = [("F", *virtual(i, True)) for i in range(warm)]
-        for i in range(total - warm):
-            acts += [("F", *virtual(i + warm, True)), ("B", *virtual(i, False))]
-        acts += [("B", *virtual(i, False)) for i in range(total - warm, total)]
-        order.append(acts)
+        order.append(fwd[:warm] + [x for pair in zip(fwd[warm:], bwd) for x in pair] + bwd[total - warm:])
     return order

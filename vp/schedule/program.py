@@ -37,6 +37,11 @@ class _Program(NamedTuple):
     instances: list  # instance id -> Collective
     members: list  # instance id -> the ranks of its group
     roots: list  # instance id -> the rank it is sent from (C0, IB: receivers wait for it alone) or None
+    counts: list  # per rank, (kind, chunk) -> how many distinct microbatches it runs of it
+    p2p_actions: list  # per rank, how many sends and receives it runs
+    missing: bool  # some step is _MISSING
+    traffic: list  # link id -> (channels sent, channels received), in the order of the ranks' steps
+    entries: list  # per rank, (step, instance id) of each instance it enters, in order (only if no step is _MISSING)
 
 
 def _program(s: Schedule) -> _Program:
@@ -47,16 +52,7 @@ def p2p_in_order(s: Schedule) -> bool:
     """Whether every action's inputs come earlier on its rank and each link (one direction and kind of traffic
     between two ranks) receives exactly what it sends, in the order sent: validate()'s checks, from the program."""
     prog = _program(s)
-    sent, received = [[] for _ in prog.links], [[] for _ in prog.links]
-    for steps in prog.steps:
-        for code, _, chan, b, c in steps:
-            if code == _SEND:
-                sent[b].append(chan)
-            elif code == _RECV:
-                received[c].append(chan)
-            elif code == _MISSING:
-                return False
-    return sent == received
+    return not prog.missing and all(sent == received for sent, received in prog.traffic)
 
 
 def _make_program(s: Schedule) -> _Program:
@@ -81,32 +77,45 @@ def _make_program(s: Schedule) -> _Program:
             x = (*x[:4], index(times, x[4]))
         return code, needs, x, mem, mode, (code, (), x, mem, mode)  # the last: one step for all that need nothing
 
-    def instance(proto: Collective, mb: int) -> int:  # proto: of microbatch 0 (rules.shape)
+    def instance(proto: Collective, mb: int) -> int:  # proto: of microbatch 0 (rules.shape); a new instance
         table = insts.setdefault((proto.group, proto.kind), {})
-        got = table.get(mb)
-        if got is None:
-            got = table[mb] = len(instances)
-            instances.append(replace(proto, mb=mb))
-        return got
+        table[mb] = len(instances)
+        instances.append(replace(proto, mb=mb))
+        return table[mb]
 
-    steps = []
+    def classify(r: int, a: Action, done: dict) -> tuple:
+        """What every action of a's (kind, chunk) on rank r shares: (code, its needs' done tables, its own done
+        table, x); x: _PLAIN: (its step where it needs nothing, (x, mem, mode)); _SEND, _RECV: (its link's
+        channels by microbatch, p2p index, link, the link's channels sent or received so far); _SYNC: ((entered instances by microbatch, prototype) or None,
+        ((waited instances by microbatch, prototype), ...), (at_end, is_coll, duration index), mem, mode)."""
+        code, needs, x, mem, mode, bare = resolve(a)
+        tables = tuple(done.setdefault(n, {}) for n in needs)
+        mine = done.setdefault((a.kind, a.chunk), {})
+        if code == _PLAIN:
+            return code, tables, mine, (bare, (x, mem, mode))
+        if code in (_SEND, _RECV):
+            link = (r, x[0], x[1], x[2]) if code == _SEND else (x[0], r, x[1], x[2])
+            while len(traffic) <= x[4]:
+                traffic.append(([], []))
+            return code, tables, mine, (chans.setdefault(link, {}), x[3], x[4], traffic[x[4]][code == _RECV])
+        entry, at_end, waits, is_coll, dur = x
+        table = (lambda proto: (insts.setdefault((proto.group, proto.kind), {}), proto))
+        return code, tables, mine, (entry and table(entry), tuple(map(table, waits)), (at_end, is_coll, dur), mem,
+                                    mode)
+
+    steps, counts, p2p_actions, missing, traffic, entries = [], [], [], False, [], []
     for r, acts in enumerate(s.ranks):
         done: dict = {}  # (kind, chunk) -> {microbatch: its latest step on this rank so far}
-        shape: dict = {}  # (kind, chunk) -> (resolve(), its own done table, its needs' done tables, its channels)
-        out = []
-        for i, a in enumerate(acts):
-            _, kind, mb, chunk = a
+        shape: dict = {}  # (kind, chunk) -> classify()
+        out, entered, n_p2p = [], [], 0
+        append = out.append
+        for i, (_, kind, mb, chunk) in enumerate(acts):
             sh = shape.get((kind, chunk))
             if sh is None:
-                got = resolve(a)
-                code, x = got[0], got[2]
-                link = (r, x[0], x[1], x[2]) if code == _SEND else (x[0], r, x[1], x[2]) if code == _RECV else None
-                sh = shape[(kind, chunk)] = (got, done.setdefault((kind, chunk), {}),
-                                             tuple(done.setdefault(n, {}) for n in got[1]),
-                                             chans.setdefault(link, {}) if link else None)
-            (code, _, x, mem, mode, bare), mine, need_tables, chan = sh
+                sh = shape[(kind, chunk)] = classify(r, acts[i], done)
+            code, tables, mine, x = sh
             needs = ()
-            for table in need_tables:
+            for table in tables:
                 j = table.get(mb)
                 if j is None:
                     needs = None
@@ -114,28 +123,60 @@ def _make_program(s: Schedule) -> _Program:
                 if j != i - 1:  # the step just before ends at the rank's clock, which every step waits for
                     needs += (j,)
             mine[mb] = i
-            if chan is not None and (needs is not None or code == _RECV):  # its channel: one per link and microbatch
-                c = chan.get(mb)
+            if code == _PLAIN:
+                if needs == ():
+                    append(x[0])
+                elif needs is not None:
+                    append((_PLAIN, needs, *x[1]))
+                else:
+                    append((_MISSING, (), -1, 0, 0))
+                    missing = True
+                continue
+            if code != _SYNC:
+                chan, p2p, link, carried = x
+                n_p2p += 1
+                if needs is None and code == _SEND:  # raised when the rank gets there
+                    append((_MISSING, (), -1, 0, 0))
+                    missing = True
+                    continue
+                c = chan.get(mb)  # its channel: one per link and microbatch
                 if c is None:
                     c = chan[mb] = n_chans
                     n_chans += 1
-            if needs is None:  # raised when the rank gets there; a receive still waits for its send first
-                out.append((_MISSING, (), c if code == _RECV else -1, 0, 0))
-            elif code == _PLAIN:
-                out.append((_PLAIN, needs, x, mem, mode) if needs else bare)
-            elif code == _SEND:
-                out.append((_SEND, needs, c, x[4], 0))
-            elif code == _RECV:
-                out.append((_RECV, needs, c, x[3], x[4]))
+                if needs is None:  # a receive still waits for its send first
+                    append((_MISSING, (), c, 0, 0))
+                    missing = True
+                else:
+                    append((code, needs, c, link, 0) if code == _SEND else (code, needs, c, p2p, link))
+                    carried.append(c)
+                continue
+            if needs is None:
+                append((_MISSING, (), -1, 0, 0))
+                missing = True
+                continue
+            entry, waits, (at_end, is_coll, dur), mem, mode = x
+            if entry:
+                got = entry[0].get(mb)
+                entry = instance(entry[1], mb) if got is None else got
+                if not missing:
+                    entered.append((i, entry))
             else:
-                entry, at_end, waits, is_coll, dur = x
-                entry = instance(entry, mb) if entry else -1
-                waits = tuple([instance(w, mb) for w in waits]) if waits else ()
-                out.append((_SYNC, needs, (entry, at_end, waits, is_coll, dur), mem, mode))
+                entry = -1
+            if waits:
+                got = []
+                for table, proto in waits:
+                    w = table.get(mb)
+                    got.append(instance(proto, mb) if w is None else w)
+                waits = tuple(got)
+            append((_SYNC, needs, (entry, at_end, waits, is_coll, dur), mem, mode))
         steps.append(out)
+        entries.append(entered)
+        counts.append({key: len(mbs) for key, mbs in done.items() if key in shape})
+        p2p_actions.append(n_p2p)
     members = [tuple(group_members(s, inst.group)) for inst in instances]
     roots = [root_of(s, inst.group) if inst.group in ("C0", "IB") else None for inst in instances]
-    return _Program(steps, list(times), list(mems), list(p2ps), n_chans, list(links), instances, members, roots)
+    return _Program(steps, list(times), list(mems), list(p2ps), n_chans, list(links), instances, members, roots,
+                    counts, p2p_actions, missing, traffic, entries)
 
 
 def _shape(s: Schedule, a: Action) -> tuple:

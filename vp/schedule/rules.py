@@ -7,6 +7,7 @@ rank; C1, C2 and the naive algorithm's barriers are all-reduces (everyone waits 
 algorithm enters and waits for comes from its row (methods.VOCAB), never from its name.
 """
 from dataclasses import replace
+from operator import itemgetter
 from typing import NamedTuple
 
 from vp.schedule.actions import P2P, Action, Collective, Schedule
@@ -133,16 +134,22 @@ def shape(s: Schedule, a: Action) -> Shape:
                  entry and replace(entry, mb=0), tuple(replace(w, mb=0) for w in waits))
 
 
+def rank_keys(s: Schedule) -> list[dict]:
+    """Per rank, the distinct (rank, kind, chunk) of its actions, in order of first appearance (as dict keys): one
+    pass in C, once per schedule object (validate()'s field check and shapes() read it)."""
+    return s.memo("rank_keys", lambda s: [dict.fromkeys(map(itemgetter(0, 1, 3), acts)) for acts in s.ranks])
+
+
 def shapes(s: Schedule) -> list[dict]:
-    """Per rank, {(kind, chunk): Shape} of every action it runs: once per schedule object (validate() and the
-    simulator read it)."""
+    """Per rank, {(kind, chunk): Shape} of every action it runs (of the first action of each (kind, chunk), with
+    microbatch 0): once per schedule object (validate() and the simulator read it)."""
     def make(s: Schedule) -> list[dict]:
         out = []
-        for acts in s.ranks:
+        for keys in rank_keys(s):
             seen = {}
-            for a in acts:
-                if (a.kind, a.chunk) not in seen:
-                    seen[(a.kind, a.chunk)] = shape(s, a)
+            for rank, kind, chunk in keys:
+                if (kind, chunk) not in seen:
+                    seen[(kind, chunk)] = shape(s, Action(rank, kind, 0, chunk))
             out.append(seen)
         return out
     return s.memo("rule_shapes", make)

@@ -154,6 +154,8 @@ def simulate(s: Schedule, costs: Costs | None = None, strict: bool = False,
     head, free_at = [0] * pp, [0.0] * pp  # strict: first unfinished instance of each queue, and when it freed
     at_head = [0] * n_inst  # strict: how many members have the instance at the head of their queue
     opened: dict = {}  # strict: group -> its first instance (creating the communicator blocks until all arrive)
+    group_of = [inst.group for inst in instances] if strict else None
+    size = [len(group) for group in members]
     work = list(range(pp - 1, -1, -1))  # ranks that may move; popped from the end: rank 0 first
 
     def wake(inst):
@@ -168,7 +170,7 @@ def simulate(s: Schedule, costs: Costs | None = None, strict: bool = False,
             q.append(inst)
             if head[r] == len(q) - 1:
                 at_head[inst] += 1
-                if at_head[inst] == len(members[inst]):
+                if at_head[inst] == size[inst]:
                     launch(inst)
         elif roots[inst] is None:
             if len(got) == pp:
@@ -182,16 +184,16 @@ def simulate(s: Schedule, costs: Costs | None = None, strict: bool = False,
         ready = [first]
         while ready:
             inst = ready.pop()
-            group, got = members[inst], entered[inst]
-            t = max(max(got[q], free_at[q]) for q in group)
+            group = members[inst]
+            t = max(max(map(entered[inst].__getitem__, group)), max(map(free_at.__getitem__, group)))
             complete[inst] = done = t + comm[inst]
             for q in group:
-                head[q] += 1
+                h = head[q] = head[q] + 1
                 free_at[q] = done
-                if head[q] < len(queue[q]):
-                    nxt = queue[q][head[q]]
+                if h < len(queue[q]):
+                    nxt = queue[q][h]
                     at_head[nxt] += 1
-                    if at_head[nxt] == len(members[nxt]):
+                    if at_head[nxt] == size[nxt]:
                         ready.append(nxt)
             wake(inst)
 
@@ -257,7 +259,7 @@ def simulate(s: Schedule, costs: Costs | None = None, strict: bool = False,
             else:  # _SYNC: enters and/or waits on collective instances
                 entry, at_end, waits, is_coll, d = a
                 if entry >= 0:
-                    if strict and opened.setdefault(instances[entry].group, entry) == entry and \
+                    if strict and opened.setdefault(group_of[entry], entry) == entry and \
                             not created(r, entry, at_end, ready):
                         break
                     if not at_end and r not in entered[entry]:

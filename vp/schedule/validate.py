@@ -15,8 +15,8 @@ from dataclasses import replace
 from operator import itemgetter
 
 from vp.schedule.actions import KINDS, P2P, Schedule
-from vp.schedule.rules import members, shapes
-from vp.schedule.program import _MISSING, _SYNC, _program, p2p_in_order
+from vp.schedule.rules import members, rank_keys, shapes
+from vp.schedule.program import _program, p2p_in_order
 from vp.schedule.simulate import Costs, ScheduleError, collector_paused, simulate
 
 
@@ -60,25 +60,18 @@ def _expected_kinds(s: Schedule) -> list[set] | None:
 
 def _counts_match(s: Schedule) -> bool:
     """Whether every rank's passes and collectives (its actions but sends and receives) are exactly
-    expected_counts(s), checked without counting: where each key is expected once (and microbatches are in range,
-    checked before), a rank's actions of each expected (kind, chunk) must name every microbatch, no others may
-    appear, and there must be no more of them than keys. False sends validate() to the count, which names what is
+    expected_counts(s), checked without counting: where each key is expected once (and ranks and microbatches are
+    in range, checked before), each rank's (kind, chunk) of passes must be the expected ones, each with every
+    microbatch, and there must be no more passes than keys (the simulator's program, built anyway, counts the
+    distinct microbatches and the sends and receives). False sends validate() to the count, which names what is
     off."""
     want, m = _expected_kinds(s), s.microbatches
     if want is None:
         return False
-    for acts, kinds in zip(s.ranks, want):
-        seen = {key: set() for key in kinds}
-        n = 0
-        for _, kind, mb, chunk in acts:
-            if kind in P2P:
-                continue
-            got = seen.get((kind, chunk))
-            if got is None:
-                return False
-            got.add(mb)
-            n += 1
-        if n != m * len(kinds) or any(len(mbs) != m for mbs in seen.values()):
+    prog = _program(s)
+    for acts, counts, n_p2p, kinds in zip(s.ranks, prog.counts, prog.p2p_actions, want):
+        passes = {key: n for key, n in counts.items() if key[0] not in P2P}
+        if passes.keys() != kinds or any(n != m for n in passes.values()) or len(acts) - n_p2p != m * len(kinds):
             return False
     return True
 
@@ -122,9 +115,10 @@ def _fields_in_range(s: Schedule, r: int, acts: list) -> bool:
     """Every action of rank r names rank r, a known kind, a microbatch and a chunk in range (checked in C)."""
     if not acts:
         return True
-    mbs, chunks = list(map(itemgetter(2), acts)), list(map(itemgetter(3), acts))
-    return (set(map(itemgetter(0), acts)) == {r} and set(map(itemgetter(1), acts)) <= set(KINDS)
-            and 0 <= min(mbs) and max(mbs) < s.microbatches and 0 <= min(chunks) and max(chunks) < s.chunks)
+    keys = rank_keys(s)[r]  # its distinct (rank, kind, chunk)
+    mbs = list(map(itemgetter(2), acts))
+    return (all(rank == r and kind in KINDS and 0 <= chunk < s.chunks for rank, kind, chunk in keys)
+            and 0 <= min(mbs) and max(mbs) < s.microbatches)
 
 
 def _check_needs_and_links(s: Schedule):
@@ -164,9 +158,14 @@ def _check_needs_and_links(s: Schedule):
 
 def _check_groups(s: Schedule):
     """Every rank enters each group's collectives in the same order."""
+    entries = collective_entries(s)
+    first = [inst for _, inst in entries[0]] if entries else []
+    if all([inst for _, inst in seq] == first for seq in entries[1:]) and \
+            all(members(s, inst.group) == range(s.pp) for inst in set(first)):
+        return  # every rank enters the same instances in the same order, and every group spans all ranks
     groups = defaultdict(lambda: defaultdict(list))
-    for r, entries in enumerate(collective_entries(s)):
-        for _, entry in entries:
+    for r, seq in enumerate(entries):
+        for _, entry in seq:
             groups[entry.group][r].append(entry)
     for group, per_rank in groups.items():
         ref = per_rank.get(members(s, group)[0], [])
@@ -185,16 +184,10 @@ def collective_entries(s: Schedule) -> list[list[tuple[int, object]]]:
     instance, shared by the ranks): read from the simulator's program of the schedule, which resolves them."""
     def make(s: Schedule) -> list[list[tuple[int, object]]]:
         prog = _program(s)
-        instances, out = prog.instances, []
-        for steps in prog.steps:
-            seq = []
-            for i, (code, _, x, _, _) in enumerate(steps):
-                if code == _SYNC and x[0] >= 0:
-                    seq.append((i, instances[x[0]]))
-                elif code == _MISSING:  # no instance resolved past a missing input: from the rules
-                    return _entries_from_rules(s)
-            out.append(seq)
-        return out
+        if prog.missing:
+            return _entries_from_rules(s)  # no instance is resolved past a missing input: from the rules
+        instances = prog.instances
+        return [[(i, instances[x]) for i, x in entered] for entered in prog.entries]
     return s.memo("collective_entries", make)
 
 
