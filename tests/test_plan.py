@@ -201,3 +201,16 @@ def test_communicators_of_replica_0_are_the_same_for_every_dp_above_1(method):
         assert held[0] == held[1] == held[2]
         one = rank_communicators(base, sched)
         assert tuple(one[p * tp] for p in range(4)) != held[0]  # dp = 1 holds no gradient all-reduce: kept apart
+
+
+def test_the_simulation_cache_tells_apart_costs_that_share_cores_differently():
+    """Two candidates with the same pass times but a different split of a node's cores (devices per pipeline rank)
+    simulate differently (vp.schedule.sharing), so the planner's cache key holds the sharing too."""
+    from vp.plan.search import _costs_key
+    from vp.schedule import Costs
+    from vp.schedule.sharing import Sharing
+
+    base = dict(compute={("F", 0): 1.0}, comm={}, memory={})
+    keys = {_costs_key(Costs(**base)), _costs_key(Costs(**base, sharing=Sharing(2.0, 1.0))),
+            _costs_key(Costs(**base, sharing=Sharing(2.0, 2.0)))}
+    assert len(keys) == 3 and _costs_key(Costs(**base, sharing=Sharing(2.0, 2.0))) in keys

@@ -205,7 +205,9 @@ def memory_rejection(c: _Priced, hw: Hardware, exact: bool) -> Rejection:
 
 
 def _costs_key(costs) -> tuple:
-    return tuple(tuple(sorted(d.items(), key=repr)) for d in (costs.compute, costs.comm, costs.memory))
+    share = getattr(costs, "sharing", None)  # CPU ranks sharing cores (vp.schedule.sharing): part of the result
+    shared = None if share is None else (share.cores, share.devices, tuple(sorted(share.cpu.items(), key=repr)))
+    return tuple(tuple(sorted(d.items(), key=repr)) for d in (costs.compute, costs.comm, costs.memory)) + (shared,)
 
 
 def predict(c: _Priced, hw: Hardware, cache: dict, built: Built) -> Row:
