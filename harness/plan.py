@@ -36,7 +36,8 @@ def compose_plan(overrides: list[str]):
     """The composed config: the sweep's tree without an experiment, plus the plan group."""
     from hydra import initialize_config_dir
 
-    from harness.sweep import compose_checked, split_overrides
+    from harness.compose import compose_checked
+    from harness.sweep import split_overrides
 
     with initialize_config_dir(str(CONF), version_base="1.3"):
         fixed, sweeps, given = split_overrides(overrides)

@@ -34,3 +34,11 @@ def records(tmp_path, experiment="smoke"):
 
 def files_under(path: Path) -> list[Path]:
     return [p for p in path.rglob("*") if p.is_file()] if path.exists() else []
+
+
+FIXTURES = Path(__file__).parent / "fixtures" / "records"  # tests/fixtures/records/mini: the reports' fixture records
+
+
+def fixture_records(backend: str | None = None) -> list[dict]:
+    recs = [json.loads(p.read_text()) for p in sorted((FIXTURES / "mini").glob("*.json"))]
+    return [r for r in recs if backend is None or r["backend"] == backend]

@@ -225,13 +225,13 @@ def _same_config(fast, full, path="cfg"):
 
 
 def test_jobs_composed_per_group_option_equal_hydras_own_composition():
-    """harness.sweep.JobComposer (Hydra once per option of model/vocab/method, the option's node put into the config
+    """harness.compose.JobComposer (Hydra once per option of model/vocab/method, the option's node put into the config
     of the other choices, the job's values applied as Hydra applies them) gives the config compose_checked(fixed +
     extra) gives, node types and flags included (checked here on jobs of two grids that change one, two and three
     groups at once; every job of every experiment when it was written); what it cannot apply the same way gets
     Hydra's own composition and error."""
     from harness import jobs as J
-    from harness.sweep import JobComposer, compose_checked
+    from harness.compose import JobComposer, compose_checked
 
     with initialize_config_dir(CONF, version_base="1.3"):
         # paper_1f1b: job = setup x 16 + seq x 8 + method; setups 0-3 are 4b with 32k..256k, 4 is 10b with 32k,
