@@ -37,6 +37,7 @@ BUILTIN_OF = {"A100": "a100_80g", "H100": "h100", "H100 PCIe": "h100", "H200": "
 GROUPS = (2, 4, 8)  # group sizes of the collectives (the local sweeps run at most 8 ranks)
 # how compute is timed (vp.cost.measure.Timer; one thread per rank on CPU): a profile timed otherwise is measured again
 CLOCK = {"cpu": "thread_time", "cuda": "cuda_events"}
+CACHES = "gemm cold"  # how the caches stand when compute is timed (vp.cost.measure.Timer's cold)
 COLLECTIVE_SIZES = [256, 16384, 2**20, 2**24]  # payload bytes (all_gather up to 64 MiB gathered)
 
 
@@ -47,7 +48,7 @@ def machine(device: torch.device, dtype: str, threads: int) -> dict:
     else:
         name = _cpu_name() or platform.processor() or "cpu"
     return {"host": socket.gethostname(), "device": device.type, "device_name": name, "torch": str(torch.__version__),
-            "dtype": dtype, "threads": threads, "clock": CLOCK[device.type], "cores": len(os.sched_getaffinity(0)),
+            "dtype": dtype, "threads": threads, "clock": CLOCK[device.type], "caches": CACHES, "cores": len(os.sched_getaffinity(0)),
             "load_average": [round(x, 2) for x in os.getloadavg()],
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
 
@@ -69,19 +70,19 @@ def default_name(device: str) -> str:
 
 def same_machine(profile: dict, device: str, dtype: str) -> bool:
     have = profile.get("machine") or {}
-    return (have.get("host"), have.get("device"), have.get("torch"), have.get("dtype"), have.get("clock")) == \
-        (socket.gethostname(), device, torch.__version__, dtype, CLOCK[device])
+    return (have.get("host"), have.get("device"), have.get("torch"), have.get("dtype"), have.get("clock"),
+            have.get("caches")) == (socket.gethostname(), device, torch.__version__, dtype, CLOCK[device], CACHES)
 
 
-def job_shapes(experiments: list[str], act_bytes: int) -> tuple[set, set, set, set]:
+def job_shapes(experiments: list[str], act_bytes: int) -> tuple[set, set, set, set, set]:
     """(GEMM (m, n, k), attention (batch x heads, seq, head dim), elementwise tensor bytes) of every pass of every
-    job of the experiments, and the elements of the vocabulary matrices their devices hold."""
+    job of the experiments, the elements of the vocabulary matrices their devices hold, and of their GeLU calls."""
     from hydra import initialize_config_dir
 
     from harness.sweep import plan
 
     skeleton = Hardware("shapes", 1.0, act_bytes=act_bytes)
-    gemms, attention, tensors, vocab = set(), set(), set(), set()
+    gemms, attention, tensors, vocab, gelu = set(), set(), set(), set(), set()
     conf = str(Path(__file__).resolve().parents[1] / "conf")
     with initialize_config_dir(conf, version_base="1.3"):
         for name in experiments:
@@ -95,7 +96,8 @@ def job_shapes(experiments: list[str], act_bytes: int) -> tuple[set, set, set, s
                         gemms |= {(g.m, g.n, g.k) for g in work.gemms}
                         attention |= {(max(1, round(bh)), s, d) for bh, s, d, _ in work.attention}
                         tensors |= {int(size) for size, _, _ in work.mem}
-    return gemms, attention, tensors, vocab
+                        gelu |= {max(1, round(elements)) for elements, _, _, _ in work.activation}
+    return gemms, attention, tensors, vocab, gelu
 
 
 def grid_shapes(device: str) -> set:
@@ -107,6 +109,11 @@ def elementwise_sizes(tensor_bytes: set, element_bytes: int) -> list[int]:
     """Elements per tensor of the elementwise table: a log grid (every 4x from 64) and the jobs' own tensor sizes,
     since the rate can fall off a cliff between two grid points (a CPU allocator's reuse limit)."""
     return sorted({2**e for e in range(6, 25, 2)} | {max(1, int(b) // element_bytes) for b in tensor_bytes})
+
+
+def activation_sizes(from_jobs: set) -> list[int]:
+    """Elements per tensor of the activation table: a log grid (every 16x from 2^8) and the jobs' own."""
+    return sorted({2**e for e in range(8, 25, 4)} | set(from_jobs))
 
 
 def attention_shapes(from_jobs: set) -> set:
@@ -132,28 +139,31 @@ def measure_profile(name: str, device_type: str, dtype: str, experiments: list[s
     here = machine(device, dtype, threads)
     log(f"measuring {here['device_name']} on {here['host']} ({dtype}, {threads} thread(s) per rank, "
         f"{here['cores']} cores, load average {here['load_average']})")
-    job_gemms, job_attention, job_tensors, job_vocab = job_shapes(experiments, act_bytes)
-    timer = M.Timer(device)
+    job_gemms, job_attention, job_tensors, job_vocab, job_gelu = job_shapes(experiments, act_bytes)
+    timer, cold = M.Timer(device), M.Timer(device, cold=True)
     peak, how = device_peak(device)
     # the jobs' shapes first, then the grid, within the budget
     begin = time.perf_counter()
-    gemm_rows = M.gemms(sorted(job_gemms), device, torch_dtype, timer, begin + 0.8 * budget_s)
-    gemm_rows += M.gemms(sorted(grid_shapes(device_type) - job_gemms), device, torch_dtype, timer, begin + budget_s)
+    gemm_rows = M.gemms(sorted(job_gemms), device, torch_dtype, cold, begin + 0.8 * budget_s)
+    gemm_rows += M.gemms(sorted(grid_shapes(device_type) - job_gemms), device, torch_dtype, cold, begin + budget_s)
     if not gemm_rows:
         raise ValueError(f"--budget-s {budget_s}: no GEMM could be measured in that time; give more seconds")
     log(f"  {len(gemm_rows)} GEMM shapes ({len(job_gemms)} from the jobs of {', '.join(experiments)}), "
         f"{time.perf_counter() - start:.0f} s")
     attention_rows = M.attention(sorted(attention_shapes(job_attention)), device, torch_dtype, timer)
     element_rows = M.elementwise(device, torch_dtype, timer, elementwise_sizes(job_tensors, act_bytes))
+    activation_rows = M.activation(device, torch_dtype, timer, activation_sizes(job_gelu))
     step = [M.optimizer(device, timer)] + [M.optimizer(device, timer, n, 1) for n in sorted(job_vocab)]
-    log(f"  {len(attention_rows)} attention shapes, {len(element_rows)} elementwise sizes, "
+    log(f"  {len(attention_rows)} attention shapes, {len(element_rows)} elementwise and {len(activation_rows)} "
+        f"activation sizes, "
         f"{time.perf_counter() - start:.0f} s")
     ranks = torch.cuda.device_count() if device_type == "cuda" else CPU_RANKS
     groups = [n for n in GROUPS if n <= ranks]
     collective_rows = M.collectives(device_type, groups, COLLECTIVE_SIZES) if groups else []
     log(f"  {len(collective_rows)} collective and point-to-point timings over group sizes {groups}, "
         f"{time.perf_counter() - start:.0f} s")
-    measured = {"gemm": gemm_rows, "attention": attention_rows, "elementwise": element_rows, "optimizer": step,
+    measured = {"gemm": gemm_rows, "attention": attention_rows, "elementwise": element_rows,
+                "activation": activation_rows, "optimizer": step,
                 "collectives": collective_rows}
     hw = fitted(name, device, dtype, peak, measured, here)
     return replace(hw, measured={k: as_text(v) for k, v in measured.items()}, fitted_to=f"microbenchmarks ({how} peak), {time.perf_counter() - start:.0f} s")

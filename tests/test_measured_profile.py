@@ -1,6 +1,7 @@
 """A measured hardware profile: the microbenchmarks (vp.cost.measure), the tables the cost model reads where they
 cover a question (vp.cost.tables) with the analytical model elsewhere, python -m harness.calibrate --measure
 (written, reused), and the report's predicted-vs-measured table."""
+import math
 from dataclasses import replace
 
 import pytest
@@ -115,6 +116,22 @@ def test_microbenchmarks_time_what_they_say():
     assert att[:3] == [2, 16, 8] and att[3] > 0 and att[4] >= 0
     elem = M.elementwise(torch.device("cpu"), torch.float32, timer, sizes=[64, 4096])
     assert [r[0] for r in elem] == [3 * 64 * 4, 3 * 4096 * 4]
+    act = M.activation(torch.device("cpu"), torch.float32, timer, sizes=[4096, 64])
+    assert [r[0] for r in act] == [64, 4096] and all(r[1] > 0 and r[2] > 0 for r in act)
+
+
+def test_a_cold_timer_clears_the_caches_before_every_sample_outside_the_time():
+    timer = M.Timer(torch.device("cpu"), target_s=0.0, min_reps=4, max_reps=4, cold=True)
+    assert timer.flush.numel() * 4 == M.cache_bytes(torch.device("cpu")) >= 64 * 2**20
+    seen = []
+
+    def op():  # what the buffer holds when the operation starts: written again before each of 5 samples
+        seen.append(float(timer.flush[-1]))
+        timer.flush[-1] = 0.0
+
+    timer(op)
+    assert seen == [1.0] * 5
+    assert M.Timer(torch.device("cpu")).flush is None  # warm by default (elementwise steps, attention)
 
 
 def test_cpu_microbenchmarks_count_the_cpu_time_of_their_thread_not_the_wall_clock():
@@ -134,6 +151,30 @@ def test_cpu_microbenchmarks_count_the_cpu_time_of_their_thread_not_the_wall_clo
     here = HM.machine(torch.device("cpu"), "fp32", 1)
     assert here["clock"] == "thread_time" and HM.same_machine({"machine": here}, "cpu", "fp32")
     assert not HM.same_machine({"machine": {k: v for k, v in here.items() if k != "clock"}}, "cpu", "fp32")
+    # and one whose GEMMs were timed with warm caches (no "caches" entry) too
+    assert here["caches"] == HM.CACHES
+    assert not HM.same_machine({"machine": {k: v for k, v in here.items() if k != "caches"}}, "cpu", "fp32")
+
+
+def test_a_measured_activation_table_prices_gelu_in_place_of_its_bytes():
+    from vp.cost.passes import Shapes, activation_time, work_seconds
+
+    sh = Shapes(tokens=256, seq=256, micro_batch=1, hidden=64, ffn=256, act=4, heads=4)
+    n = 256 * 256  # GeLU's elements: [tokens, ffn]
+    table = [[n // 16, 1e-5, 3e-5], [n, 2e-4, 5e-4]]
+    hw = with_tables(CPU, elementwise=[[3 * 4 * 2**10, 1e-6, 1e-6], [3 * 4 * 2**20, 1e-3, 1e-3]], activation=table)
+    assert hw.tables.activation_s(n, False) == pytest.approx(2e-4) and hw.tables.activation_s(n, True) == 5e-4
+    assert hw.tables.activation_s(4 * n, True) == pytest.approx(2e-3)  # per element beyond the largest size
+    assert hw.tables.activation_s(n // 4, False) == pytest.approx(math.sqrt(1e-5 * 2e-4))  # log-log, halfway
+    plain = replace(hw, measured={k: v for k, v in hw.measured.items() if k != "activation"})
+    for kind, seconds, nbytes in (("F", 2e-4, 2 * 4 * n), ("B", 5e-4, 3 * 4 * n)):
+        work = sh.layer(kind)
+        assert [a[:3] for a in work.activation] == [(n, kind == "B", nbytes)]
+        with_gelu, without = work_seconds(hw, {kind: work}), work_seconds(plain, {kind: work})
+        assert activation_time(plain, work) == 0.0
+        assert with_gelu.memory - without.memory == pytest.approx(seconds - elementwise_time(hw, nbytes, 64 * 256 * 4))
+        assert with_gelu.compute == without.compute and with_gelu.fixed == without.fixed
+    assert sh.layer("W").activation == ()
 
 
 @pytest.fixture

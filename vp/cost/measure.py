@@ -7,12 +7,15 @@ wall clock also counts the time slices other processes took, which an operation 
 and a shorter one mostly does not (a [256, 64000] x [64000, 256] GEMM at load 7-10: 468-534 ms wall, 233-262 ms CPU;
 a 256^3 one 1.0-5.0 ms wall, 1.0-1.2 ms CPU), so wall-clock tables of one machine disagreed with each other by the
 load they were measured at. How a run's own ranks share the cores is the simulator's part (vp.schedule.sharing).
-Collectives wait on other processes and are timed on the wall clock. What is measured, in the run's dtype and with
-the threads one rank of a run gets:
+Collectives wait on other processes and are timed on the wall clock. GEMMs are timed cold (Timer: the caches cleared
+before each sample, as a layer meets its weights in a run); attention, elementwise steps and the activation warm
+(each reads what the operation before it just wrote). What is measured, in the run's dtype and with the threads
+one rank of a run gets:
   gemm        seconds of C[m, n] = A[m, k] B[k, n] per shape, the weight given as the runtime's linear layers
               hold it ([n, k], transposed);
   attention   seconds of causal scaled_dot_product_attention forward and backward per (batch x heads, seq,
               head dim);
+  activation  seconds of GeLU forward and backward per tensor size;
   elementwise seconds of x += y (in place) and of x + y into a fresh output per tensor size (3 tensors' bytes
               moved): a per-operation cost, a rate per size, and what a fresh output costs beyond it (on a CPU,
               page faults wherever the allocator does not reuse memory);
@@ -27,6 +30,7 @@ import os
 import statistics
 import tempfile
 import time
+from pathlib import Path
 from queue import Empty
 
 import torch
@@ -38,16 +42,42 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 OPS = ("all_reduce", "broadcast", "all_gather", "reduce")
 
 
+def cache_bytes(device: torch.device) -> int:
+    """Bytes written between the samples of a cold Timer: twice the largest cache (a GPU's L2, the CPU's last level
+    as sysfs gives it), at least 64 MiB."""
+    largest = 0
+    if device.type == "cuda":
+        largest = int(getattr(torch.cuda.get_device_properties(device), "L2_cache_size", 0))
+    else:
+        units = {"K": 2**10, "M": 2**20, "G": 2**30}
+        for size in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*/size"):
+            try:
+                text = size.read_text().strip()
+                largest = max(largest, int(text[:-1]) * units[text[-1]] if text[-1] in units else int(text))
+            except (OSError, ValueError):
+                continue
+    return max(2 * largest, 64 * 2**20)
+
+
 class Timer:
     """Median seconds of fn() over samples: CUDA events, or on a CPU the calling thread's CPU time when torch
-    computes on it alone (one intra-op thread), else the wall clock (wall=True: always the wall clock)."""
+    computes on it alone (one intra-op thread), else the wall clock (wall=True: always the wall clock).
+
+    cold=True writes a buffer larger than the caches before each sample (outside the timed part), so the operation
+    reads its operands from memory, as a layer's GEMMs do in a run, where a whole microbatch's other work has
+    passed since its weights were last used (the practice of GPU GEMM benchmarks, which clear the L2). Timed warm,
+    the same operands stay cached between samples: on this project's 2-core CPU a [256, 256] x [256, 1024] GEMM
+    took 1.72 ms warm, 2.47 ms cold, and 2.1-3.5 ms inside a transformer layer (see docs/cost-model.md)."""
 
     def __init__(self, device: torch.device, target_s: float = 0.02, min_reps: int = 3, max_reps: int = 15,
-                 wall: bool = False):
+                 wall: bool = False, cold: bool = False):
         self.device, self.target_s, self.min_reps, self.max_reps = device, target_s, min_reps, max_reps
         self.clock = time.perf_counter if wall or torch.get_num_threads() > 1 else time.thread_time
+        self.flush = torch.empty(cache_bytes(device) // 4, device=device) if cold else None
 
     def sample(self, fn) -> float:
+        if self.flush is not None:
+            self.flush.fill_(1.0)
         if self.device.type == "cuda":
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
@@ -99,6 +129,16 @@ def elementwise(device: torch.device, dtype: torch.dtype, timer: Timer, sizes=No
     for numel in sorted(set(sizes or [2**e for e in range(6, 25, 2)])):
         x, y = (torch.randn(numel, device=device, dtype=dtype) for _ in range(2))
         out.append([3 * numel * x.element_size(), timer(lambda: x.add_(y)), timer(lambda: torch.add(x, y))])
+    return out
+
+
+def activation(device: torch.device, dtype: torch.dtype, timer: Timer, sizes) -> list[list[float]]:
+    """[elements, seconds of GeLU forward, seconds of its backward] per tensor size: the runtime's activation
+    (F.gelu, exact), which on a CPU computes well below the rate of plain elementwise work (erf per element)."""
+    out = []
+    for numel in sorted(set(sizes)):
+        x, grad = (torch.randn(numel, device=device, dtype=dtype) for _ in range(2))
+        out.append([numel, timer(lambda: F.gelu(x)), timer(lambda: torch.ops.aten.gelu_backward(grad, x))])
     return out
 
 

@@ -8,7 +8,8 @@ microbatch of n = b s tokens, hidden h, feed-forward f:
      dV, dP, dQ, dK: 2.5x the forward);
   W  the weight gradient of each linear ([in,n]x[n,out], accumulated into fp32 gradients);
   elementwise, in activation elements of [n, h] read or written: F 18 + 2f/h (LayerNorms, q/k/v and output
-  layout copies, GeLU, two dropout-adds), B 20 + 3f/h, W 9 + f/h (bias and LayerNorm weight gradients).
+  layout copies, GeLU, two dropout-adds), B 20 + 3f/h, W 9 + f/h (bias and LayerNorm weight gradients); GeLU's
+  2f/h (F) and 3f/h (B) are timed by a measured profile's activation table where it has one (activation_time).
 The output layer on a vocabulary shard of r rows: logits [n,h]x[h,r], input gradient [n,r]x[r,h], weight
 gradient [r,n]x[n,h]; the fp32 cross entropy around them reads and writes act + 36 bytes per logit in the
 forward part (cast, max, subtract, exp, sum, normalise) and 12 + act in the backward part (scale, cast back),
@@ -42,6 +43,9 @@ class Work:
     mem: tuple[tuple[float, float, float], ...] = ()
     attention: tuple[tuple, ...] = ()  # (batch x heads, seq, head dim, backward) of each fused attention call
     kernels: int = 0  # operations issued (each costs the profile's kernel_s)
+    # (elements, backward, bytes, tensor bytes) of each GeLU call: its bytes are in mem too; a measured activation
+    # table prices the call instead of those bytes (activation_time)
+    activation: tuple[tuple, ...] = ()
 
     @property
     def mem_bytes(self) -> float:
@@ -55,12 +59,13 @@ class Work:
             mem[size] = (was[0] + moved, was[1] + fresh)
         return Work(self.gemms + other.gemms, self.attention_flops + other.attention_flops,
                     tuple((size, moved, fresh) for size, (moved, fresh) in mem.items()),
-                    self.attention + other.attention, self.kernels + other.kernels)
+                    self.attention + other.attention, self.kernels + other.kernels,
+                    self.activation + other.activation)
 
     def times(self, k: int) -> "Work":
         return Work(self.gemms * k, self.attention_flops * k,
                     tuple((size, moved * k, fresh * k) for size, moved, fresh in self.mem),
-                    self.attention * k, self.kernels * k)
+                    self.attention * k, self.kernels * k, self.activation * k)
 
 
 # operations one layer's pass issues in the runtime's model (vp.model.Block, vp.wgrad): F LayerNorm, qkv, attention,
@@ -113,8 +118,11 @@ class Shapes:
         calls = () if kind == "W" else \
             ((self.micro_batch * self.heads * sp.layer_share(), self.seq, h // self.heads, kind == "B"),)
         share = sp.activation_share()
+        # of the elementwise bytes, GeLU's: F reads and writes [n, f], B reads the gradient and the input, writes one
+        gelu = () if kind == "W" else \
+            ((n * f * share, kind == "B", (3 if kind == "B" else 2) * n * f * a * share, n * h * a * share),)
         return Work(sp.linear_gemms(kind, n, self.linears(), a), self.attention(attention) * sp.layer_share(),
-                    ((n * h * a * share, elementwise * n * h * a * share, 0.0),), calls, LAYER_KERNELS[kind])
+                    ((n * h * a * share, elementwise * n * h * a * share, 0.0),), calls, LAYER_KERNELS[kind], gelu)
 
     def output(self, rows: int, names: tuple[str, ...], forward: bool) -> Work:
         """The named output-layer GEMMs on a shard of `rows` vocabulary rows, with the forward (S) or backward
@@ -200,6 +208,16 @@ def attention_time(hw: Hardware, work: Work) -> float:
     return work.attention_flops / (hw.peak_flops * hw.attention_efficiency)
 
 
+def activation_time(hw: Hardware, work: Work) -> float:
+    """Seconds the GeLU calls take beyond their bytes in work.mem: the profile's measured activation table less
+    those bytes at the elementwise rate, where the table holds every call (on a CPU, erf computes well below the
+    bandwidth); 0 elsewhere (the bytes alone, as on a GPU)."""
+    measured = [hw.tables.activation_s(elements, backward) for elements, backward, _, _ in work.activation]
+    if not work.activation or any(t is None for t in measured):
+        return 0.0
+    return sum(measured) - sum(elementwise_time(hw, nbytes, size) for _, _, nbytes, size in work.activation)
+
+
 def work_seconds(hw: Hardware, parts: dict) -> Seconds:
     compute, memory, fixed, seconds = {}, 0.0, 0.0, {}
     for eff_kind, work in parts.items():
@@ -208,6 +226,8 @@ def work_seconds(hw: Hardware, parts: dict) -> Seconds:
         gemm = sum(seconds[g] for g in work.gemms)
         compute[eff_kind] = compute.get(eff_kind, 0.0) + gemm + attention_time(hw, work)
         memory += sum(elementwise_time(hw, moved, size, fresh) for size, moved, fresh in work.mem)
+        if work.activation:
+            memory += activation_time(hw, work)
         fixed += work.kernels * hw.kernel_s
     return Seconds(compute, memory, fixed)
 

@@ -7,6 +7,8 @@ by the cost model where they cover a question; None elsewhere, and the analytica
   elementwise  per tensor size: bytes moved per second of an in-place operation, log-log linear between measured
                sizes, and seconds per byte of a fresh output (out of place less in place: on a CPU, page faults
                above the allocator's reuse limit), linear in log size; the nearest measured size's beyond them;
+  activation   per tensor size: seconds of GeLU forward and backward, log-log linear between measured sizes,
+               proportional to the elements beyond them;
   optimizer    seconds per parameter of one step over a single tensor per tensor size, log-log linear between
                measured sizes, the nearest's beyond them; None without such rows;
   collectives  per (op, group size) measured, log-log linear in payload bytes; the smallest's time below the
@@ -29,6 +31,7 @@ class Tables:
     collectives: dict = field(default_factory=dict)  # (op, n) -> (bytes[], seconds[])
     elementwise: np.ndarray = field(default_factory=lambda: np.zeros((0, 3)))  # log2 size, log2 bytes/s, s per fresh byte
     optimizer: np.ndarray = field(default_factory=lambda: np.zeros((0, 2)))  # log2 tensor elements, log2 s/param
+    activation: np.ndarray = field(default_factory=lambda: np.zeros((0, 3)))  # log2 elements, log2 s fwd, log2 s bwd
 
     @classmethod
     def of(cls, measured: dict | None) -> "Tables":
@@ -49,10 +52,12 @@ class Tables:
         # [elements per tensor, tensors, seconds] rows (a bare [parameters, seconds] pair predates them)
         step = [r for r in measured.get("optimizer") or [] if isinstance(r, list)]
         optimizer = np.array(sorted([math.log2(n), math.log2(s / (n * k))] for n, k, s in step if n > 0 and s > 0))
+        activation = np.array(sorted([math.log2(n), math.log2(f), math.log2(b)]
+                                     for n, f, b in measured.get("activation") or [] if min(n, f, b) > 0))
         return cls(gemm.reshape(-1, 4),
                    {k: tuple(np.array(c, dtype=float) for c in zip(*v)) for k, v in attention.items()},
                    {k: tuple(np.array(c, dtype=float) for c in zip(*v)) for k, v in collectives.items()},
-                   elementwise.reshape(-1, 3), optimizer.reshape(-1, 2))
+                   elementwise.reshape(-1, 3), optimizer.reshape(-1, 2), activation.reshape(-1, 3))
 
     def gemm_s(self, m: int, n: int, k: int) -> float | None:
         """Seconds of one [m, k] x [k, n] GEMM from the measured shapes around it, or None."""
@@ -88,6 +93,16 @@ class Tables:
         x, table = math.log2(tensor_bytes), self.elementwise
         return float(2.0 ** np.interp(x, table[:, 0], table[:, 1])), float(np.interp(x, table[:, 0], table[:, 2]))
 
+    def activation_s(self, elements: float, backward: bool) -> float | None:
+        """Seconds of GeLU forward (or backward) over a tensor of `elements`, or None."""
+        if not len(self.activation) or elements <= 0:
+            return None
+        x, table, col = math.log2(elements), self.activation, 2 if backward else 1
+        if x < table[0, 0] or x > table[-1, 0]:  # the nearest measured size's seconds per element
+            end = 0 if x < table[0, 0] else -1
+            return float(2.0 ** table[end, col] * elements / 2.0 ** table[end, 0])
+        return float(2.0 ** np.interp(x, table[:, 0], table[:, col]))
+
     def optimizer_s_per_param(self, tensor_elements: int) -> float | None:
         """Seconds per parameter of the optimizer step over one tensor of tensor_elements, or None."""
         if not len(self.optimizer) or tensor_elements <= 0:
@@ -110,7 +125,8 @@ class Tables:
         return float(2.0 ** np.interp(math.log2(nbytes), np.log2(xs), np.log2(ys)))
 
     def __bool__(self) -> bool:
-        return bool(len(self.gemm) or self.attention or self.collectives or len(self.elementwise) or len(self.optimizer))
+        return bool(len(self.gemm) or self.attention or self.collectives or len(self.elementwise) or len(self.optimizer)
+                    or len(self.activation))
 
 
 def as_text(table: list) -> str | list:
