@@ -37,7 +37,7 @@ BUILTIN_OF = {"A100": "a100_80g", "H100": "h100", "H100 PCIe": "h100", "H200": "
 GROUPS = (2, 4, 8)  # group sizes of the collectives (the local sweeps run at most 8 ranks)
 # how compute is timed (vp.cost.measure.Timer; one thread per rank on CPU): a profile timed otherwise is measured again
 CLOCK = {"cpu": "thread_time", "cuda": "cuda_events"}
-CACHES = "gemm cold"  # how the caches stand when compute is timed (vp.cost.measure.Timer's cold)
+CACHES = "gemm cold, weight gradients in place"  # how the caches stand when compute is timed (vp.cost.measure.Timer's cold)
 COLLECTIVE_SIZES = [256, 16384, 2**20, 2**24]  # payload bytes (all_gather up to 64 MiB gathered)
 
 
@@ -74,15 +74,17 @@ def same_machine(profile: dict, device: str, dtype: str) -> bool:
             have.get("caches")) == (socket.gethostname(), device, torch.__version__, dtype, CLOCK[device], CACHES)
 
 
-def job_shapes(experiments: list[str], act_bytes: int) -> tuple[set, set, set, set, set]:
-    """(GEMM (m, n, k), attention (batch x heads, seq, head dim), elementwise tensor bytes) of every pass of every
-    job of the experiments, the elements of the vocabulary matrices their devices hold, and of their GeLU calls."""
+def job_shapes(experiments: list[str], act_bytes: int) -> dict[str, set]:
+    """What every pass of every job of the experiments runs: "gemm" (m, n, k), "gemm_accumulate" (m, n, k) of the
+    GEMMs added into their output (weight gradients), "attention" (batch x heads, seq, head dim), "tensors" (bytes
+    of the elementwise steps' tensors), "vocab" (elements of the vocabulary matrices the devices hold) and "gelu"
+    (elements of each GeLU call)."""
     from hydra import initialize_config_dir
 
     from harness.sweep import plan
 
     skeleton = Hardware("shapes", 1.0, act_bytes=act_bytes)
-    gemms, attention, tensors, vocab, gelu = set(), set(), set(), set(), set()
+    out = {key: set() for key in ("gemm", "gemm_accumulate", "attention", "tensors", "vocab", "gelu")}
     conf = str(Path(__file__).resolve().parents[1] / "conf")
     with initialize_config_dir(conf, version_base="1.3"):
         for name in experiments:
@@ -90,14 +92,15 @@ def job_shapes(experiments: list[str], act_bytes: int) -> tuple[set, set, set, s
             for job in jobs:
                 run = job.run
                 sched = build(run.method, run.pp, run.microbatches, run.n_chunks)
-                vocab |= {n for rank in vocab_tensors(run, sched) for n in rank}
+                out["vocab"] |= {n for rank in vocab_tensors(run, sched) for n in rank}
                 for parts in pass_work(run, skeleton, sched).values():
                     for work in parts.values():
-                        gemms |= {(g.m, g.n, g.k) for g in work.gemms}
-                        attention |= {(max(1, round(bh)), s, d) for bh, s, d, _ in work.attention}
-                        tensors |= {int(size) for size, _, _ in work.mem}
-                        gelu |= {max(1, round(elements)) for elements, _, _, _ in work.activation}
-    return gemms, attention, tensors, vocab, gelu
+                        out["gemm"] |= {(g.m, g.n, g.k) for g in work.gemms}
+                        out["gemm_accumulate"] |= {(g.m, g.n, g.k) for g in work.gemms if g.accumulate}
+                        out["attention"] |= {(max(1, round(bh)), s, d) for bh, s, d, _ in work.attention}
+                        out["tensors"] |= {int(size) for size, _, _ in work.mem}
+                        out["gelu"] |= {max(1, round(elements)) for elements, _, _, _ in work.activation}
+    return out
 
 
 def grid_shapes(device: str) -> set:
@@ -139,21 +142,24 @@ def measure_profile(name: str, device_type: str, dtype: str, experiments: list[s
     here = machine(device, dtype, threads)
     log(f"measuring {here['device_name']} on {here['host']} ({dtype}, {threads} thread(s) per rank, "
         f"{here['cores']} cores, load average {here['load_average']})")
-    job_gemms, job_attention, job_tensors, job_vocab, job_gelu = job_shapes(experiments, act_bytes)
+    jobs = job_shapes(experiments, act_bytes)
     timer, cold = M.Timer(device), M.Timer(device, cold=True)
     peak, how = device_peak(device)
-    # the jobs' shapes first, then the grid, within the budget
+    # the jobs' shapes first (those that accumulate also in place), then the grid, within the budget
     begin = time.perf_counter()
-    gemm_rows = M.gemms(sorted(job_gemms), device, torch_dtype, cold, begin + 0.8 * budget_s)
-    gemm_rows += M.gemms(sorted(grid_shapes(device_type) - job_gemms), device, torch_dtype, cold, begin + budget_s)
+    gemm_rows = M.gemms(sorted(jobs["gemm"]), device, torch_dtype, cold, begin + 0.6 * budget_s)
+    accumulate_rows = M.gemms(sorted(jobs["gemm_accumulate"]), device, torch_dtype, cold, begin + 0.8 * budget_s,
+                              accumulate=True)
+    gemm_rows += M.gemms(sorted(grid_shapes(device_type) - jobs["gemm"]), device, torch_dtype, cold,
+                         begin + budget_s)
     if not gemm_rows:
         raise ValueError(f"--budget-s {budget_s}: no GEMM could be measured in that time; give more seconds")
-    log(f"  {len(gemm_rows)} GEMM shapes ({len(job_gemms)} from the jobs of {', '.join(experiments)}), "
-        f"{time.perf_counter() - start:.0f} s")
-    attention_rows = M.attention(sorted(attention_shapes(job_attention)), device, torch_dtype, timer)
-    element_rows = M.elementwise(device, torch_dtype, timer, elementwise_sizes(job_tensors, act_bytes))
-    activation_rows = M.activation(device, torch_dtype, timer, activation_sizes(job_gelu))
-    step = [M.optimizer(device, timer)] + [M.optimizer(device, timer, n, 1) for n in sorted(job_vocab)]
+    log(f"  {len(gemm_rows)} GEMM shapes ({len(jobs['gemm'])} from the jobs of {', '.join(experiments)}; "
+        f"{len(accumulate_rows)} of them also accumulating in place), {time.perf_counter() - start:.0f} s")
+    attention_rows = M.attention(sorted(attention_shapes(jobs["attention"])), device, torch_dtype, timer)
+    element_rows = M.elementwise(device, torch_dtype, timer, elementwise_sizes(jobs["tensors"], act_bytes))
+    activation_rows = M.activation(device, torch_dtype, timer, activation_sizes(jobs["gelu"]))
+    step = [M.optimizer(device, timer)] + [M.optimizer(device, timer, n, 1) for n in sorted(jobs["vocab"])]
     log(f"  {len(attention_rows)} attention shapes, {len(element_rows)} elementwise and {len(activation_rows)} "
         f"activation sizes, "
         f"{time.perf_counter() - start:.0f} s")
@@ -162,7 +168,7 @@ def measure_profile(name: str, device_type: str, dtype: str, experiments: list[s
     collective_rows = M.collectives(device_type, groups, COLLECTIVE_SIZES) if groups else []
     log(f"  {len(collective_rows)} collective and point-to-point timings over group sizes {groups}, "
         f"{time.perf_counter() - start:.0f} s")
-    measured = {"gemm": gemm_rows, "attention": attention_rows, "elementwise": element_rows,
+    measured = {"gemm": gemm_rows, "gemm_accumulate": accumulate_rows, "attention": attention_rows, "elementwise": element_rows,
                 "activation": activation_rows, "optimizer": step,
                 "collectives": collective_rows}
     hw = fitted(name, device, dtype, peak, measured, here)

@@ -39,6 +39,18 @@ def test_a_measured_gemm_is_read_as_measured_and_interpolated_between_shapes():
     assert gemm_time(hw, Gemm(256, 256, 256, batch=3), speedup=2.0) == pytest.approx(1.5e-3)
 
 
+def test_a_weight_gradient_is_timed_as_it_accumulates_in_place_where_measured_so():
+    # a large product accumulated into the existing gradient (in place) is faster on a CPU than a fresh one
+    hw = with_tables(CPU, gemm=[[64000, 256, 256, 0.26], [256, 256, 256, 1e-3]], gemm_accumulate=[[64000, 256, 256, 0.12]])
+    assert gemm_time(hw, Gemm(64000, 256, 256, accumulate=True)) == pytest.approx(0.12)
+    assert gemm_time(hw, Gemm(64000, 256, 256)) == pytest.approx(0.26)  # a fresh product: the plain table
+    # an accumulating GEMM far from every in-place shape: the plain table's answer
+    assert gemm_time(hw, Gemm(256, 256, 256, accumulate=True)) == pytest.approx(1e-3)
+    rows = M.gemms([(32, 16, 8)], torch.device("cpu"), torch.float32, M.Timer(torch.device("cpu"), max_reps=3),
+                   float("inf"), accumulate=True)
+    assert [r[:3] for r in rows] == [[32, 16, 8]] and rows[0][3] > 0
+
+
 def test_outside_the_measured_shapes_the_analytical_model_answers():
     hw = with_tables(CPU, gemm=[[256, 256, 256, 1e-3]])
     far = Gemm(4096, 4096, 256)

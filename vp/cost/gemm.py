@@ -76,7 +76,7 @@ def efficiency(hw: Hardware, g: Gemm) -> float:
 
 def gemm_time(hw: Hardware, g: Gemm, speedup: float = 1.0) -> float:
     """Seconds of one GEMM; `speedup` is a calibrated per-pass-kind multiplier on its compute rate."""
-    measured = hw.tables.gemm_s(g.m, g.n, g.k)
+    measured = hw.tables.gemm_s(g.m, g.n, g.k, g.accumulate)
     if measured is not None:
         return measured * g.batch / speedup
     compute = g.flops / (hw.peak_flops * efficiency(hw, g) * speedup)

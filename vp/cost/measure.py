@@ -12,7 +12,7 @@ before each sample, as a layer meets its weights in a run); attention, elementwi
 (each reads what the operation before it just wrote). What is measured, in the run's dtype and with the threads
 one rank of a run gets:
   gemm        seconds of C[m, n] = A[m, k] B[k, n] per shape, the weight given as the runtime's linear layers
-              hold it ([n, k], transposed);
+              hold it ([n, k], transposed); gemm_accumulate the jobs' weight-gradient shapes added in place;
   attention   seconds of causal scaled_dot_product_attention forward and backward per (batch x heads, seq,
               head dim);
   activation  seconds of GeLU forward and backward per tensor size;
@@ -95,12 +95,20 @@ class Timer:
         return statistics.median(self.sample(fn) for _ in range(reps))
 
 
-def gemms(shapes, device: torch.device, dtype: torch.dtype, timer: Timer, deadline: float) -> list[list[float]]:
-    """[m, n, k, seconds] per shape (smallest first; shapes left when the deadline passes are not measured)."""
+def gemms(shapes, device: torch.device, dtype: torch.dtype, timer: Timer, deadline: float,
+          accumulate: bool = False) -> list[list[float]]:
+    """[m, n, k, seconds] per shape (smallest first; shapes left when the deadline passes are not measured).
+    accumulate: C[m, n] += G[k, m]^T X[k, n] in place, as the runtime adds a weight gradient into the existing one
+    (vp.vocab.output.accumulate_product): no fresh output, whose page faults a large fresh product pays on a CPU."""
     out = []
     for m, n, k in sorted(shapes, key=lambda s: s[0] * s[1] * s[2]):
         if time.perf_counter() > deadline:
             break
+        if accumulate:
+            g, x = torch.randn(k, m, device=device, dtype=dtype), torch.randn(k, n, device=device, dtype=dtype)
+            c = torch.zeros(m, n, device=device, dtype=dtype)
+            out.append([m, n, k, timer(lambda: c.addmm_(g.t(), x))])
+            continue
         a = torch.randn(m, k, device=device, dtype=dtype)
         w = torch.randn(n, k, device=device, dtype=dtype)
         out.append([m, n, k, timer(lambda: torch.matmul(a, w.t()))])

@@ -1,7 +1,9 @@
 """Measured tables of a hardware profile (vp.cost.measure, written by python -m harness.calibrate --measure), read
 by the cost model where they cover a question; None elsewhere, and the analytical model answers instead:
   gemm         interpolated in log-shape space: the achieved FLOP/s of the nearest measured shapes, weighted by
-               inverse squared distance in log2(m), log2(n), log2(k); None beyond MAX_LOG2_DISTANCE of any;
+               inverse squared distance in log2(m), log2(n), log2(k); None beyond MAX_LOG2_DISTANCE of any; a
+               GEMM that accumulates into its output (a weight gradient) from gemm_accumulate, timed in place, where
+               that table is near enough, else from gemm;
   attention    per (seq, head dim) measured, linear in batch x heads between measured points, proportional
                beyond the largest, the smallest's time below it (a floor of fixed costs);
   elementwise  per tensor size: bytes moved per second of an in-place operation, log-log linear between measured
@@ -27,6 +29,7 @@ NEAREST = 4
 @dataclass(frozen=True, eq=False)
 class Tables:
     gemm: np.ndarray = field(default_factory=lambda: np.zeros((0, 4)))  # log2 m, log2 n, log2 k, FLOP/s
+    gemm_accumulate: np.ndarray = field(default_factory=lambda: np.zeros((0, 4)))  # the same, C += A B in place
     attention: dict = field(default_factory=dict)  # (seq, head_dim) -> (bh[], forward s[], backward s[])
     collectives: dict = field(default_factory=dict)  # (op, n) -> (bytes[], seconds[])
     elementwise: np.ndarray = field(default_factory=lambda: np.zeros((0, 3)))  # log2 size, log2 bytes/s, s per fresh byte
@@ -36,9 +39,9 @@ class Tables:
     @classmethod
     def of(cls, measured: dict | None) -> "Tables":
         measured = {k: rows(v) for k, v in (measured or {}).items()}
-        measured_gemms = [r for r in measured.get("gemm") or [] if r[3] > 0]
-        gemm = np.array([[math.log2(m), math.log2(n), math.log2(k), 2.0 * m * n * k / s]
-                         for m, n, k, s in measured_gemms])
+        gemm, gemm_accumulate = (np.array([[math.log2(m), math.log2(n), math.log2(k), 2.0 * m * n * k / s]
+                                           for m, n, k, s in measured.get(key) or [] if s > 0]).reshape(-1, 4)
+                                 for key in ("gemm", "gemm_accumulate"))
         attention = {}
         for bh, s, d, fwd, bwd in sorted(measured.get("attention") or []):
             attention.setdefault((int(s), int(d)), []).append((bh, fwd, bwd))
@@ -54,26 +57,22 @@ class Tables:
         optimizer = np.array(sorted([math.log2(n), math.log2(s / (n * k))] for n, k, s in step if n > 0 and s > 0))
         activation = np.array(sorted([math.log2(n), math.log2(f), math.log2(b)]
                                      for n, f, b in measured.get("activation") or [] if min(n, f, b) > 0))
-        return cls(gemm.reshape(-1, 4),
+        return cls(gemm, gemm_accumulate,
                    {k: tuple(np.array(c, dtype=float) for c in zip(*v)) for k, v in attention.items()},
                    {k: tuple(np.array(c, dtype=float) for c in zip(*v)) for k, v in collectives.items()},
                    elementwise.reshape(-1, 3), optimizer.reshape(-1, 2), activation.reshape(-1, 3))
 
-    def gemm_s(self, m: int, n: int, k: int) -> float | None:
-        """Seconds of one [m, k] x [k, n] GEMM from the measured shapes around it, or None."""
-        if not len(self.gemm) or min(m, n, k) < 1:
+    def gemm_s(self, m: int, n: int, k: int, accumulate: bool = False) -> float | None:
+        """Seconds of one [m, k] x [k, n] GEMM (accumulate: added into an existing [m, n]) from the measured shapes
+        around it, or None."""
+        if min(m, n, k) < 1:
             return None
-        q = np.array([math.log2(m), math.log2(n), math.log2(k)])
-        dist = np.sqrt(((self.gemm[:, :3] - q) ** 2).sum(axis=1))
-        near = np.argsort(dist)[:NEAREST]
-        if dist[near[0]] > MAX_LOG2_DISTANCE:
-            return None
-        if dist[near[0]] < 1e-9:
-            rate = self.gemm[near[0], 3]
-        else:  # inverse-distance weights on log FLOP/s
-            w = 1.0 / dist[near] ** 2
-            rate = 2.0 ** (w @ np.log2(self.gemm[near, 3]) / w.sum())
-        return 2.0 * m * n * k / rate
+        for table in (self.gemm_accumulate, self.gemm) if accumulate else (self.gemm,):
+            if len(table):
+                rate = _near_rate(table, m, n, k)
+                if rate is not None:
+                    return 2.0 * m * n * k / rate
+        return None
 
     def attention_s(self, bh: float, seq: int, head_dim: int, backward: bool) -> float | None:
         """Seconds of causal attention forward (or backward) over bh batch x heads, or None."""
@@ -125,8 +124,21 @@ class Tables:
         return float(2.0 ** np.interp(math.log2(nbytes), np.log2(xs), np.log2(ys)))
 
     def __bool__(self) -> bool:
-        return bool(len(self.gemm) or self.attention or self.collectives or len(self.elementwise) or len(self.optimizer)
+        return bool(len(self.gemm) or len(self.gemm_accumulate) or self.attention or self.collectives or len(self.elementwise) or len(self.optimizer)
                     or len(self.activation))
+
+
+def _near_rate(table: np.ndarray, m: int, n: int, k: int) -> float | None:
+    """FLOP/s at (m, n, k) from the measured shapes around it, or None when none is within MAX_LOG2_DISTANCE."""
+    q = np.array([math.log2(m), math.log2(n), math.log2(k)])
+    dist = np.sqrt(((table[:, :3] - q) ** 2).sum(axis=1))
+    near = np.argsort(dist)[:NEAREST]
+    if dist[near[0]] > MAX_LOG2_DISTANCE:
+        return None
+    if dist[near[0]] < 1e-9:
+        return float(table[near[0], 3])
+    w = 1.0 / dist[near] ** 2  # inverse-distance weights on log FLOP/s
+    return float(2.0 ** (w @ np.log2(table[near, 3]) / w.sum()))
 
 
 def as_text(table: list) -> str | list:
