@@ -132,10 +132,11 @@ def main(argv=None) -> int:
                     help="--measure: the runs' dtype (default fp32 on cpu, bf16 on cuda)")
     ap.add_argument("--shapes-from", nargs="+", default=["smoke", "tp_smoke"], metavar="EXPERIMENT",
                     help="--measure: also measure every GEMM and attention shape of these experiments' jobs")
-    ap.add_argument("--budget-s", type=float, default=30.0, help="--measure: seconds for the GEMM tables at most "
-                                                                  "(shapes left over go to the analytical model)")
+    ap.add_argument("--budget-s", type=float, default=30.0, help="--measure: seconds for the GEMM tables at most; "
+                    "the jobs' own shapes are always measured, then the grid (at least a quarter of the budget); grid "
+                    "shapes left over go to the analytical model")
     ap.add_argument("--reuse", action="store_true", help="--measure: keep the profile NAME when it was measured "
-                                                         "on this host, device, torch version and dtype")
+                    "on this host, device, torch version and dtype, timed the same way")
     ap.add_argument("--print-name", action="store_true", help="--measure: print only the profile's name on stdout "
                                                               "(for scripts: hardware=$(...))")
     args = ap.parse_args(argv)

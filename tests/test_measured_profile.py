@@ -141,8 +141,8 @@ def test_a_cold_timer_clears_the_caches_before_every_sample_outside_the_time():
         seen.append(float(timer.flush[-1]))
         timer.flush[-1] = 0.0
 
-    timer(op)
-    assert seen == [1.0] * 5
+    timer(op, prime=lambda: seen.append("primed"))  # after the buffer, before the operation, untimed
+    assert seen == ["primed", 1.0] * 5
     assert M.Timer(torch.device("cpu")).flush is None  # warm by default (elementwise steps, attention)
 
 
@@ -208,6 +208,11 @@ def test_calibrate_measure_writes_a_profile_that_sim_reads_and_reuses_it(quick, 
     assert body["name"] == "box" and hw.machine["torch"] == str(torch.__version__) and hw.machine["device"] == "cpu"
     assert hw.tables.gemm_s(16, 16, 16) is not None and hw.tables.collective_s("p2p", 2, 256) is not None
     assert isinstance(hw.measured["gemm"], str)  # one YAML string per table: Hydra loads it in one step
+    # every shape of the jobs, whatever the budget, their weight gradients also in place (fp32), their GeLU calls
+    jobs = HM.job_shapes(["tp_smoke"], 4)
+    assert jobs["gemm"] <= {tuple(r[:3]) for r in rows(hw.measured["gemm"])}
+    assert {tuple(r[:3]) for r in rows(hw.measured["gemm_accumulate"])} == jobs["gemm_accumulate"] != set()
+    assert jobs["gelu"] <= {r[0] for r in rows(hw.measured["activation"])} and jobs["gelu"]
     assert {r[0] for r in rows(hw.measured["collectives"])} == {"all_reduce", "broadcast", "all_gather", "reduce",
                                                                 "p2p"}
     cfg = RunConfig(method="baseline", pp=1, tp=2, tp_mode="1d", layers=4, hidden=64, heads=4, seq_len=32,
