@@ -37,7 +37,7 @@ BUILTIN_OF = {"A100": "a100_80g", "H100": "h100", "H100 PCIe": "h100", "H200": "
 GROUPS = (2, 4, 8)  # group sizes of the collectives (the local sweeps run at most 8 ranks)
 # how compute is timed (vp.cost.measure.Timer; one thread per rank on CPU): a profile timed otherwise is measured again
 CLOCK = {"cpu": "thread_time", "cuda": "cuda_events"}
-CACHES = "gemm operands cold, code primed; weight gradients in place"  # how the caches stand when compute is timed (vp.cost.measure.Timer's cold)
+CACHES = "gemm cold; weight gradients in place"  # how the caches stand when compute is timed (vp.cost.measure.Timer's cold)
 COLLECTIVE_SIZES = [256, 16384, 2**20, 2**24]  # payload bytes (all_gather up to 64 MiB gathered)
 
 

@@ -65,11 +65,9 @@ class Timer:
 
     cold=True writes a buffer larger than the caches before each sample (outside the timed part), so the operation
     reads its operands from memory, as a layer's GEMMs do in a run, where a whole microbatch's other work has
-    passed since its weights were last used (the practice of GPU GEMM benchmarks, which clear the L2); `prime`, the
-    same operation on tiny operands, then runs untimed, so that the code the operation runs is back in the caches, as
-    in a run, where operations follow each other (the buffer alone added about 0.13 ms to a 32^3 GEMM of 7 us on
-    this project's 2-core CPU). Timed warm, a small GEMM's operands stay cached between samples: a [256, 256] x
-    [256, 1024] GEMM took 1.7 ms warm, 2.3 ms cold, and 2.1-3.5 ms inside a transformer layer (docs/cost-model.md)."""
+    passed since its weights were last used (the practice of GPU GEMM benchmarks, which clear the L2). Timed warm,
+    a small GEMM's operands stay cached between samples: on this project's 2-core CPU a [256, 256] x [256, 1024]
+    GEMM took 1.7 ms warm, 2.5 ms cold, and 2.4-3.5 ms inside a transformer layer (docs/cost-model.md)."""
 
     def __init__(self, device: torch.device, target_s: float = 0.02, min_reps: int = 3, max_reps: int = 15,
                  wall: bool = False, cold: bool = False):
@@ -77,11 +75,9 @@ class Timer:
         self.clock = time.perf_counter if wall or torch.get_num_threads() > 1 else time.thread_time
         self.flush = torch.empty(cache_bytes(device) // 4, device=device) if cold else None
 
-    def sample(self, fn, prime=None) -> float:
+    def sample(self, fn) -> float:
         if self.flush is not None:
             self.flush.fill_(1.0)
-            if prime is not None:
-                prime()
         if self.device.type == "cuda":
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
@@ -93,10 +89,10 @@ class Timer:
         fn()
         return self.clock() - t0
 
-    def __call__(self, fn, prime=None) -> float:
-        first = self.sample(fn, prime)  # warm-up (allocations, kernel selection), also sizes the number of samples
+    def __call__(self, fn) -> float:
+        first = self.sample(fn)  # warm-up (allocations, kernel selection), also sizes the number of samples
         reps = max(self.min_reps, min(self.max_reps, int(self.target_s / max(first, 1e-7))))
-        return statistics.median(self.sample(fn, prime) for _ in range(reps))
+        return statistics.median(self.sample(fn) for _ in range(reps))
 
 
 def gemms(shapes, device: torch.device, dtype: torch.dtype, timer: Timer, deadline: float,
@@ -105,19 +101,17 @@ def gemms(shapes, device: torch.device, dtype: torch.dtype, timer: Timer, deadli
     accumulate: C[m, n] += G[k, m]^T X[k, n] in place, as the runtime adds a weight gradient into the existing one
     (vp.vocab.output.accumulate_product): no fresh output, whose page faults a large fresh product pays on a CPU."""
     out = []
-    tiny = torch.randn(8, 8, device=device, dtype=dtype)  # the same operation on tiny operands primes its code
-    prime = (lambda: tiny.clone().addmm_(tiny.t(), tiny)) if accumulate else (lambda: torch.matmul(tiny, tiny.t()))
     for m, n, k in sorted(shapes, key=lambda s: s[0] * s[1] * s[2]):
         if time.perf_counter() > deadline:
             break
         if accumulate:
             g, x = torch.randn(k, m, device=device, dtype=dtype), torch.randn(k, n, device=device, dtype=dtype)
             c = torch.zeros(m, n, device=device, dtype=dtype)
-            out.append([m, n, k, timer(lambda: c.addmm_(g.t(), x), prime)])
+            out.append([m, n, k, timer(lambda: c.addmm_(g.t(), x))])
             continue
         a = torch.randn(m, k, device=device, dtype=dtype)
         w = torch.randn(n, k, device=device, dtype=dtype)
-        out.append([m, n, k, timer(lambda: torch.matmul(a, w.t()), prime)])
+        out.append([m, n, k, timer(lambda: torch.matmul(a, w.t()))])
     return out
 
 
