@@ -37,7 +37,8 @@ BUILTIN_OF = {"A100": "a100_80g", "H100": "h100", "H100 PCIe": "h100", "H200": "
 GROUPS = (2, 4, 8)  # group sizes of the collectives (the local sweeps run at most 8 ranks)
 # how compute is timed (vp.cost.measure.Timer; one thread per rank on CPU): a profile timed otherwise is measured again
 CLOCK = {"cpu": "thread_time", "cuda": "cuda_events"}
-CACHES = "gemm cold; weight gradients in place"  # how the caches stand when compute is timed (vp.cost.measure.Timer's cold)
+# how the caches stand when GEMMs are timed (vp.cost.measure.Timer's cold): a profile timed otherwise is measured again
+CACHES = "gemm cold; weight gradients in place"
 COLLECTIVE_SIZES = [256, 16384, 2**20, 2**24]  # payload bytes (all_gather up to 64 MiB gathered)
 
 
@@ -48,7 +49,8 @@ def machine(device: torch.device, dtype: str, threads: int) -> dict:
     else:
         name = _cpu_name() or platform.processor() or "cpu"
     return {"host": socket.gethostname(), "device": device.type, "device_name": name, "torch": str(torch.__version__),
-            "dtype": dtype, "threads": threads, "clock": CLOCK[device.type], "caches": CACHES, "cores": len(os.sched_getaffinity(0)),
+            "dtype": dtype, "threads": threads, "clock": CLOCK[device.type], "caches": CACHES,
+            "cores": len(os.sched_getaffinity(0)),
             "load_average": [round(x, 2) for x in os.getloadavg()],
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
 
@@ -163,15 +165,14 @@ def measure_profile(name: str, device_type: str, dtype: str, experiments: list[s
     activation_rows = M.activation(device, torch_dtype, timer, activation_sizes(jobs["gelu"]))
     step = [M.optimizer(device, timer)] + [M.optimizer(device, timer, n, 1) for n in sorted(jobs["vocab"])]
     log(f"  {len(attention_rows)} attention shapes, {len(element_rows)} elementwise and {len(activation_rows)} "
-        f"activation sizes, "
-        f"{time.perf_counter() - start:.0f} s")
+        f"activation sizes, {time.perf_counter() - start:.0f} s")
     ranks = torch.cuda.device_count() if device_type == "cuda" else CPU_RANKS
     groups = [n for n in GROUPS if n <= ranks]
     collective_rows = M.collectives(device_type, groups, COLLECTIVE_SIZES) if groups else []
     log(f"  {len(collective_rows)} collective and point-to-point timings over group sizes {groups}, "
         f"{time.perf_counter() - start:.0f} s")
-    measured = {"gemm": gemm_rows, "gemm_accumulate": accumulate_rows, "attention": attention_rows, "elementwise": element_rows,
-                "activation": activation_rows, "optimizer": step,
+    measured = {"gemm": gemm_rows, "gemm_accumulate": accumulate_rows, "attention": attention_rows,
+                "elementwise": element_rows, "activation": activation_rows, "optimizer": step,
                 "collectives": collective_rows}
     hw = fitted(name, device, dtype, peak, measured, here)
     return replace(hw, measured={k: as_text(v) for k, v in measured.items()}, fitted_to=f"microbenchmarks ({how} peak), {time.perf_counter() - start:.0f} s")

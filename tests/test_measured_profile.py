@@ -41,7 +41,8 @@ def test_a_measured_gemm_is_read_as_measured_and_interpolated_between_shapes():
 
 def test_a_weight_gradient_is_timed_as_it_accumulates_in_place_where_measured_so():
     # a large product accumulated into the existing gradient (in place) is faster on a CPU than a fresh one
-    hw = with_tables(CPU, gemm=[[64000, 256, 256, 0.26], [256, 256, 256, 1e-3]], gemm_accumulate=[[64000, 256, 256, 0.12]])
+    hw = with_tables(CPU, gemm=[[64000, 256, 256, 0.26], [256, 256, 256, 1e-3]],
+                     gemm_accumulate=[[64000, 256, 256, 0.12]])
     assert gemm_time(hw, Gemm(64000, 256, 256, accumulate=True)) == pytest.approx(0.12)
     assert gemm_time(hw, Gemm(64000, 256, 256)) == pytest.approx(0.26)  # a fresh product: the plain table
     # an accumulating GEMM far from every in-place shape: the plain table's answer

@@ -124,8 +124,8 @@ class Tables:
         return float(2.0 ** np.interp(math.log2(nbytes), np.log2(xs), np.log2(ys)))
 
     def __bool__(self) -> bool:
-        return bool(len(self.gemm) or len(self.gemm_accumulate) or self.attention or self.collectives or len(self.elementwise) or len(self.optimizer)
-                    or len(self.activation))
+        return bool(len(self.gemm) or len(self.gemm_accumulate) or self.attention or self.collectives
+                    or len(self.elementwise) or len(self.optimizer) or len(self.activation))
 
 
 def _near_rate(table: np.ndarray, m: int, n: int, k: int) -> float | None:
