@@ -274,11 +274,25 @@ def simulate(s: Schedule, costs: Costs | None = None, strict: bool = False,
             elif code == SYNC:  # enters and/or waits on collective instances
                 entry, at_end, waits, is_coll, d = a
                 if entry >= 0:
-                    if strict and opened.setdefault(group_of[entry], entry) == entry and \
-                            not created(r, entry, at_end, ready):
-                        break
-                    if not at_end and r not in entered[entry]:
-                        enter(entry, r, ready)
+                    if strict:
+                        if opened.setdefault(group_of[entry], entry) == entry and \
+                                not created(r, entry, at_end, ready):
+                            break
+                        if not at_end and r not in entered[entry]:
+                            enter(entry, r, ready)
+                    elif not at_end:  # enter(entry, r, ready), inlined: the default mode's most frequent call
+                        got = entered[entry]
+                        if r not in got:
+                            got[r] = ready
+                            root = roots[entry]
+                            if root is None:
+                                if len(got) == pp:
+                                    complete[entry] = max(got.values()) + comm[entry]
+                                    work += parked[entry]
+                                    parked[entry] = []
+                            elif r == root:
+                                work += parked[entry]
+                                parked[entry] = []
                 start = ready
                 for inst in waits:
                     root = roots[inst]
