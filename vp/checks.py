@@ -10,7 +10,7 @@ from vp.config import RunConfig
 GiB = 1024**3
 MAX_TOKENS_PER_MICROBATCH = 131072  # micro_batch_size x seq_len above this is taken for a typo
 MAX_SCHEDULE_SIZE = 262144  # pp x microbatches x chunks: SIZE_COST to build, validate and simulate at the limit
-SIZE_COST = "about 40 CPU seconds and 1.3 GiB"  # vocab-2, pp 256 x 1024 microbatches, 2 loaded cores (vp.bench sim)
+SIZE_COST = "about 15-18 CPU seconds and 1.1 GiB"  # vocab-2, pp 256 x 1024 microbatches, 2 loaded cores (vp.bench sim)
 PROCESS_BYTES = 0.4 * GiB  # a rank's Python, torch and communication buffers before any tensor of the run
 FAULT_MODES = ("exit", "raise", "hang", "oom")  # oom: what a NCCL call raises when CUDA is out of memory
 PICTURE_SUFFIXES = (".png", ".pdf", ".svg")

@@ -9,6 +9,9 @@ import copy
 import statistics
 import time
 from dataclasses import dataclass, field, fields
+from functools import reduce
+from itertools import compress
+from operator import add, itemgetter, sub
 
 import torch
 
@@ -133,14 +136,15 @@ class Metrics:
         gradient all-reduces); communicators: the vp.cost.memory.Communicators of each pipeline rank, whose NCCL
         buffers (at hw's sizes) count in the peak memory; the cost model's lists hold one device per pipeline rank."""
         t = result.makespan + tail_s
-        sums: dict[tuple[str, int], list] = {}  # (kind, rank) -> [seconds, passes], in one walk over the timeline
-        for r, timeline in enumerate(result.timeline):
-            for a, t0, t1 in timeline:
-                if a.kind in COMPUTE:
-                    acc = sums.setdefault((a.kind, r), [0.0, 0])
-                    acc[0] += t1 - t0
-                    acc[1] += 1
-        ranks = range(len(result.timeline))
+        sums: dict[tuple[str, int], list] = {}  # (kind, rank) -> [seconds, passes]
+        for r, (actions, starts, ends) in enumerate(result.spans):  # each kind's end - start summed in order, in C
+            kinds = list(map(itemgetter(1), actions))
+            spans = list(map(sub, ends, starts))
+            for kind in dict.fromkeys(kinds):
+                if kind in COMPUTE:
+                    mine = list(compress(spans, map(kind.__eq__, kinds)))
+                    sums[(kind, r)] = [reduce(add, mine, 0.0), len(mine)]
+        ranks = range(len(result.busy))
         kinds = [k for k in COMPUTE if any((k, r) in sums for r in ranks)]
         bubble = [1.0 - b / t for b in result.busy]
 
@@ -161,8 +165,8 @@ class Metrics:
                    comm_buffer_bytes=per_rank(comm),
                    bubble_fraction=per_rank(bubble), bubble_rate=statistics.fmean(bubble),
                    bytes_sent=per_rank(bytes_sent), device_memory_bytes=device_memory_bytes,
-                   tail_s=per_rank([tail_s] * len(result.timeline)),
-                   **throughput(cfg, t, cfg.dp * len(result.timeline) * cfg.tp, peak_flops))
+                   tail_s=per_rank([tail_s] * len(result.busy)),
+                   **throughput(cfg, t, cfg.dp * len(result.busy) * cfg.tp, peak_flops))
 
 
 def device_profile(device: str) -> Hardware:

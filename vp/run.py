@@ -23,9 +23,8 @@ from vp.record import git_commit, make_record, now
 from vp.runtime.executor import RankModel
 from vp.runtime.loop import Runtime
 from vp.schedule import Schedule, build
-from vp.schedule.actions import P2P
 from vp.schedule import validate as validate_schedule
-from vp.schedule.rules import enters, p2p_peer
+from vp.schedule.rules import shapes
 from vp.tp.context import TensorParallel, tp_slices
 from vp.trace import write_trace
 from vp.vocab.output import Shard
@@ -90,21 +89,17 @@ def train_rank(cfg: RunConfig, rank: int, comm: Comm, device: torch.device, faul
 def schedule_channels(sched: Schedule, cfg: RunConfig) -> list[str]:
     """The pipeline channels a run uses, in PIPELINE_CHANNELS order."""
     used = {ch for ch, _, _ in run_links(sched)}
-    used |= {inst.group for acts in sched.ranks for a in acts if (inst := enters(sched, a))}
+    used |= {sh.entry.group for shape in shapes(sched) for sh in shape.values() if sh.entry}
     if cfg.dtype == "fp16":
         used.add("step")  # the loss scaler's overflow agreement
     return [ch for ch in PIPELINE_CHANNELS if ch in used]
 
 
 def schedule_links(sched: Schedule) -> set[tuple[str, int, int]]:
-    """(channel, sender, receiver) of every point-to-point transfer of the schedule, on every rank."""
-    links = set()
-    for r, acts in enumerate(sched.ranks):
-        for a in acts:
-            if a.kind in P2P and a.kind[0] == "S":
-                peer, _ = p2p_peer(sched, a)
-                links.add((p2p_channel("fwd" if a.kind == "SF" else "bwd", r, peer), r, peer))
-    return links
+    """(channel, sender, receiver) of every point-to-point transfer of the schedule, on every rank: read from the
+    rules' shape of each rank's distinct (kind, chunk), since a send's peer does not depend on its microbatch."""
+    return {(p2p_channel("fwd" if kind == "SF" else "bwd", r, sh.peer), r, sh.peer)
+            for r, shape in enumerate(shapes(sched)) for (kind, _), sh in shape.items() if kind in ("SF", "SB")}
 
 
 PROBE_LINKS = {("fwd+", 0, 1), ("bwd-", 1, 0)}  # link_probe's ping-pong

@@ -1,12 +1,15 @@
 """What each communicating action sends (payloads: the one source of message sizes, pinned to the runtime's
 Comm counts by tests/test_runtime.py and tests/test_mesh_train.py) and the bytes each device sends per
 iteration on each channel, the tensor-parallel ones (vp.cost.tensor, from vp.tp.traffic) included."""
+from collections import Counter
+from operator import itemgetter
+
 from vp.config import RunConfig
 from vp.cost.memory import rank_params
 from vp.cost.tensor import Split, rank_tp_collectives
 from vp.tp.traffic import by_channel
 from vp.schedule import Schedule
-from vp.schedule.rules import enters, p2p_peer, root_of
+from vp.schedule.rules import root_of, shapes
 
 
 def payloads(cfg: RunConfig, sched: Schedule) -> dict[str, list[tuple[str, float]]]:
@@ -51,18 +54,20 @@ def traffic(cfg: RunConfig, sched: Schedule) -> list[dict[str, float]]:
 
 
 def _sends(sched: Schedule) -> list[dict[tuple[str, str], int]]:
-    """Per rank: how many of its actions of each kind send on each channel (independent of sizes)."""
+    """Per rank: how many of its actions of each kind send on each channel (independent of sizes), in the order of
+    each (channel, kind)'s first action. Counted per (kind, chunk) in C, then read from the rules' shape of each
+    (kind, chunk), whose channel does not depend on the microbatch."""
     out = []
-    for r, acts in enumerate(sched.ranks):
+    for r, (acts, shape) in enumerate(zip(sched.ranks, shapes(sched))):
         counts: dict[tuple[str, str], int] = {}
-        for a in acts:
-            if a.kind in ("SF", "SB"):
-                peer, _ = p2p_peer(sched, a)
-                channel = ("fwd" if a.kind == "SF" else "bwd") + ("+" if peer > r else "-")
-            elif (inst := enters(sched, a)) is not None:
-                channel = inst.group
+        for (kind, chunk), n in Counter(map(itemgetter(1, 3), acts)).items():  # by first appearance
+            sh = shape[(kind, chunk)]
+            if kind in ("SF", "SB"):
+                channel = ("fwd" if kind == "SF" else "bwd") + ("+" if sh.peer > r else "-")
+            elif sh.entry is not None:
+                channel = sh.entry.group
             else:
                 continue
-            counts[(channel, a.kind)] = counts.get((channel, a.kind), 0) + 1
+            counts[(channel, kind)] = counts.get((channel, kind), 0) + n
         out.append(counts)
     return out

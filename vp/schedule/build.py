@@ -140,16 +140,16 @@ def _after_inputs(s: Schedule, r: int, acts: list[Action]) -> dict[int, int]:
 
 
 def _stage_timeline(s: Schedule, costs: Costs | None = None) -> tuple[Schedule, list]:
-    """s's stage passes lowered (without vocabulary passes) and their timeline (unit_costs unless costs are given):
-    what both vocabulary placers time their passes by."""
+    """s's stage passes lowered (without vocabulary passes) and their simulation's spans, per rank (actions, starts,
+    ends) (unit_costs unless costs are given): what both vocabulary placers time their passes by."""
     low = lower(replace(s, vocab=VOCAB["local"]))
-    return low, simulate(low, costs).timeline
+    return low, simulate(low, costs).spans
 
 
 def unit_times(s: Schedule, costs: Costs | None = None) -> dict:
     """(rank, kind, mb, chunk) -> (start, end) of every action of s's stage passes, lowered and simulated without
     vocabulary passes (unit_costs unless costs are given)."""
-    return {a: (t0, t1) for tl in _stage_timeline(s, costs)[1] for a, t0, t1 in tl}  # an Action is its tuple
+    return {a: (t0, t1) for span in _stage_timeline(s, costs)[1] for a, t0, t1 in zip(*span)}  # an Action is its tuple
 
 
 def insert_vocab_passes(s: Schedule) -> Schedule:
@@ -159,12 +159,12 @@ def insert_vocab_passes(s: Schedule) -> Schedule:
     timeline places them): a unit placed before stage pass i goes before i's receive, as lower() would put it.
     Each rank's position of a unit is the running maximum of its bound (bisect on the rank's starts, the C0 bound),
     taken in bulk; the ranks differ only in which units they are the root of."""
-    low, timeline = _stage_timeline(s)
+    low, spans = _stage_timeline(s)
     held: dict = {}
 
     def times(r: int) -> dict:  # (kind, mb, chunk) -> (start, end) of rank r's actions on the timeline
         if r not in held:
-            held[r] = {(a.kind, a.mb, a.chunk): (t0, t1) for a, t0, t1 in timeline[r]}
+            held[r] = {(a.kind, a.mb, a.chunk): (t0, t1) for a, t0, t1 in zip(*spans[r])}
         return held[r]
 
     units = _units(s, times)
@@ -176,7 +176,7 @@ def insert_vocab_passes(s: Schedule) -> Schedule:
     targets = {}  # (is the last rank, is the first rank) -> each unit's target time on such a rank
     new = tuple.__new__  # Action(...) without its signature's call
     out = []
-    for r, (acts, lowered, tl) in enumerate(zip(s.ranks, low.ranks, timeline)):
+    for r, (acts, lowered, (_, on_timeline, _)) in enumerate(zip(s.ranks, low.ranks, spans)):
         role = (r == s.last_rank, r == s.first_rank)
         want = targets.get(role)
         if want is None:
@@ -184,7 +184,7 @@ def insert_vocab_passes(s: Schedule) -> Schedule:
                                     else u.key[0] + u.receivers for u in units]
         kinds = list(map(itemgetter(1), lowered))
         at = list(compress(count(), map(_PASSES.__contains__, kinds)))  # the stage passes, in the lowered list
-        starts = list(map(itemgetter(1), map(tl.__getitem__, at)))
+        starts = list(map(on_timeline.__getitem__, at))
         received = list(map(_RECEIVES.__contains__, kinds)) + [False]  # [-1]: nothing before the first action
         group = list(map(sub, at, map(received.__getitem__, map(sub, at, repeat(1)))))  # where each begins
         group.append(len(lowered))

@@ -24,9 +24,10 @@ keep their own channels, as in the default mode.
 import functools
 import gc
 from dataclasses import dataclass, field, replace
+from operator import itemgetter
 
 from vp.schedule.actions import Action, Schedule
-from vp.schedule.program import _MEM_HOLD, _MISSING, _PLAIN, _RECV, _SEND, _program
+from vp.schedule.program import _MEM_HOLD, _PLAIN, _RECV, _SEND, _SYNC, _program
 from vp.schedule.rules import local_needs
 from vp.schedule.sharing import Sharing, processor_sharing
 
@@ -96,12 +97,29 @@ def unit_costs(s: Schedule, passes: dict | None = None, stage_weights: list[floa
     return Costs(compute, dict(comm or {}), memory)
 
 
-@dataclass
 class SimResult:
-    makespan: float
-    busy: list[float]
-    peak_activations: list[float]
-    timeline: list[list[tuple[Action, float, float]]]
+    """makespan, per-rank busy seconds and peak activations, and per rank the (action, start, end) of each of its
+    actions in order (timeline). The simulator records each rank's starts and ends as two flat lists of floats
+    beside its actions (spans) and makes the timeline's tuples only when it is read."""
+
+    def __init__(self, makespan: float, busy: list[float], peak_activations: list[float],
+                 timeline: list[list[tuple[Action, float, float]]] | None = None, spans: list[tuple] | None = None):
+        assert (timeline is None) != (spans is None), "a SimResult takes a timeline or spans"
+        self.makespan, self.busy, self.peak_activations = makespan, busy, peak_activations
+        self._timeline, self._spans = timeline, spans
+
+    @property
+    def timeline(self) -> list[list[tuple[Action, float, float]]]:
+        if self._timeline is None:
+            self._timeline = [list(zip(acts, starts, ends)) for acts, starts, ends in self._spans]
+        return self._timeline
+
+    @property
+    def spans(self) -> list[tuple[list, list, list]]:
+        """Per rank: (its actions, their starts, their ends), three lists in the rank's order."""
+        if self._spans is None:
+            self._spans = [tuple(list(map(itemgetter(n), tl)) for n in range(3)) for tl in self._timeline]
+        return self._spans
 
     @property
     def bubble_rate(self) -> float:
@@ -142,7 +160,7 @@ def simulate(s: Schedule, costs: Costs | None = None, strict: bool = False,
     n_inst = len(instances)
     idx, clock = [0] * pp, [0.0] * pp
     ends: list[list[float]] = [[] for _ in range(pp)]  # per rank, the end of each action done, in order
-    timeline: list[list] = [[] for _ in range(pp)]
+    starts: list[list[float]] = [[] for _ in range(pp)]  # and its start
     busy, mem, peak = [0.0] * pp, [0.0] * pp, [0.0] * pp
     posted: list = [None] * prog.channels  # when each send was posted
     receiver: list = [None] * prog.channels  # the rank parked on a receive of the channel
@@ -213,57 +231,68 @@ def simulate(s: Schedule, costs: Costs | None = None, strict: bool = False,
             return False
         return True
 
+    PLAIN, SEND, RECV, SYNC, HOLD = _PLAIN, _SEND, _RECV, _SYNC, _MEM_HOLD
     while work:
         r = work.pop()
-        i, prog_r, acts, end_r, tl = idx[r], steps[r], ranks[r], ends[r], timeline[r]
+        i, prog_r, end_r = idx[r], steps[r], ends[r]
         n, t_clock, t_busy, t_mem, t_peak = len(prog_r), clock[r], busy[r], mem[r], peak[r]
+        ended, started = end_r.append, starts[r].append
         own = durations[r] if durations is not None else None
         while i < n:
             code, needs, a, b, c = prog_r[i]
-            if code == _MISSING:
-                if a >= 0 and posted[a] is None:  # a receive waits for its send first
-                    receiver[a] = r
-                    break
-                _missing(s, r, i)
             ready = t_clock
             for j in needs:
                 e = end_r[j]
                 if e > ready:  # ready = max(ready, e)
                     ready = e
-            if code == _PLAIN:
+            if code == PLAIN:
                 d = dur[a] if own is None else own[i]
                 finish = ready + d
-                tl.append((acts[i], ready, finish))
-            elif code == _SEND:
-                posted[a] = finish = ready
+                started(ready)
+            elif code == SEND:
+                posted[a] = ready
                 waiting = receiver[a]
                 if waiting is not None:
                     receiver[a] = None
                     work.append(waiting)
-                tl.append((acts[i], ready, ready))
-                end_r.append(finish)
-                t_clock = finish
+                started(ready)
+                ended(ready)
+                t_clock = ready
                 i += 1
                 continue
-            elif code == _RECV:
+            elif code == RECV:
                 sent = posted[a]
                 if sent is None:
                     receiver[a] = r
                     break
                 finish = (sent if sent > ready else ready) + p2p[b]
-                tl.append((acts[i], ready, finish))
-                end_r.append(finish)
+                started(ready)
+                ended(finish)
                 t_clock = finish
                 i += 1
                 continue
-            else:  # _SYNC: enters and/or waits on collective instances
+            elif code == SYNC:  # enters and/or waits on collective instances
                 entry, at_end, waits, is_coll, d = a
                 if entry >= 0:
-                    if strict and opened.setdefault(group_of[entry], entry) == entry and \
-                            not created(r, entry, at_end, ready):
-                        break
-                    if not at_end and r not in entered[entry]:
-                        enter(entry, r, ready)
+                    if strict:
+                        if opened.setdefault(group_of[entry], entry) == entry and \
+                                not created(r, entry, at_end, ready):
+                            break
+                        if not at_end and r not in entered[entry]:
+                            enter(entry, r, ready)
+                    elif not at_end:  # enter(entry, r, ready), inlined: the default mode's most frequent call
+                        got = entered[entry]
+                        if r not in got:
+                            got[r] = ready
+                            root = roots[entry]
+                            if root is None:
+                                if len(got) == pp:
+                                    complete[entry] = max(got.values()) + comm[entry]
+                                    work += parked[entry]
+                                    parked[entry] = []
+                            elif r == root:
+                                work += parked[entry]
+                                parked[entry] = []
                 start = ready
                 for inst in waits:
                     root = roots[inst]
@@ -286,8 +315,8 @@ def simulate(s: Schedule, costs: Costs | None = None, strict: bool = False,
                 if done is None:
                     break
                 if is_coll:  # a collective action: launched, done at once
-                    tl.append((acts[i], start, start))
-                    end_r.append(start)
+                    started(start)
+                    ended(start)
                     t_clock = start
                     i += 1
                     continue
@@ -295,16 +324,21 @@ def simulate(s: Schedule, costs: Costs | None = None, strict: bool = False,
                 finish = start + d
                 if at_end:
                     enter(entry, r, finish)
-                tl.append((acts[i], start, finish))
+                started(start)
+            else:  # _MISSING
+                if a >= 0 and posted[a] is None:  # a receive waits for its send first
+                    receiver[a] = r
+                    break
+                _missing(s, r, i)
             if c:  # memory: F and S hold, B/W and T free
-                if c == _MEM_HOLD:
+                if c == HOLD:
                     t_mem += memd[b]
                     if t_mem > t_peak:
                         t_peak = t_mem
                 else:
                     t_mem -= memd[b]
             t_busy += d
-            end_r.append(finish)
+            ended(finish)
             t_clock = finish
             i += 1
         idx[r], clock[r], busy[r], mem[r], peak[r] = i, t_clock, t_busy, t_mem, t_peak
@@ -317,7 +351,7 @@ def simulate(s: Schedule, costs: Costs | None = None, strict: bool = False,
         mode = "deadlock (one ordered queue of collectives per rank)" if strict else "deadlock"
         raise ScheduleError(f"{mode}: " + "; ".join(lines) + "\n" + s.grid((stuck[0], idx[stuck[0]]), 6))
     makespan = max((max(e) for e in ends if e), default=0.0)
-    return SimResult(makespan, busy, peak, timeline)
+    return SimResult(makespan, busy, peak, spans=list(zip(ranks, starts, ends)))
 
 
 def _missing(s: Schedule, r: int, i: int):
