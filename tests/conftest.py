@@ -59,7 +59,16 @@ def local_runs_fork_their_ranks():
 
 def pytest_collection_modifyitems(config, items):
     """Under pytest-xdist (make test runs `-n` workers with --dist loadgroup), the tests that submit to the one
-    SLURM cluster run on one worker, one after another: two at once would queue behind each other's jobs."""
+    SLURM cluster run on one worker, one after another: two at once would queue behind each other's jobs. The tests
+    of a module that share a module-scoped fixture (a report built, a grid trained on the 8-process pool) run on one
+    worker too, so the fixture is made once, not once per worker that runs one of them."""
     for item in items:
         if item.get_closest_marker("slurm"):
             item.add_marker(pytest.mark.xdist_group("slurm"))
+        elif _uses_module_fixture(item):
+            item.add_marker(pytest.mark.xdist_group(item.module.__name__))
+
+
+def _uses_module_fixture(item) -> bool:
+    info = getattr(item, "_fixtureinfo", None)
+    return info is not None and any(defs and defs[-1].scope == "module" for defs in info.name2fixturedefs.values())
