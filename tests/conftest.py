@@ -61,10 +61,15 @@ def pytest_collection_modifyitems(config, items):
     """Under pytest-xdist (make test runs `-n` workers with --dist loadgroup), the tests that submit to the one
     SLURM cluster run on one worker, one after another: two at once would queue behind each other's jobs. The tests
     of a module that share a module-scoped fixture (a report built, a grid trained on the 8-process pool) run on one
-    worker too, so the fixture is made once, not once per worker that runs one of them."""
+    worker too, so the fixture is made once, not once per worker that runs one of them.
+    The tests that train on the gloo pools run on one worker, one after another: their ranks wait on each other, and
+    with two or three such runs at once on 2 cores every rank waits longer for its peers to be scheduled, which
+    costs several times the CPU (a pp 2 x tp 2 run took 1-3 CPU-s alone, 6-16 s beside others in the suite)."""
     for item in items:
         if item.get_closest_marker("slurm"):
             item.add_marker(pytest.mark.xdist_group("slurm"))
+        elif "pools" in item.fixturenames:
+            item.add_marker(pytest.mark.xdist_group("gloo"))
         elif _uses_module_fixture(item):
             item.add_marker(pytest.mark.xdist_group(item.module.__name__))
 
