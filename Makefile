@@ -30,7 +30,8 @@ $(TORCH_STAMP): pyproject.toml
 	touch $@
 
 # the suite on 3 pytest-xdist processes (2 cores: tests spend much of their time waiting on the processes they start;
-# the SLURM tests stay on one of them, one after another); TEST_WORKERS=0 runs it in this process, one test at a time
+# the SLURM tests, the gloo-pool tests and the tests sharing a module's fixture each stay on one of them, one after
+# another: tests/conftest.py GROUPS); TEST_WORKERS=0 runs it in this process, one test at a time
 TEST_WORKERS ?= 3
 test: venv  ## the test suite on 3 processes (ARGS="-k name" to pick; TEST_WORKERS=0: one process)
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup tests $(ARGS)

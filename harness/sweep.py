@@ -71,10 +71,11 @@ def split_overrides(overrides: list[str]) -> tuple[list[str], dict[str, list[str
 
 
 
-def plan(overrides: list[str]) -> tuple[DictConfig, list[J.Job]]:
-    """The sweep's settings and every job, composed and checked; ValueError on the first bad one."""
+def plan(overrides: list[str], base: DictConfig | None = None) -> tuple[DictConfig, list[J.Job]]:
+    """The sweep's settings and every job, composed and checked; ValueError on the first bad one. base: the
+    command line's fixed overrides already composed (compose_checked), if the caller has them."""
     fixed, sweeps, given = split_overrides(overrides)
-    base = compose_checked(fixed)
+    base = compose_checked(fixed) if base is None else base
     grid = base.get("grid")
     fixed_keys = {k for k, v in given.items() if k not in sweeps}
     in_setups = J.setup_keys(grid)
@@ -149,9 +150,10 @@ def check_outputs(cfg: DictConfig, jobs: list[J.Job]) -> None:
 def run(overrides: list[str], log=_print) -> int:
     """The whole sweep; returns the exit code (2: refused before anything ran, 130: interrupted)."""
     try:
-        if compose_checked(split_overrides(overrides)[0]).backend == "both":
+        base = compose_checked(split_overrides(overrides)[0])  # composed once: most of a sweep's start-up
+        if base.backend == "both":
             return run_both(overrides, log)
-        cfg, jobs = plan(overrides)
+        cfg, jobs = plan(overrides, base)
         states = [j.status() for j in jobs]  # each reads the job's record
         todo = [j for j, state in zip(jobs, states) if cfg.force or state != "done"]  # todo and stale
         if not cfg.dry_run:

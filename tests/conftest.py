@@ -57,9 +57,50 @@ def local_runs_fork_their_ranks():
     patch.undo()
 
 
+# make test's workers (pytest-xdist, --dist loadgroup): the tests below run on one worker each group, one after another.
+# - slurm: they submit to the one SLURM cluster; two at once would queue behind each other's jobs.
+# - gloo: they train on the gloo pools; their ranks wait on each other, and with two or three such runs at once on
+#   2 cores every rank waits longer for its peers to be scheduled, which costs several times the CPU (a pp 2 x tp 2
+#   run took 1-3 CPU-s alone, 6-16 CPU-s beside others in the suite).
+# - a module's tests that share a module-scoped fixture (a report built, a real sweep run): the fixture is made once,
+#   not once per worker that runs one of them.
+# The groups are named here, by test address, for the scheduler: pytest 9 ignores the renamed node ids by which
+# pytest-xdist carries xdist_group marks to it. pytest_collection_modifyitems checks that they cover those tests.
+GROUPS = {"test_harness_slurm.py": "slurm", "test_report.py": "report", "test_tp_report.py": "tp_report",
+          "test_harness_runs.py::test_killed_rank_": "real_sweep", "test_harness_runs.py::test_wandb_": "real_sweep",
+          **dict.fromkeys(["test_mesh_train.py", "test_nccl.py", "test_runtime.py", "test_tp_bench.py",
+                           "test_tp_layers.py", "test_tp_train.py", "test_vocab.py", "test_precision.py"], "gloo")}
+
+
+def group_of(nodeid: str) -> str | None:
+    address = nodeid.split("/")[-1]
+    return next((g for prefix, g in GROUPS.items() if address.startswith(prefix)), None)
+
+
+def pytest_xdist_make_scheduler(config, log):
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class Groups(LoadScopeScheduling):
+        """loadgroup's scheduling (work units in order of size, largest first) with the groups of GROUPS."""
+
+        def _split_scope(self, nodeid: str) -> str:
+            return group_of(nodeid) or nodeid
+
+    return Groups(config, log)
+
+
 def pytest_collection_modifyitems(config, items):
-    """Under pytest-xdist (make test runs `-n` workers with --dist loadgroup), the tests that submit to the one
-    SLURM cluster run on one worker, one after another: two at once would queue behind each other's jobs."""
+    """Every test that needs a group (above) is in its group: a new module of such tests gets its line in GROUPS."""
     for item in items:
-        if item.get_closest_marker("slurm"):
-            item.add_marker(pytest.mark.xdist_group("slurm"))
+        need = "slurm" if item.get_closest_marker("slurm") else "gloo" if "pools" in item.fixturenames else \
+            "a group of its own module's tests" if _uses_module_fixture(item) else None
+        got = group_of(item.nodeid)
+        if need and (got is None or need in ("slurm", "gloo") and got != need):
+            raise pytest.UsageError(f"{item.nodeid} needs {need} in tests/conftest.py GROUPS; it is in {got}")
+
+
+def _uses_module_fixture(item) -> bool:
+    info = getattr(item, "_fixtureinfo", None)
+    return info is not None and any(defs and defs[-1].scope == "module" for defs in info.name2fixturedefs.values())

@@ -139,10 +139,27 @@ def test_ctrl_c_while_a_job_is_being_started_is_held_until_it_can_be_stopped():
         time.sleep(0.1)
 
 
-def test_killed_rank_is_recorded_failed_and_a_failed_forced_rerun_keeps_the_ok_record(tmp_path):
-    grid = [*TINY, "grid.product.vocab=[2k]", "grid.product.method=[vocab-2,baseline]", "run.iterations=2",
-            "run.timeout_s=20"]
-    code, lines = sweep(tmp_path, *grid, "fault={method: vocab-2, at: '1:F2:exit'}")
+# one real local sweep for the next two tests (each of its runs starts fresh interpreters that import torch): vocab-2
+# with a rank killed beside an ok baseline, logged to W&B offline with its report, then a forced rerun of baseline
+# that succeeds and replaces its W&B run
+LOGGED = [*TINY, "grid.product.vocab=[2k]", "grid.product.method=[vocab-2,baseline]", "run.iterations=3",
+          "run.timeout_s=20"]
+SECRET = "sk-test-0123456789abcdef"
+
+
+@pytest.fixture(scope="module")
+def killed_and_logged(tmp_path_factory):
+    root = tmp_path_factory.mktemp("logged")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("WANDB_API_KEY", SECRET)
+        patch.chdir(root)
+        first = sweep(root, *LOGGED, "fault={method: vocab-2, at: '1:F2:exit'}", logger="wandb", report=True)
+        rerun = sweep(root, *LOGGED, "grid.product.method=[baseline]", "force=true", logger="wandb")
+    return root, first, rerun
+
+
+def test_killed_rank_is_recorded_failed_and_a_failed_forced_rerun_keeps_the_ok_record(killed_and_logged):
+    tmp_path, (code, lines), _ = killed_and_logged
     assert code == 0
     recs = {r["config"]["method"]: r for r in records(tmp_path)}
     assert recs["vocab-2"]["status"] == "failed" and recs["vocab-2"]["metrics"] == {}
@@ -150,13 +167,15 @@ def test_killed_rank_is_recorded_failed_and_a_failed_forced_rerun_keeps_the_ok_r
     assert err.startswith("rank 1: ended without a Python error (killed, crashed or hung) in iteration 0, step ")
     assert err.split(";")[0].endswith("(F2)") and "rank 0 failed at iteration 0" in err
     assert recs["baseline"]["status"] == "ok"
-    assert any("failed in" in line for line in lines) and "1 failed, 1 ok" in lines[-1]
+    assert any("failed in" in line for line in lines)
+    [summary] = [line for line in lines if line.startswith("[2/2 done")]
+    assert "1 failed, 1 ok" in summary and lines[-1].startswith("report: ")  # the sweep's report follows it
     # a forced rerun that fails keeps the earlier ok record; the record was just written (as when the rerun follows
     # within a second), so a check by modification time would take it for the rerun's own
     path = tmp_path / "results" / "smoke" / f"{recs['baseline']['run_id']}.json"
     ok = path.read_text()
     os.utime(path)
-    code, lines = sweep(tmp_path, *grid, "grid.product.method=[baseline]", "force=true",
+    code, lines = sweep(tmp_path, *LOGGED, "grid.product.method=[baseline]", "force=true",
                         "fault={method: baseline, at: '0:B1:exit'}")
     assert code == 0 and any("the earlier ok record is kept" in line for line in lines), lines
     assert path.read_text() == ok
@@ -192,16 +211,15 @@ def _wandb_records(run_dir: Path, kind: str) -> list:
     return out
 
 
-def test_wandb_offline_one_run_per_record_with_the_records_numbers(tmp_path, monkeypatch):
-    secret = "sk-test-0123456789abcdef"
-    monkeypatch.setenv("WANDB_API_KEY", secret)
-    monkeypatch.chdir(tmp_path)
-    grid = [*TINY, "grid.product.vocab=[2k]", "grid.product.method=[vocab-2]", "run.iterations=3"]
-    assert sweep(tmp_path, *grid, logger="wandb", report=True)[0] == 0
-    assert sweep(tmp_path, *grid, "force=true", logger="wandb")[0] == 0  # a rerun replaces, never adds, a run
-    [rec] = records(tmp_path)
-    runs = list((tmp_path / "wandb").glob("offline-run-*"))
-    assert [r.name.rsplit("-", 1)[1] for r in runs] == [rec["run_id"]]
+def test_wandb_offline_one_run_per_record_with_the_records_numbers(killed_and_logged):
+    tmp_path, first, rerun = killed_and_logged
+    assert first[0] == 0 and rerun[0] == 0  # the rerun (force=true) replaces, never adds, a run
+    recs = records(tmp_path)  # the failed vocab-2 run and the ok baseline, each one W&B run named by its run_id
+    runs = {r.name.rsplit("-", 1)[1]: r for r in (tmp_path / "wandb").glob("offline-run-*")}
+    assert len(runs) == len(list((tmp_path / "wandb").glob("offline-run-*"))) == 2
+    assert sorted(runs) == sorted(r["run_id"] for r in recs)
+    rec = next(r for r in recs if r["config"]["method"] == "baseline")
+    runs = [runs[rec["run_id"]]]
     summary = {}
     for update in _wandb_records(runs[0], "summary"):
         summary.update({item.key: json.loads(item.value_json) for item in update.update})
@@ -210,7 +228,7 @@ def test_wandb_offline_one_run_per_record_with_the_records_numbers(tmp_path, mon
     assert summary["mfu"] == m["mfu"] and summary["tokens_per_s"] == m["tokens_per_s"]
     assert summary["max_peak_memory_bytes"] == max(m["peak_memory_bytes"]) and summary["status"] == "ok"
     [run_record] = _wandb_records(runs[0], "run")
-    assert run_record.display_name == "vocab-2 pp2 tiny V2k seq64" and run_record.run_id == rec["run_id"]
+    assert run_record.display_name == "baseline pp2 tiny V2k seq64" and run_record.run_id == rec["run_id"]
     [table] = runs[0].glob("files/media/table/per_rank_*.table.json")
     rows = json.loads(table.read_text())["data"]
     assert [row[1] for row in rows] == m["peak_memory_bytes"] and [row[2] for row in rows] == m["bubble_fraction"]
@@ -218,4 +236,4 @@ def test_wandb_offline_one_run_per_record_with_the_records_numbers(tmp_path, mon
     assert list(runs[0].glob("files/media/images/timeline/replayed_*.png"))
     for path in tmp_path.rglob("*"):
         if path.is_file():
-            assert secret.encode() not in path.read_bytes(), path
+            assert SECRET.encode() not in path.read_bytes(), path

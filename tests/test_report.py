@@ -183,18 +183,19 @@ def test_latex_uses_booktabs_and_escapes(built):
     assert " & OOM & OOM \\\\" in tex and " & -- & -- & " in tex
 
 
-def test_second_build_gives_identical_tables_and_drops_stale_files(built, tmp_path):
+def test_second_build_gives_identical_tables_and_drops_stale_files(built):
+    """The fixture's build, then a second one over it: the same tables byte for byte, a figure the second build
+    does not draw is gone, a file of the user's is kept."""
     root, _ = built
     first = root / "reports" / "mini"
+    tables = sorted(p.name for p in first.iterdir() if p.suffix in (".tex", ".md", ".csv"))
+    assert "tables.md" in tables and len(tables) >= 8
+    before = {name: (first / name).read_bytes() for name in tables}
     (first / "mfu_vs_vocab_gone.png").write_bytes(PNG_MAGIC)
     (first / "notes.txt").write_text("mine")
     build_reports(root / "results", root / "reports", ["mini"])
-    build_reports(root / "results", tmp_path / "reports", ["mini"])
-    second = tmp_path / "reports" / "mini"
-    tables = sorted(p.name for p in first.iterdir() if p.suffix in (".tex", ".md", ".csv"))
-    assert "tables.md" in tables and len(tables) >= 8
     for name in tables:
-        assert (first / name).read_bytes() == (second / name).read_bytes(), name
+        assert (first / name).read_bytes() == before[name], name
     assert not (first / "mfu_vs_vocab_gone.png").exists() and (first / "notes.txt").exists()
 
 
@@ -287,29 +288,6 @@ def test_load_reads_every_fixture():
     assert len(load(FIXTURES, "mini")) == len(fixture_records())
 
 
-def test_the_report_opens_with_findings_computed_from_the_records(tmp_path):
-    shutil.copytree(FIXTURES, tmp_path / "results")
-    real = [r for r in fixture_records("real") if r["status"] == "ok" and r["config"]["pp"] == 2]
-    largest = max(r["config"]["vocab_size"] for r in real)
-    at = {r["config"]["method"]: r for r in real if r["config"]["vocab_size"] == largest}
-    best = max(at.values(), key=lambda r: r["metrics"]["tokens_per_s"])
-    ratio = best["metrics"]["tokens_per_s"] / at["baseline"]["metrics"]["tokens_per_s"]
-    [readme] = build_reports(tmp_path / "results")
-    opening = next(p for p in readme.read_text().split("\n\n") if p.startswith("On "))
-    assert opening.startswith(f"On 2 CPU processes, seq 64 at vocabulary {label(best)} (measured), "
-                              f"{best['config']['method']} is the fastest method: {ratio:.2f}x the throughput")
-    # the same records with baseline twice as fast: the sentence follows the data
-    path = tmp_path / "results" / "mini" / f"{at['baseline']['run_id']}.json"
-    rec = json.loads(path.read_text())
-    rec["metrics"]["tokens_per_s"] *= 2
-    path.write_text(json.dumps(rec))
-    [readme] = build_reports(tmp_path / "results")
-    paragraphs = readme.read_text().split("\n\n")
-    at = next(i for i, p in enumerate(paragraphs) if p.startswith("On "))
-    assert f"{ratio / 2:.2f}x the throughput" in paragraphs[at]
-    assert "make paper-tables" in paragraphs[at + 1]
-
-
 def synthetic_trace(rec: dict, path: Path) -> None:
     """A trace of the record's schedule with every action taking 1 ms, back to back, per rank."""
     from vp.schedule import build
@@ -322,22 +300,60 @@ def synthetic_trace(rec: dict, path: Path) -> None:
     write_trace(path, events, [[len(actions) * 1e-3] for actions in sched.ranks])
 
 
-def test_measured_timelines_come_from_the_traces_beside_the_records(tmp_path):
+def pp2_at_largest_vocab() -> dict:
+    """The ok real runs of the 2-rank setup at its largest vocabulary, by method."""
+    real = [r for r in fixture_records("real") if r["status"] == "ok" and r["config"]["pp"] == 2]
+    largest = max(r["config"]["vocab_size"] for r in real)
+    return {r["config"]["method"]: r for r in real if r["config"]["vocab_size"] == largest}
+
+
+@pytest.fixture(scope="module")
+def altered(tmp_path_factory):
+    """One more build, of the fixture records with two changes that the next two tests check apart: baseline twice
+    as fast at the 2-rank setup's largest vocabulary, and a trace (synthetic_trace) beside every ok real record."""
+    root = tmp_path_factory.mktemp("altered")
+    shutil.copytree(FIXTURES, root / "results")
+    folder = root / "results" / "mini"
+    path = folder / f"{pp2_at_largest_vocab()['baseline']['run_id']}.json"
+    rec = json.loads(path.read_text())
+    rec["metrics"]["tokens_per_s"] *= 2
+    path.write_text(json.dumps(rec))
+    for rec in fixture_records("real"):
+        if rec["status"] == "ok":
+            synthetic_trace(rec, folder / f"{rec['run_id']}.trace.json")
+    [readme] = build_reports(root / "results")
+    return root, readme
+
+
+def test_the_report_opens_with_findings_computed_from_the_records(built, altered):
+    at = pp2_at_largest_vocab()
+    best = max(at.values(), key=lambda r: r["metrics"]["tokens_per_s"])
+    ratio = best["metrics"]["tokens_per_s"] / at["baseline"]["metrics"]["tokens_per_s"]
+    readme = built[0] / "reports" / "mini" / "README.md"  # the fixture's report of these records
+    opening = next(p for p in readme.read_text().split("\n\n") if p.startswith("On "))
+    assert opening.startswith(f"On 2 CPU processes, seq 64 at vocabulary {label(best)} (measured), "
+                              f"{best['config']['method']} is the fastest method: {ratio:.2f}x the throughput")
+    # the same records with baseline twice as fast: the sentence follows the data
+    paragraphs = altered[1].read_text().split("\n\n")
+    at = next(i for i, p in enumerate(paragraphs) if p.startswith("On "))
+    assert f"{ratio / 2:.2f}x the throughput" in paragraphs[at]
+    assert "make paper-tables" in paragraphs[at + 1]
+
+
+def test_measured_timelines_come_from_the_traces_beside_the_records(altered):
     from harness.timeline import read_trace
 
-    shutil.copytree(FIXTURES, tmp_path / "results")
-    folder = tmp_path / "results" / "mini"
+    root, readme = altered
+    folder = root / "results" / "mini"
     ok = [r for r in fixture_records("real") if r["status"] == "ok"]
-    for rec in ok:
-        synthetic_trace(rec, folder / f"{rec['run_id']}.trace.json")
     result = read_trace(folder / f"{ok[0]['run_id']}.trace.json", list(range(ok[0]["config"]["pp"])))
     assert [t1 for _, _, t1 in result.timeline[0][:2]] == pytest.approx([1e-3, 2e-3])
-    [readme] = build_reports(tmp_path / "results")
     out = readme.parent
     for method in timeline_methods():
         assert (out / f"timeline_real_{method}_measured.png").read_bytes().startswith(PNG_MAGIC)
         assert (out / f"timeline_real_{method}_replayed.png").read_bytes().startswith(PNG_MAGIC)
     assert "(timeline_real_vocab-2_measured.png)" in readme.read_text()
-    (folder / f"{ok[0]['run_id']}.trace.json").write_text('{"traceEvents": 3}')
+    bad = root / "bad.trace.json"
+    bad.write_text('{"traceEvents": 3}')
     with pytest.raises(ValueError, match="not a trace of this run"):
-        read_trace(folder / f"{ok[0]['run_id']}.trace.json", list(range(ok[0]["config"]["pp"])))
+        read_trace(bad, list(range(ok[0]["config"]["pp"])))
