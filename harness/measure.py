@@ -77,8 +77,8 @@ def same_machine(profile: dict, device: str, dtype: str) -> bool:
 
 
 def job_shapes(experiments: list[str], act_bytes: int) -> dict[str, set]:
-    """What every pass of every job of the experiments runs: "gemm" (m, n, k), "gemm_accumulate" (m, n, k) of the
-    GEMMs added into their output (weight gradients), "attention" (batch x heads, seq, head dim), "tensors" (bytes
+    """What every pass of every job of the experiments runs: "gemm" (m, n, k) of the GEMMs into a fresh output,
+    "gemm_accumulate" (m, n, k) of those added into their output (weight gradients), "attention" (batch x heads, seq, head dim), "tensors" (bytes
     of the elementwise steps' tensors), "vocab" (elements of the vocabulary matrices the devices hold) and "gelu"
     (elements of each GeLU call)."""
     from hydra import initialize_config_dir
@@ -97,8 +97,8 @@ def job_shapes(experiments: list[str], act_bytes: int) -> dict[str, set]:
                 out["vocab"] |= {n for rank in vocab_tensors(run, sched) for n in rank}
                 for parts in pass_work(run, skeleton, sched).values():
                     for work in parts.values():
-                        out["gemm"] |= {(g.m, g.n, g.k) for g in work.gemms}
-                        out["gemm_accumulate"] |= {(g.m, g.n, g.k) for g in work.gemms if g.accumulate}
+                        for g in work.gemms:
+                            out["gemm_accumulate" if g.accumulate else "gemm"].add((g.m, g.n, g.k))
                         out["attention"] |= {(max(1, round(bh)), s, d) for bh, s, d, _ in work.attention}
                         out["tensors"] |= {int(size) for size, _, _ in work.mem}
                         out["gelu"] |= {max(1, round(elements)) for elements, _, _, _ in work.activation}
@@ -147,19 +147,21 @@ def measure_profile(name: str, device_type: str, dtype: str, experiments: list[s
     jobs = job_shapes(experiments, act_bytes)
     timer, cold = M.Timer(device), M.Timer(device, cold=True, max_reps=5)  # each cold sample writes the buffer
     peak, how = device_peak(device)
-    # the jobs' shapes, all of them (those that accumulate also in place), then the grid within the budget
+    # the jobs' shapes, all of them, then the grid within the budget. A weight gradient is timed in place where the
+    # runtime adds it in place: a product of the gradient's own dtype, fp32 (vp.vocab.output.accumulate_product); in
+    # bf16/fp16 it casts a fresh product, as the plain table times it
     begin = time.perf_counter()
-    gemm_rows = M.gemms(sorted(jobs["gemm"]), device, torch_dtype, cold, float("inf"))
-    # in place where the runtime adds a weight gradient in place: a product of the gradient's own dtype, fp32
-    # (vp.vocab.output.accumulate_product); in bf16/fp16 it casts a fresh product, as the plain table times it
-    accumulate_rows = M.gemms(sorted(jobs["gemm_accumulate"]), device, torch_dtype, cold, float("inf"),
-                              accumulate=True) if dtype == "fp32" else []
+    in_place = jobs["gemm_accumulate"] if dtype == "fp32" else set()
+    fresh = jobs["gemm"] | (jobs["gemm_accumulate"] - in_place)
+    gemm_rows = M.gemms(sorted(fresh), device, torch_dtype, cold, float("inf"))
+    accumulate_rows = M.gemms(sorted(in_place), device, torch_dtype, cold, float("inf"), accumulate=True)
     grid_deadline = max(begin + budget_s, time.perf_counter() + budget_s / 4)  # at least a quarter for the grid
-    gemm_rows += M.gemms(sorted(grid_shapes(device_type) - jobs["gemm"]), device, torch_dtype, cold, grid_deadline)
+    gemm_rows += M.gemms(sorted(grid_shapes(device_type) - fresh), device, torch_dtype, cold, grid_deadline)
     if not gemm_rows:
         raise ValueError(f"--budget-s {budget_s}: no GEMM could be measured in that time; give more seconds")
-    log(f"  {len(gemm_rows)} GEMM shapes ({len(jobs['gemm'])} from the jobs of {', '.join(experiments)}; "
-        f"{len(accumulate_rows)} of them also accumulating in place), {time.perf_counter() - start:.0f} s")
+    log(f"  {len(gemm_rows) + len(accumulate_rows)} GEMM shapes ({len(fresh)} of the jobs of "
+        f"{', '.join(experiments)}, and {len(accumulate_rows)} of their weight gradients accumulating in place), "
+        f"{time.perf_counter() - start:.0f} s")
     attention_rows = M.attention(sorted(attention_shapes(jobs["attention"])), device, torch_dtype, timer)
     element_rows = M.elementwise(device, torch_dtype, timer, elementwise_sizes(jobs["tensors"], act_bytes))
     activation_rows = M.activation(device, torch_dtype, timer, activation_sizes(jobs["gelu"]))
