@@ -40,6 +40,8 @@ CLOCK = {"cpu": "thread_time", "cuda": "cuda_events"}
 # how the caches stand when GEMMs are timed (vp.cost.measure.Timer's cold): a profile timed otherwise is measured again
 CACHES = "gemm cold; weight gradients in place"
 COLLECTIVE_SIZES = [256, 16384, 2**20, 2**24]  # payload bytes (all_gather up to 64 MiB gathered)
+# how collectives are timed (vp.cost.measure.collectives): a profile timed otherwise is measured again
+COLLECTIVES = "groups side by side in worlds of 2-8 processes; mean of 10"
 
 
 def machine(device: torch.device, dtype: str, threads: int) -> dict:
@@ -50,6 +52,7 @@ def machine(device: torch.device, dtype: str, threads: int) -> dict:
         name = _cpu_name() or platform.processor() or "cpu"
     return {"host": socket.gethostname(), "device": device.type, "device_name": name, "torch": str(torch.__version__),
             "dtype": dtype, "threads": threads, "clock": CLOCK[device.type], "caches": CACHES,
+            "collectives": COLLECTIVES,
             "cores": len(os.sched_getaffinity(0)),
             "load_average": [round(x, 2) for x in os.getloadavg()],
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
@@ -73,7 +76,8 @@ def default_name(device: str) -> str:
 def same_machine(profile: dict, device: str, dtype: str) -> bool:
     have = profile.get("machine") or {}
     return (have.get("host"), have.get("device"), have.get("torch"), have.get("dtype"), have.get("clock"),
-            have.get("caches")) == (socket.gethostname(), device, torch.__version__, dtype, CLOCK[device], CACHES)
+            have.get("caches"), have.get("collectives")) == (socket.gethostname(), device, torch.__version__, dtype,
+                                                              CLOCK[device], CACHES, COLLECTIVES)
 
 
 def job_shapes(experiments: list[str], act_bytes: int) -> dict[str, set]:
@@ -168,10 +172,14 @@ def measure_profile(name: str, device_type: str, dtype: str, experiments: list[s
     step = [M.optimizer(device, timer)] + [M.optimizer(device, timer, n, 1) for n in sorted(jobs["vocab"])]
     log(f"  {len(attention_rows)} attention shapes, {len(element_rows)} elementwise and {len(activation_rows)} "
         f"activation sizes, {time.perf_counter() - start:.0f} s")
-    ranks = torch.cuda.device_count() if device_type == "cuda" else CPU_RANKS
+    # worlds: on a GPU node every device at work (a job fills the node); on a CPU each process count a local run
+    # has, which decides how long a process waits for a core to answer its peer
+    ranks = torch.cuda.device_count() if device_type == "cuda" else max(GROUPS)
     groups = [n for n in GROUPS if n <= ranks]
-    collective_rows = M.collectives(device_type, groups, COLLECTIVE_SIZES) if groups else []
-    log(f"  {len(collective_rows)} collective and point-to-point timings over group sizes {groups}, "
+    worlds = [ranks] if device_type == "cuda" else groups
+    collective_rows = M.collectives(device_type, worlds, groups, COLLECTIVE_SIZES) if groups else []
+    log(f"  {len(collective_rows)} collective and point-to-point timings over group sizes {groups} "
+        f"in worlds of {worlds} processes, "
         f"{time.perf_counter() - start:.0f} s")
     measured = {"gemm": gemm_rows, "gemm_accumulate": accumulate_rows, "attention": attention_rows,
                 "elementwise": element_rows, "activation": activation_rows, "optimizer": step,
@@ -206,7 +214,8 @@ def fitted(name: str, device: torch.device, dtype: str, peak: float, measured: d
     kernel_s = min(s for _, s in elem)
     big = [r for r in elem if r[0] >= 2**20] or elem
     _, bandwidth = fit_link(big) if len(big) >= 2 else (0.0, elem[-1][0] / elem[-1][1])
-    p2p = [[b, s] for op, n, b, s in measured["collectives"] if op == "p2p"]
+    pairs = [r for r in measured["collectives"] if r[0] == "p2p"]  # the link model: a pair alone on the node
+    p2p = [[r[2], r[3]] for r in pairs if (r[4:] or [2])[0] == min((q[4:] or [2])[0] for q in pairs)]
     link = {}
     if len(p2p) >= 2:
         latency, link_bw = fit_link(p2p)

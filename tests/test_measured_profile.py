@@ -74,6 +74,29 @@ def test_collectives_are_read_per_operation_and_group_size_within_the_measured_p
     assert net.p2p(0, 1, 1024) == pytest.approx(5e-5)
 
 
+def test_a_collective_is_read_from_the_world_at_work_as_the_run_has_it():
+    """Rows carry the world they were measured in (groups side by side); a run with `busy` ranks on the node reads
+    the smallest world at or above max(busy, n), else the largest; a row without a world counts as its group alone."""
+    rows = [["all_reduce", 2, 1024, 1e-4, 2], ["all_reduce", 2, 1024, 3e-4, 4], ["all_reduce", 2, 1024, 9e-4, 8],
+            ["p2p", 2, 1024, 5e-5, 2], ["p2p", 2, 1024, 2e-4, 8], ["broadcast", 4, 1024, 7e-4]]
+    hw = with_tables(CPU, collectives=rows)
+    t = Tables.of(hw.measured)
+    assert t.collective_s("all_reduce", 2, 1024) == pytest.approx(1e-4)  # alone
+    assert t.collective_s("all_reduce", 2, 1024, busy=3) == pytest.approx(3e-4)  # next world up
+    assert t.collective_s("all_reduce", 2, 1024, busy=8) == pytest.approx(9e-4)
+    assert t.collective_s("all_reduce", 2, 1024, busy=16) == pytest.approx(9e-4)  # the largest measured
+    assert t.collective_s("broadcast", 4, 1024, busy=2) == pytest.approx(7e-4)  # an old row: world = n
+    assert Network.of(hw, world=4).collective(ALL_REDUCE, (0, 1), 1024) == pytest.approx(3e-4)
+    assert Network.of(hw, world=8).p2p(0, 1, 1024) == pytest.approx(2e-4)
+    assert Network.of(hw).p2p(0, 1, 1024) == pytest.approx(5e-5)
+    # a 2-D grid's runs pay the world they have: the row groups of tp 4 [2,2,1] read the 4-process rows
+    cfg2d = RunConfig(method="baseline", pp=1, tp=4, tp_mode="2d", layers=2, hidden=64, heads=4, seq_len=32,
+                      micro_batch_size=4, microbatches=2, vocab_size=2048)
+    sched = build("baseline", 1, 2, 1)
+    alone = replace(hw, measured={"collectives": [r[:4] for r in rows if (r[4:] or [0])[0] <= 2] + [rows[-1]]})
+    assert pass_times(cfg2d, hw, sched)[("F", 0)] > pass_times(cfg2d, alone, sched)[("F", 0)]
+
+
 def test_a_table_stored_as_text_reads_back_as_its_rows():
     table = [["all_reduce", 2, 1024, 1.5e-4], ["p2p", 2, 65536, 2e-3]]
     assert rows(as_text(table)) == table
@@ -327,4 +350,4 @@ def test_the_optimizer_step_times_each_vocabulary_matrix_at_its_size():
 def test_a_collective_benchmark_without_a_result_in_time_is_stopped_not_waited_for():
     """Ranks that are alive but never answer (a hung collective) end the benchmark at its deadline, killed."""
     with pytest.raises(RuntimeError, match="gave no result within 0.3 s"):
-        M.collectives("cpu", [2], [1 << 20], reps=1000, timeout_s=0.3)
+        M.collectives("cpu", [2], [2], [1 << 20], reps=1000, timeout_s=0.3)

@@ -25,7 +25,7 @@ def comm_times(cfg: RunConfig, hw: Hardware, sched: Schedule) -> dict:
     nodes as the mesh places them (vp.run.mesh_channels): C0, IF and IB along the first replica's pipeline (tp
     offset 0), the others over its first vocabulary group (pipeline ranks x grid columns); with tp > 1 C0, IF
     and IB include their root's step inside its stage's tp group (vp.cost.tensor.vocab_row_steps)."""
-    net = Network.of(hw)
+    net = Network.of(hw, cfg.world)
     sizes = payloads(cfg, sched)
     where = groups(cfg.mesh, "pp")[0]  # global rank of each pipeline rank
     axis = {kind: where if kind in ROOTED_KINDS else groups(cfg.mesh, "vocab")[0] for kind in COLLECTIVE_KINDS}
@@ -51,7 +51,7 @@ def tail_s(cfg: RunConfig, hw: Hardware, sched: Schedule) -> float:
     optimizer step over its parameters (where the profile measured it). Where devices share cores (a CPU profile's
     `cores`) the data-parallel all-reduce and the step are slowed by devices / cores: every device runs them at
     once (a gloo all-reduce of the gradients copies and sums them on the CPU)."""
-    net = Network.of(hw)
+    net = Network.of(hw, cfg.world)
     slower = hw.contention(min(cfg.world, hw.gpus_per_node))
     dp = [slower * s for s in dp_allreduce_per_rank(cfg, hw, sched)]
     step = [slower * optimizer_s(hw, n, vocab) for n, vocab in zip(rank_params(cfg, sched),
@@ -95,7 +95,7 @@ def dp_allreduce_per_rank(cfg: RunConfig, hw: Hardware, sched: Schedule) -> list
     """Per pipeline rank: one flat fp32 buffer of a device's parameters over its replicas' group."""
     if cfg.dp < 2:
         return [0.0] * cfg.pp
-    net = Network.of(hw)
+    net = Network.of(hw, cfg.world)
     dp_groups = {g[0]: g for g in groups(cfg.mesh, "dp")}  # first member = the rank in replica 0
     where = groups(cfg.mesh, "pp")[0]
     return [net.collective(ALL_REDUCE, dp_groups[where[p]], 4.0 * n) for p, n in enumerate(rank_params(cfg, sched))]

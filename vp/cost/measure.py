@@ -171,10 +171,9 @@ def _collective_rank(rank: int, world: int, init: str, device_type: str, threads
                             world_size=world, **({"device_id": device} if device_type == "cuda" else {}))
     try:
         rows = []
-        for n in groups:
-            pg = dist.new_group(list(range(n)))  # every rank takes part in creating it
-            if rank >= n:
-                continue
+        for n in [n for n in groups if world % n == 0]:
+            # the world in groups of n, every group at work at once (each rank takes part in creating all)
+            pg = [dist.new_group(list(range(g, g + n))) for g in range(0, world, n)][rank // n]
             for nbytes in [b for b in sizes if b * n <= 2**26]:  # all_gather's output: n payloads
                 t = torch.ones(max(1, nbytes // 4), device=device)
                 bufs = [torch.empty_like(t) for _ in range(n)]
@@ -183,9 +182,9 @@ def _collective_rank(rank: int, world: int, init: str, device_type: str, threads
                          "all_gather": lambda: dist.all_gather(bufs, t, group=pg),
                          "reduce": lambda: dist.reduce(t, group=pg, group_dst=0)}
                 if n == 2:
-                    calls["p2p"] = lambda: _ping(t, rank, pg)
+                    calls["p2p"] = lambda: _ping(t, dist.get_group_rank(pg, rank), pg)
                 for op, call in calls.items():
-                    rows.append([op, n, nbytes, _slowest(call, pg, device, reps) / (2 if op == "p2p" else 1)])
+                    rows.append([op, n, nbytes, _slowest(call, device, reps) / (2 if op == "p2p" else 1), world])
         if rank == 0:
             queue.put(rows)
     finally:
@@ -202,12 +201,16 @@ def _ping(t, rank: int, pg) -> None:
         dist.send(t, group=pg, group_dst=0)
 
 
-def _slowest(call, pg, device: torch.device, reps: int) -> float:
-    """Median over reps of the slowest rank's seconds of one call, all ranks started after a barrier."""
+def _slowest(call, device: torch.device, reps: int, budget_s: float = 0.25, min_reps: int = 3) -> float:
+    """Mean over reps of the slowest rank's seconds of one call (of all the world's groups), every rank started
+    after a barrier; fewer reps (at least min_reps) once they add up to budget_s (every rank sees the same samples,
+    so all stop together). The mean, not the median: a collective among processes that share cores now and then
+    waits a scheduler time slice for a peer (on 2 cores, 0.3 ms typically and up to 8 ms), and a run pays every
+    such wait."""
     call()  # warm-up: connections, buffers
     samples = []
-    for _ in range(reps):
-        dist.barrier(group=pg)
+    while len(samples) < reps and (len(samples) < min_reps or sum(samples) < budget_s):
+        dist.barrier()
         if device.type == "cuda":
             torch.cuda.synchronize()
         t0 = time.perf_counter()
@@ -215,19 +218,27 @@ def _slowest(call, pg, device: torch.device, reps: int) -> float:
         if device.type == "cuda":
             torch.cuda.synchronize()
         took = torch.tensor([time.perf_counter() - t0], device=device)
-        dist.all_reduce(took, op=dist.ReduceOp.MAX, group=pg)
+        dist.all_reduce(took, op=dist.ReduceOp.MAX)
         samples.append(float(took.item()))
-    return statistics.median(samples)
+    return statistics.fmean(samples)
 
 
-def collectives(device_type: str, groups: list[int], sizes: list[int], reps: int = 3,
+def collectives(device_type: str, worlds: list[int], groups: list[int], sizes: list[int], reps: int = 10,
                 threads: int = 1, timeout_s: float = 600.0) -> list[list]:
-    """[op, group size, payload bytes, seconds] for every op, group size and payload, and [p2p, 2, bytes, s];
-    one process per rank of the largest group, forked from a server that imported torch once (a spawned process
+    """[op, group size n, payload bytes, seconds, world] for every op and payload, and [p2p, 2, bytes, s, world],
+    with `world` processes at work in world / n groups at once, for each world and each group size dividing it:
+    how a run's tensor-parallel groups (a 2-D grid's rows and columns), pipeline pairs and replicas communicate
+    together. One set of processes per world, forked from a server that imported torch once (a spawned process
     per rank would import it again, several seconds each on a loaded machine)."""
-    world = max(groups)
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(["torch", "torch.distributed", __name__])
+    return [row for world in worlds
+            for row in _collectives_of(ctx, world, device_type, [n for n in groups if n <= world], sizes, reps,
+                                       threads, timeout_s)]
+
+
+def _collectives_of(ctx, world: int, device_type: str, groups: list[int], sizes: list[int], reps: int,
+                    threads: int, timeout_s: float) -> list[list]:
     queue = ctx.Queue()
     with tempfile.TemporaryDirectory() as tmp:
         init = f"file://{os.path.join(tmp, 'rendezvous')}"

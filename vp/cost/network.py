@@ -10,8 +10,9 @@ tensor each rank hands to the collective (vp.cost.traffic.payloads):
   tree all-reduce  2((n/nodes - 1) intra + log2(nodes) inter) steps, twice the payload; the faster of ring and
                    tree is taken, as NCCL does.
 A point-to-point message takes one step's latency plus bytes over its link.
-A measured profile answers for a group inside one node from its table of the same operation and group size
-(vp.cost.tables.collective_s), within the payloads it measured; this model answers elsewhere.
+A measured profile answers for a group inside one node from its table of the same operation and group size,
+measured with as many of the node's processes at work as the run has (Network.busy; vp.cost.tables.collective_s);
+this model answers elsewhere.
 """
 import math
 from collections.abc import Callable
@@ -50,18 +51,20 @@ class Network:
     ib_latency: float
     collective_latency: float
     tables: Tables = Tables()
+    busy: int = 0  # ranks of a node that communicate at once (a measured table's world; 0: each group alone)
 
     @classmethod
-    def of(cls, hw: Hardware) -> "Network":
+    def of(cls, hw: Hardware, world: int = 0) -> "Network":
+        """The network of a profile, for a run of `world` ranks (0: each group priced as if alone on its node)."""
         return cls(hw.gpus_per_node, hw.link_bandwidth, hw.link_latency, hw.ib_bandwidth, hw.ib_latency,
-                   hw.collective_latency, hw.tables)
+                   hw.collective_latency, hw.tables, min(world, hw.gpus_per_node))
 
     def node(self, rank: int) -> int:
         return rank // self.gpus_per_node
 
     def p2p(self, src: int, dst: int, nbytes: float) -> float:
         if self.node(src) == self.node(dst):
-            measured = self.tables.collective_s("p2p", 2, nbytes)
+            measured = self.tables.collective_s("p2p", 2, nbytes, self.busy)
             if measured is not None:
                 return measured
             return self.link_latency + nbytes / self.link_bandwidth
@@ -73,7 +76,7 @@ class Network:
         if n < 2:
             return 0.0
         nodes = len({self.node(r) for r in ranks})
-        measured = self.tables.collective_s(op.name, n, nbytes) if nodes == 1 else None
+        measured = self.tables.collective_s(op.name, n, nbytes, self.busy) if nodes == 1 else None
         if measured is not None:
             return measured
         bandwidth = self.ib_bandwidth if nodes > 1 else self.link_bandwidth

@@ -249,7 +249,7 @@ def pass_times(cfg: RunConfig, hw: Hardware, sched: Schedule, compute: dict | No
     where the simulator finds them computing at once (Costs.sharing, vp.cost.costs.sharing), not here."""
     out = dict(compute_times(cfg, hw, sched) if compute is None else compute)
     if cfg.tp > 1:
-        net, sh = Network.of(hw), Shapes.of(cfg, hw)
+        net, sh = Network.of(hw, cfg.world), Shapes.of(cfg, hw)
         per_layer = {k: sum(gemm_time(hw, g) for g in sh.layer(k).gemms) for k in ("F", "B", "W")}
         for st, layers in enumerate(cfg.stage_layers):
             gemm = {k: layers * per_layer[k] / hw.eff(k) for k in ("F", "B", "W")}

@@ -13,9 +13,14 @@ by the cost model where they cover a question; None elsewhere, and the analytica
                proportional to the elements beyond them;
   optimizer    seconds per parameter of one step over a single tensor per tensor size, log-log linear between
                measured sizes, the nearest's beyond them; None without such rows;
-  collectives  per (op, group size) measured, log-log linear in payload bytes; the smallest's time below the
-               smallest payload (latency); beyond the largest, a latency and a bandwidth through the two largest
+  collectives  per (op, group size, world) measured, log-log linear in payload bytes; the smallest's time below
+               the smallest payload (latency); beyond the largest, a latency and a bandwidth through the two largest
                (the analytical network, whose point-to-point link answers a whole ring, was 2-8x too fast there).
+               `world` is how many of the node's processes were at work at once (world / n groups side by side):
+               a question about a run with `busy` ranks on the node reads the smallest world measured at or
+               above max(busy, n), else the largest. On 2 CPU cores an all-reduce of 256 B between two
+               processes took 1.4 ms with 2 processes at work and 4.6 ms with 8 (four pairs at once); rows
+               without a world (older profiles) were measured with their group alone (world = n).
 """
 import math
 from dataclasses import dataclass, field
@@ -31,7 +36,7 @@ class Tables:
     gemm: np.ndarray = field(default_factory=lambda: np.zeros((0, 4)))  # log2 m, log2 n, log2 k, FLOP/s
     gemm_accumulate: np.ndarray = field(default_factory=lambda: np.zeros((0, 4)))  # the same, C += A B in place
     attention: dict = field(default_factory=dict)  # (seq, head_dim) -> (bh[], forward s[], backward s[])
-    collectives: dict = field(default_factory=dict)  # (op, n) -> (bytes[], seconds[])
+    collectives: dict = field(default_factory=dict)  # (op, n) -> {world: (bytes[], seconds[])}
     elementwise: np.ndarray = field(default_factory=lambda: np.zeros((0, 3)))  # log2 size, log2 bytes/s, s per fresh byte
     optimizer: np.ndarray = field(default_factory=lambda: np.zeros((0, 2)))  # log2 tensor elements, log2 s/param
     activation: np.ndarray = field(default_factory=lambda: np.zeros((0, 3)))  # log2 elements, log2 s fwd, log2 s bwd
@@ -45,9 +50,11 @@ class Tables:
         attention = {}
         for bh, s, d, fwd, bwd in sorted(measured.get("attention") or []):
             attention.setdefault((int(s), int(d)), []).append((bh, fwd, bwd))
-        collectives = {}
-        for op, n, nbytes, seconds in sorted(measured.get("collectives") or [], key=lambda r: (r[0], r[1], r[2])):
-            collectives.setdefault((op, int(n)), []).append((nbytes, seconds))
+        collectives = {}  # a row: op, n, bytes, seconds[, world]
+        for r in sorted(measured.get("collectives") or [], key=lambda r: (r[0], r[1], r[4:], r[2])):
+            op, n, nbytes, seconds = r[:4]
+            world = int(r[4]) if len(r) > 4 else int(n)
+            collectives.setdefault((op, int(n)), {}).setdefault(world, []).append((nbytes, seconds))
         # [bytes moved, seconds in place, seconds out of place] of x + y: three tensors of moved / 3 bytes each
         elementwise = np.array(sorted([math.log2(r[0] / 3), math.log2(r[0] / r[1]),
                                        max(0.0, r[2] - r[1]) / (r[0] / 3) if len(r) > 2 else 0.0]
@@ -59,7 +66,8 @@ class Tables:
                                      for n, f, b in measured.get("activation") or [] if min(n, f, b) > 0))
         return cls(gemm, gemm_accumulate,
                    {k: tuple(np.array(c, dtype=float) for c in zip(*v)) for k, v in attention.items()},
-                   {k: tuple(np.array(c, dtype=float) for c in zip(*v)) for k, v in collectives.items()},
+                   {k: {w: tuple(np.array(c, dtype=float) for c in zip(*pts)) for w, pts in sorted(v.items())}
+                    for k, v in collectives.items()},
                    elementwise.reshape(-1, 3), optimizer.reshape(-1, 2), activation.reshape(-1, 3))
 
     def gemm_s(self, m: int, n: int, k: int, accumulate: bool = False) -> float | None:
@@ -108,12 +116,14 @@ class Tables:
             return None
         return float(2.0 ** np.interp(math.log2(tensor_elements), self.optimizer[:, 0], self.optimizer[:, 1]))
 
-    def collective_s(self, op: str, n: int, nbytes: float) -> float | None:
-        """Seconds of one collective (or 'p2p', n = 2) among n ranks of one machine, or None."""
-        entry = self.collectives.get((op, int(n)))
-        if entry is None:
+    def collective_s(self, op: str, n: int, nbytes: float, busy: int = 0) -> float | None:
+        """Seconds of one collective (or 'p2p', n = 2) among n ranks of one machine on which `busy` ranks of the
+        run communicate (0: the group alone), or None."""
+        worlds = self.collectives.get((op, int(n)))
+        if not worlds:
             return None
-        xs, ys = entry
+        want = max(int(busy), int(n))
+        xs, ys = worlds[next((w for w in worlds if w >= want), max(worlds))]
         if nbytes <= xs[0]:
             return float(ys[0])
         if nbytes > xs[-1]:  # latency + bytes / bandwidth through the two largest payloads measured
