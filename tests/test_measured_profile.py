@@ -189,7 +189,8 @@ def test_cpu_microbenchmarks_count_the_cpu_time_of_their_thread_not_the_wall_clo
     assert not HM.same_machine({"machine": {k: v for k, v in here.items() if k != "clock"}}, "cpu", "fp32")
     # and one whose GEMMs were timed with warm caches (no "caches" entry) too
     assert here["caches"] == HM.CACHES
-    assert not HM.same_machine({"machine": {k: v for k, v in here.items() if k != "caches"}}, "cpu", "fp32")
+    for key in ("caches", "collectives"):  # measured otherwise: measured again
+        assert not HM.same_machine({"machine": {k: v for k, v in here.items() if k != key}}, "cpu", "fp32")
 
 
 def test_a_measured_activation_table_prices_gelu_in_place_of_its_bytes():
@@ -239,6 +240,8 @@ def test_calibrate_measure_writes_a_profile_that_sim_reads_and_reuses_it(quick, 
     assert jobs["gelu"] <= {r[0] for r in rows(hw.measured["activation"])} and jobs["gelu"]
     assert {r[0] for r in rows(hw.measured["collectives"])} == {"all_reduce", "broadcast", "all_gather", "reduce",
                                                                 "p2p"}
+    assert {r[4] for r in rows(hw.measured["collectives"])} == {2}  # the world each was measured in
+    assert hw.machine["collectives"] == HM.COLLECTIVES
     cfg = RunConfig(method="baseline", pp=1, tp=2, tp_mode="1d", layers=4, hidden=64, heads=4, seq_len=32,
                     micro_batch_size=4, vocab_size=2000, microbatches=2, device="cpu", dtype="fp32")
     sched = build("baseline", 1, 2, 1)
@@ -351,3 +354,11 @@ def test_a_collective_benchmark_without_a_result_in_time_is_stopped_not_waited_f
     """Ranks that are alive but never answer (a hung collective) end the benchmark at its deadline, killed."""
     with pytest.raises(RuntimeError, match="gave no result within 0.3 s"):
         M.collectives("cpu", [2], [2], [1 << 20], reps=1000, timeout_s=0.3)
+
+
+def test_collectives_are_measured_with_the_worlds_groups_side_by_side():
+    """World 4 in groups of 2: both pairs at once (the second pair's ranks 2 and 3 address each other by group
+    rank), every op and the point-to-point message, each row tagged with its world."""
+    got = M.collectives("cpu", [4], [2, 4], [256], reps=2)
+    assert {(r[0], r[1], r[4]) for r in got} == {(op, n, 4) for op in M.OPS for n in (2, 4)} | {("p2p", 2, 4)}
+    assert all(r[2] == 256 and r[3] > 0 for r in got)
