@@ -12,6 +12,7 @@ from math import ceil
 import matplotlib.pyplot as plt
 import pandas as pd
 import seaborn as sns
+from matplotlib.ticker import MaxNLocator
 
 # dash patterns of the style levels, as seaborn's (solid first), then longer dashes for any further level
 DASHES = ["", (4, 1.5), (1, 1), (3, 1.25, 1.5, 1.25), (5, 1, 1, 1)]
@@ -94,3 +95,51 @@ def line_panels(data: pd.DataFrame, x: str, y: str, hue: str, hue_order: list, c
                     for s in styles]
     fig.legend(handles=handles, loc="center right", frameon=False, handlelength=2.0)
     return fig, panels
+
+
+def rank_rows(data: pd.DataFrame, hue: str, hue_order: list, col: str, col_order: list, row: str, row_order: list,
+              height: float = 2.0, aspect: float = 1.2, ylabel: str = "") -> plt.Figure:
+    """Per-rank values (columns "rank" and "value") as a row x column grid of panels, each row drawn as one Axes:
+    the columns' panels sit side by side on it, each over its own segment of the x axis (ranks 0..n-1, n the row's
+    largest rank count), separated by a line, with the column's name above it in the top row. The panels of a row
+    share their axes, as a row-shared grid would; drawing one Axes per row instead of one per panel (tick labels,
+    grid lines) makes the 48-panel figures of the paper grids several times cheaper to draw."""
+    width = height * aspect
+    ncols, nrows = len(col_order), len(row_order)
+    legend = CHAR * max(len(str(v)) for v in [hue, *hue_order]) + 0.6
+    right = RIGHT + legend + ROW_TITLE
+    fig_w = LEFT + ncols * width + right
+    fig_h = max(BOTTOM + nrows * height + (nrows - 1) * GAP_ROW + TOP, (len(hue_order) + 1) * LINE + 0.4)
+    fig, axes = plt.subplots(nrows, 1, figsize=(fig_w, fig_h), squeeze=False)
+    fig.subplots_adjust(left=LEFT / fig_w, right=1 - right / fig_w, bottom=BOTTOM / fig_h,
+                        top=(BOTTOM + nrows * height + (nrows - 1) * GAP_ROW) / fig_h, hspace=GAP_ROW / height)
+    colors = dict(zip(hue_order, sns.color_palette(n_colors=len(hue_order))))
+    means = data.groupby([row, col, hue, "rank"], sort=True, observed=True)["value"].mean()
+    lines = {key: values.droplevel([0, 1, 2]) for key, values in means.groupby(level=[0, 1, 2], sort=False)}
+    for i, (ax, r) in enumerate(zip(axes[:, 0], row_order)):
+        n = int(data.loc[data[row] == r, "rank"].max()) + 1
+        ticks = [int(t) for t in MaxNLocator(nbins=4, integer=True).tick_values(0, n - 1) if 0 <= t <= n - 1]
+        xticks, xlabels = [], []
+        for j, c in enumerate(col_order):
+            off = j * (n + 1)  # this panel's rank 0; a gap of one rank between panels, the separator in it
+            for h in hue_order:
+                if (r, c, h) in lines:
+                    line = lines[(r, c, h)]
+                    ax.plot(off + line.index.to_numpy(), line.to_numpy(), color=colors[h], marker="o", mec="w")
+            xticks += [off + t for t in ticks]
+            xlabels += [str(t) for t in ticks]
+            if j:
+                ax.axvline(off - 1, color=".15", linewidth=0.8)
+            if i == 0:
+                ax.text(off + (n - 1) / 2, 1.02, str(c), transform=ax.get_xaxis_transform(), ha="center",
+                        va="bottom")
+        ax.set_xlim(-1, ncols * (n + 1) - 1)
+        ax.set_xticks(xticks, xlabels)
+        ax.annotate(str(r), xy=(1.01, 0.5), xycoords="axes fraction", rotation=270, ha="left", va="center")
+        ax.set_ylabel(ylabel)
+        ax.spines[["top", "right"]].set_visible(False)
+    axes[-1, 0].set_xlabel("rank")
+    handles = [plt.Line2D([], [], linestyle="none", label=hue)]
+    handles += [plt.Line2D([], [], color=colors[h], marker="o", label=str(h)) for h in hue_order]
+    fig.legend(handles=handles, loc="center right", frameon=False, handlelength=2.0)
+    return fig

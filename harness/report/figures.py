@@ -1,6 +1,7 @@
-"""The paper's figures from the runs frame, with matplotlib in seaborn's style, each as PNG and PDF: MFU against vocabulary size,
-per-rank peak memory and idle fraction (the imbalance vocabulary parallelism removes), throughput against GPU
-count, and the schedule timelines of a few runs. A figure without data is skipped with the reason."""
+"""The paper's figures from the runs frame, drawn with matplotlib in seaborn's style (harness.report.facets), each
+as PNG and PDF: MFU against vocabulary size, per-rank peak memory and idle fraction (the imbalance vocabulary
+parallelism removes), throughput against GPU count, and the schedule timelines of a few runs. A figure without
+data is skipped with the reason."""
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -10,9 +11,9 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
-from matplotlib.ticker import MaxNLocator, NullLocator  # noqa: E402
+from matplotlib.ticker import NullLocator  # noqa: E402
 
-from harness.report.facets import line_panels  # noqa: E402
+from harness.report.facets import line_panels, rank_rows  # noqa: E402
 from harness.report.frame import METHOD_ORDER, ok_runs, per_rank, ranks_label  # noqa: E402
 from harness.report.tables import memory_unit, slug  # noqa: E402
 
@@ -78,11 +79,7 @@ def _per_rank(g: pd.DataFrame, out: Path, column: str, scale: float, ylabel: str
         fig.skipped = f"no ok run records {column}"
         return fig
     data["value"] = data["value"] / scale
-    figure, panels = line_panels(data, "rank", "value", "vocab", _vocabs(data), "method", _methods(data),
-                                 row="setup", row_order=_setups(data), sharex="row", sharey="row", height=2.0,
-                                 aspect=1.2, xlabel="rank", ylabel=ylabel)
-    for ax in panels:
-        ax.xaxis.set_major_locator(MaxNLocator(nbins=6, integer=True))
+    figure = rank_rows(data, "vocab", _vocabs(data), "method", _methods(data), "setup", _setups(data), ylabel=ylabel)
     fig.paths = _save(figure, out, stem)
     return fig
 
