@@ -1,6 +1,7 @@
 """Figures of the tensor-parallel scaling (harness.report.scaling), drawn by harness.report.facets, as PNG and PDF:
-per hardware, the weak-scaling series of each tensor mode against the device count (efficiency, model TFLOP/s per device, peak
-memory per device), and the strong-scaling series (tokens/s and peak memory per device against devices)."""
+per hardware, the weak-scaling series of each tensor mode against the device count (efficiency, model TFLOP/s per
+device, peak memory per device), and the strong-scaling series (tokens/s and peak memory per device against
+devices)."""
 from pathlib import Path
 
 import pandas as pd
