@@ -3,14 +3,15 @@ report's tables. For checking that a change to the simulator, the sweep or the r
 
 A record is compared whole but for what differs between any two runs of the same code: env.start and env.end
 (timestamps) and env.simulator_version (a hash of the simulator's source, which changes with any edit to it, by
-design). A report is compared on tables.md, runs.csv, every .tex table and the README, the README with the
-results folder it names replaced; figures are not compared (their pixels follow the plotting libraries).
+design). A report is compared on tables.md, runs.csv, every .tex table and the README, but for the results folder
+the README names; figures are not compared (their pixels follow the plotting libraries).
 
 Usage:  python scripts/compare-results.py OLD_RESULTS NEW_RESULTS [EXPERIMENT ...] [--reports OLD_REPORTS NEW_REPORTS]
 Exits 0 when everything compared is equal, else 1 after naming each difference (the first 20 per experiment).
 """
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -46,16 +47,17 @@ def compare_records(old: Path, new: Path) -> tuple[int, list[str]]:
     return len(set(a) & set(b)), out
 
 
-def _report_files(folder: Path, results: Path) -> dict[str, str]:
+def _report_files(folder: Path) -> dict[str, str]:
     files = {p.name: p.read_text() for p in sorted(folder.iterdir())
              if p.name in ("README.md", "tables.md", "runs.csv") or p.suffix == ".tex"}
-    if "README.md" in files:
-        files["README.md"] = files["README.md"].replace(str(results), "<results>")
+    if "README.md" in files:  # the results folder it names, as it was given (relative or not)
+        files["README.md"] = re.sub(r"from the records in `[^`]*`", "from the records in `<results>`",
+                                    files["README.md"])
     return files
 
 
-def compare_report(old: Path, new: Path, old_results: Path, new_results: Path) -> tuple[int, list[str]]:
-    a, b = _report_files(old, old_results), _report_files(new, new_results)
+def compare_report(old: Path, new: Path) -> tuple[int, list[str]]:
+    a, b = _report_files(old), _report_files(new)
     out = [f"{name}: only in {'old' if name in a else 'new'}" for name in sorted(set(a) ^ set(b))]
     for name in sorted(set(a) & set(b)):
         if a[name] != b[name]:
@@ -77,8 +79,7 @@ def main(argv=None) -> int:
     for name in names:
         checked, diffs = compare_records(args.old / name, args.new / name)
         if args.reports:
-            files, report_diffs = compare_report(args.reports[0] / name, args.reports[1] / name,
-                                                 args.old / name, args.new / name)
+            files, report_diffs = compare_report(args.reports[0] / name, args.reports[1] / name)
             diffs += [f"report {d}" for d in report_diffs]
         print(f"{name}: {checked} records" + (f", {files} report files" if args.reports else "") +
               (" equal" if not diffs else f", {len(diffs)} differences"))
