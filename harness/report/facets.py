@@ -19,7 +19,7 @@ DASHES = ["", (4, 1.5), (1, 1), (3, 1.25, 1.5, 1.25), (5, 1, 1, 1)]
 # the fixed layout, in inches: outer margins, gaps between panels, legend text
 LEFT, BOTTOM, TOP, RIGHT = 0.75, 0.5, 0.3, 0.1
 GAP_SHARED, GAP_OWN, GAP_ROW = 0.15, 0.6, 0.45  # between columns sharing y / each with its own y; between rows
-ROW_TITLE = 0.25  # the margin titles of a row x column grid
+ROW_TITLE = 0.25  # the row names beside rank_rows' rows
 CHAR, LINE = 0.07, 0.17  # legend: inches per character of a label, per entry
 
 
@@ -28,28 +28,23 @@ def _dashes(n: int) -> list:
 
 
 def line_panels(data: pd.DataFrame, x: str, y: str, hue: str, hue_order: list, col: str, col_order: list,
-                row: str | None = None, row_order: list | None = None, col_wrap: int | None = None,
-                style: str | None = None, style_order: list | None = None, sharex: bool | str = True,
-                sharey: bool | str = True, height: float = 2.4, aspect: float = 1.25,
-                col_title: str = "{}", xlabel: str = "", ylabel: str = "") -> tuple[plt.Figure, list]:
-    """The figure and its panels (axes, in col_order, or row by row for a row x column grid; empty cells
-    removed). Each panel holds the rows of one `col` (and `row`) value; each line one `hue` (and `style`) level,
-    at the mean `y` of each `x`, sorted by x. sharex/sharey: True, False or "row", as in plt.subplots."""
-    if row is not None:
-        nrows, ncols, cells = len(row_order), len(col_order), [(r, c) for r in row_order for c in col_order]
-    else:
-        ncols = min(col_wrap or len(col_order), len(col_order))
-        nrows, cells = ceil(len(col_order) / ncols), [(None, c) for c in col_order]
+                col_wrap: int | None = None, style: str | None = None, style_order: list | None = None,
+                sharey: bool = True, height: float = 2.4, aspect: float = 1.25, col_title: str = "{}",
+                xlabel: str = "", ylabel: str = "") -> tuple[plt.Figure, list]:
+    """The figure and its panels (axes in col_order, col_wrap to a row, on a shared x axis). Each panel holds the
+    rows of one `col` value; each line one `hue` (and `style`) level, at the mean `y` of each `x`, sorted by x."""
+    ncols = min(col_wrap or len(col_order), len(col_order))
+    nrows, cells = ceil(len(col_order) / ncols), list(col_order)
     width, high = height * aspect, height
     own_y = sharey is False
     gap = GAP_OWN if own_y else GAP_SHARED
     styles = list(style_order) if style else []
     entries = len(hue_order) + 1 + (len(styles) + 1 if styles else 0)
     legend = CHAR * max(len(str(v)) for v in [hue, *hue_order, *([style] if style else []), *styles]) + 0.6
-    right = RIGHT + legend + (ROW_TITLE if row is not None else 0)
+    right = RIGHT + legend
     fig_w = LEFT + ncols * width + (ncols - 1) * gap + right
     fig_h = max(BOTTOM + nrows * high + (nrows - 1) * GAP_ROW + TOP, entries * LINE + 0.4)
-    fig, grid = plt.subplots(nrows, ncols, figsize=(fig_w, fig_h), sharex=sharex, sharey=sharey, squeeze=False)
+    fig, grid = plt.subplots(nrows, ncols, figsize=(fig_w, fig_h), sharex=True, sharey=sharey, squeeze=False)
     fig.subplots_adjust(left=LEFT / fig_w, right=1 - right / fig_w, bottom=BOTTOM / fig_h,
                         top=(BOTTOM + nrows * high + (nrows - 1) * GAP_ROW) / fig_h, wspace=gap / width,
                         hspace=GAP_ROW / high)
@@ -62,28 +57,23 @@ def line_panels(data: pd.DataFrame, x: str, y: str, hue: str, hue_order: list, c
     panels = flat[:len(cells)]
     colors = dict(zip(hue_order, sns.color_palette(n_colors=len(hue_order))))
     dashes = dict(zip(styles, _dashes(len(styles))))
-    keys = [k for k in (row, col, hue, style) if k is not None]
+    keys = [k for k in (col, hue, style) if k is not None]
     means = data.groupby(keys + [x], sort=True, observed=True)[y].mean()
     lines = {}
     for key, values in means.groupby(level=list(range(len(keys))), sort=False):
         lines[key if isinstance(key, tuple) else (key,)] = values.droplevel(list(range(len(keys))))
-    for ax, (r, c) in zip(panels, cells):
+    for ax, c in zip(panels, cells):
         for h in hue_order:
             for s in styles or [None]:
-                key = tuple(v for v, k in ((r, row), (c, col), (h, hue), (s, style)) if k is not None)
+                key = (c, h, s) if style else (c, h)
                 if key in lines:
                     line = lines[key]
                     dash = {"dashes": dashes[s]} if dashes.get(s) else {}
                     ax.plot(line.index, line.to_numpy(), color=colors[h], marker="o", mec="w", **dash)
         ax.spines[["top", "right"]].set_visible(False)
     for i, ax in enumerate(panels):
-        top, left = i < ncols, i % ncols == 0
-        if top or row is None:
-            ax.set_title(col_title.format(cells[i][1]))
-        if row is not None and i % ncols == ncols - 1:
-            ax.annotate(str(cells[i][0]), xy=(1.02, 0.5), xycoords="axes fraction", rotation=270, ha="left",
-                        va="center")
-        if left or own_y:
+        ax.set_title(col_title.format(cells[i]))
+        if i % ncols == 0 or own_y:
             ax.set_ylabel(ylabel)
         if i + ncols >= len(flat):  # the bottom row
             ax.set_xlabel(xlabel)
