@@ -11,18 +11,18 @@ import hashlib
 from functools import lru_cache
 from pathlib import Path
 
+from vp.channels import rank_communicators
 from vp.cost import pass_costs, static_bytes, tail_s, traffic
 from vp.metrics import Metrics
 from vp.record import make_record, now
-from vp.run import rank_communicators
 from vp.schedule import build, simulate
 
 
 # what a simulated record depends on besides its config and hardware profile: the schedules, the simulator, the
 # cost model, the metrics and this module
 _VP = Path(__file__).parents[1] / "vp"
-_SOURCES = (_VP / "schedule", _VP / "cost", _VP / "metrics.py", _VP / "flops.py", _VP / "config.py", _VP / "run.py",
-            Path(__file__))
+_SOURCES = (_VP / "schedule", _VP / "cost", _VP / "metrics.py", _VP / "flops.py", _VP / "config.py",
+            _VP / "channels.py", Path(__file__))
 
 
 @lru_cache(maxsize=1)

@@ -2,11 +2,12 @@
 import pytest
 import torch
 
+from vp.channels import channels
 from vp.comm import Comm, make_groups
 from vp.config import RunConfig, check_config
 from vp.metrics import replica_sum
 from vp.reference import train_reference
-from vp.run import channels, train_rank
+from vp.run import train_rank
 from vp.cost import rank_params, traffic
 from vp.schedule import build
 from vp.schedule.methods import METHODS

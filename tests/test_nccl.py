@@ -8,11 +8,12 @@ from pathlib import Path
 import pytest
 import torch
 
+from vp.channels import channels, run_links
 from vp.comm import Comm, make_groups
 from vp.config import RunConfig
 from vp.nccl import Emulation, Watchdog, WatchdogTimeout
 from vp.reference import train_reference
-from vp.run import build_rank_model, channels, run_links, train_rank
+from vp.run import build_rank_model, train_rank
 from vp.runtime.loop import RankFailure, Runtime
 from vp.schedule import Schedule, build
 from vp.schedule.methods import METHODS
@@ -166,7 +167,7 @@ def test_eager_creation_covers_every_channel_given_to_make_groups(pools, world, 
     """The data- and tensor-parallel channels are created eagerly too (nothing lazily), and the mesh trains like
     the single process. Each rank holds the communicators the memory model counts for it (rank_communicators)."""
     from vp.metrics import replica_sum
-    from vp.run import rank_communicators
+    from vp.channels import rank_communicators
 
     cfg = tiny("vocab-2", 2, layers=4, **mesh)
     results = pools(world).run(emulated_mesh, cfg, form)

@@ -177,7 +177,7 @@ def test_spearman_of_ranks():
 @pytest.mark.parametrize("method", sorted(METHODS))
 def test_communicators_do_not_depend_on_the_microbatch_count(method):
     """What lets the planner count NCCL buffers from the smallest schedule of a kind (vp.plan.search)."""
-    from vp.run import rank_communicators
+    from vp.channels import rank_communicators
 
     for pp in (2, 4):
         runs = [RunConfig(method=method, pp=pp, microbatches=m, layers=8) for m in (pp, 2 * pp, 3 * pp)]
@@ -188,7 +188,7 @@ def test_communicators_do_not_depend_on_the_microbatch_count(method):
 @pytest.mark.parametrize("method", sorted(METHODS))
 def test_communicators_of_replica_0_are_the_same_for_every_dp_above_1(method):
     """What lets the planner count NCCL buffers of a mesh with dp > 1 from its dp = 2 form (vp.plan.search)."""
-    from vp.run import rank_communicators
+    from vp.channels import rank_communicators
 
     for tp, mode in ((1, "1d"), (4, "2d")):
         base = RunConfig(method=method, pp=4, microbatches=4, layers=8, tp=tp, tp_mode=mode, heads=8, hidden=64)

@@ -77,3 +77,26 @@ def test_custom_results_folders_get_their_own_reports_folder_and_bad_ones_are_re
     out = subprocess.run([sys.executable, "-m", "harness.report", "--results-dir", str(tmp_path / "results"),
                           "--reports-dir", "/proc/x"], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert out.returncode == 2 and "Traceback" not in out.stderr and "cannot write in /proc" in out.stderr
+
+
+def test_compare_results_names_every_field_that_differs_and_nothing_else(tmp_path):
+    """scripts/compare-results.py, which checks that a change leaves the sweeps' records alone: timestamps and the
+    simulator's source hash are not results; any other field is."""
+    old, new = tmp_path / "old", tmp_path / "new"
+    shutil.copytree(FIXTURES, old)
+    shutil.copytree(FIXTURES, new)
+    path = next(p for p in sorted((new / "mini").glob("*.json")) if json.loads(p.read_text())["status"] == "ok")
+    rec = json.loads(path.read_text())
+    rec.setdefault("env", {}).update(start="later", end="later", simulator_version="other")
+
+    def compare():
+        return subprocess.run([sys.executable, "scripts/compare-results.py", str(old), str(new)], cwd=ROOT,
+                              capture_output=True, text=True)
+
+    path.write_text(json.dumps(rec))
+    same = compare()
+    assert same.returncode == 0 and "mini: 22 records equal" in same.stdout, same.stdout + same.stderr
+    rec["metrics"]["peak_memory_bytes"][0] += 1
+    path.write_text(json.dumps(rec))
+    changed = compare()
+    assert changed.returncode == 1 and f"{rec['run_id']}.metrics.peak_memory_bytes[0]: " in changed.stdout

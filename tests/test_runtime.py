@@ -121,7 +121,7 @@ def test_memory_accounting_shows_the_imbalance_vp_removes(pools):
 def dp_run(rank, world, cfg):
     """One rank of a dp x pp run on a pool of dp * pp processes (groups cut from the mesh)."""
     from vp.comm import make_groups
-    from vp.run import channels
+    from vp.channels import channels
 
     comm = Comm(make_groups(channels(cfg), rank), torch.device("cpu"))
     try:

@@ -3,9 +3,9 @@ reference modules every process builds from one seed, and assembling per-device 
 import torch
 import torch.nn as nn
 
+from vp.channels import tp_slices
 from vp.comm import Comm, make_groups
 from vp.mesh import Mesh
-from vp.tp.context import tp_slices
 from vp.tp.layout import assemble_grid_activation, assemble_grid_weight, head_major
 
 # name -> (tp, mode, depth): the grids of the issue
@@ -27,7 +27,7 @@ def place(rank: int, world: int, names: list[str], pipeline: bool = False) -> tu
     """Build every grid's channels on every rank of the pool (new_group is collective over the world; idle
     ranks and ranks outside a channel's grids get groups of one); pipeline: also the run's pipeline channels.
     Returns (this rank's grid name, its mesh, its rank in that grid, its Comm); name None for an idle rank."""
-    from vp.run import mesh_channels
+    from vp.channels import mesh_channels
 
     slices, offset, mine = {}, 0, (None, None, rank)
     for name in names:

@@ -10,7 +10,7 @@ groups along the pipeline axis:
   step       end-of-iteration agreement (fp16 overflow check, metrics)
 Ranks named in calls (src, dst) are indices in the channel's group, never global ranks.
 A point-to-point transfer runs on its link's own group when one was made (`link_channel`: one channel, one sender,
-one receiver; vp.run.channels makes one for every link the schedule uses), so that no send waits behind another
+one receiver; vp.channels.channels makes one for every link the schedule uses), so that no send waits behind another
 transfer of its communicator (docs/gpu-path.md); else on the channel's group.
 Communicators are created eagerly in one global order (connect); with `emulate`, gloo keeps NCCL's rules (vp.nccl).
 Steps run off the compute path on a channel's CommStream (vp.comm_stream).
@@ -24,13 +24,12 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from vp.channels import PIPELINE_CHANNELS, parse_link
 from vp.cost.memory import Communicators
 from vp.comm_stream import CommStream, Handle
 from vp.failure import Progress
-from vp.nccl import Emulation, Pending, Watchdog, acked_recv, acked_send, connect, create, parse_link
+from vp.nccl import Emulation, Pending, Watchdog, acked_recv, acked_send, connect, create
 
-PIPELINE_CHANNELS = ("fwd+", "fwd-", "bwd+", "bwd-", "C0", "C1", "C2", "IF", "IB", "naive", "step")
-P2P_CHANNELS = PIPELINE_CHANNELS[:4]
 
 
 @dataclass(frozen=True)
@@ -59,11 +58,6 @@ def make_groups(slices: dict[str, list[list[int]]], rank: int, timeout_s: float 
                 out[channel] = Group(tuple(ranks), ranks.index(rank), pg)
         assert channel in out or parse_link(channel), f"rank {rank} is in no group of channel {channel}"
     return out
-
-
-def p2p_channel(kind: str, sender: int, receiver: int) -> str:
-    """The channel of a transfer: activations ('fwd') or gradients ('bwd'), to a higher ('+') or lower ('-') rank."""
-    return kind + ("+" if receiver > sender else "-")
 
 
 def local_groups(channels, ranks: list[int], me: int) -> dict[str, Group]:

@@ -13,8 +13,6 @@ from functools import reduce
 from itertools import compress
 from operator import add, itemgetter, sub
 
-import torch
-
 from vp.cost.memory import Communicators, comm_buffer_bytes
 from vp.cost.profiles import PROFILES, Hardware
 from vp.flops import DEVICE_NAMES, DEVICE_PEAKS, model_flops
@@ -197,9 +195,12 @@ def throughput(cfg, seconds: float, devices: int, peak_flops: float) -> dict:
             "model_flops": flops, "peak_flops": peak_flops, "devices": devices}
 
 
-def device_peak(device: torch.device) -> tuple[float, str]:
+def device_peak(device: "torch.device") -> tuple[float, str]:
     """(peak FLOP/s, how it was found): the datasheet figure of a GPU named exactly in DEVICE_NAMES, else a
-    matmul probe (bf16 on GPUs, fp32 on CPU)."""
+    matmul probe (bf16 on GPUs, fp32 on CPU). torch is imported here and in probe_peak only: backend=sim imports
+    this module for Metrics and never touches a device."""
+    import torch
+
     if device.type == "cuda":
         name = torch.cuda.get_device_name(device)
         return table_peak(name) or (probe_peak(device), f"probe:matmul ({name!r} is not in vp.flops.DEVICE_NAMES)")
@@ -212,8 +213,10 @@ def table_peak(name: str) -> tuple[float, str] | None:
     return (DEVICE_PEAKS[model], f"table:{model}") if model else None
 
 
-def probe_peak(device: torch.device, reps: int = 8) -> float:
+def probe_peak(device: "torch.device", reps: int = 8) -> float:
     """FLOP/s of the best of a few n x n matmuls: n = 512 in fp32 on CPU threads, n = 8192 in bf16 on a GPU."""
+    import torch
+
     n, dtype = (8192, torch.bfloat16) if device.type == "cuda" else (512, torch.float32)
     a = torch.randn(n, n, device=device, dtype=dtype)
     b = torch.randn(n, n, device=device, dtype=dtype)

@@ -25,6 +25,8 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
+from vp.channels import link_channel
+
 FORMS = ("lazy", "queue", "p2p", "both", "all")
 ACK_TAG = 1  # the tag of the p2p form's acknowledgements (data travels with tag 0)
 
@@ -168,21 +170,6 @@ def connect(comm, links=()):
             create(comm, ("pair", channel, a, b))
     if comm.device.type == "cuda":
         torch.cuda.synchronize(comm.device)
-
-
-def link_channel(channel: str, sender: int, receiver: int) -> str:
-    """The name of one point-to-point link's own group: `channel`'s transfers from pipeline index `sender` to
-    `receiver` (a group of those two ranks, in global rank order as every group)."""
-    return f"{channel}:{sender}>{receiver}"
-
-
-def parse_link(name: str) -> tuple[str, int, int] | None:
-    """(channel, sender, receiver) of a link's group name, None for any other channel."""
-    channel, sep, pair = name.partition(":")
-    if not sep or ">" not in pair:
-        return None
-    sender, receiver = pair.split(">")
-    return channel, int(sender), int(receiver)
 
 
 def create(comm, key: tuple):

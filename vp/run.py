@@ -11,21 +11,19 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from vp.comm import P2P_CHANNELS, PIPELINE_CHANNELS, Comm, abort_all, make_groups, p2p_channel
+from vp.channels import channels, run_links
+from vp.comm import Comm, abort_all, make_groups
 from vp.config import RunConfig
 from vp.hostenv import cuda_connections, device_index, nccl_environment
-from vp.mesh import Mesh
 from vp.metrics import Metrics, RankMeasurement, device_peak
-from vp.cost.memory import Communicators
-from vp.nccl import Emulation, link_channel, parse_link
+from vp.nccl import Emulation
 from vp.model import build_stage, vocab_rows
 from vp.record import git_commit, make_record, now
 from vp.runtime.executor import RankModel
 from vp.runtime.loop import Runtime
-from vp.schedule import Schedule, build
+from vp.schedule import build
 from vp.schedule import validate as validate_schedule
-from vp.schedule.rules import shapes
-from vp.tp.context import TensorParallel, tp_slices
+from vp.tp.context import TensorParallel
 from vp.trace import write_trace
 from vp.vocab.output import Shard
 
@@ -84,79 +82,6 @@ def train_rank(cfg: RunConfig, rank: int, comm: Comm, device: torch.device, faul
         collectives={k: v / its for k, v in comm.by_op(comm.calls).items()},
         barriers_per_microbatch=sum(comm.barriers.values()) / mbs, communicators=comm.communicators(),
         links=comm.held().links)
-
-
-def schedule_channels(sched: Schedule, cfg: RunConfig) -> list[str]:
-    """The pipeline channels a run uses, in PIPELINE_CHANNELS order."""
-    used = {ch for ch, _, _ in run_links(sched)}
-    used |= {sh.entry.group for shape in shapes(sched) for sh in shape.values() if sh.entry}
-    if cfg.dtype == "fp16":
-        used.add("step")  # the loss scaler's overflow agreement
-    return [ch for ch in PIPELINE_CHANNELS if ch in used]
-
-
-def schedule_links(sched: Schedule) -> set[tuple[str, int, int]]:
-    """(channel, sender, receiver) of every point-to-point transfer of the schedule, on every rank: read from the
-    rules' shape of each rank's distinct (kind, chunk), since a send's peer does not depend on its microbatch."""
-    return {(p2p_channel("fwd" if kind == "SF" else "bwd", r, sh.peer), r, sh.peer)
-            for r, shape in enumerate(shapes(sched)) for (kind, _), sh in shape.items() if kind in ("SF", "SB")}
-
-
-PROBE_LINKS = {("fwd+", 0, 1), ("bwd-", 1, 0)}  # link_probe's ping-pong
-
-
-def run_links(sched: Schedule) -> list[tuple[str, int, int]]:
-    """(channel, sender, receiver) of every point-to-point link a run uses (the schedule's and the link probe's), in
-    one order: PIPELINE_CHANNELS, then sender, then receiver."""
-    links = schedule_links(sched) | (PROBE_LINKS if sched.pp > 1 else set())
-    return sorted(links, key=lambda link: (PIPELINE_CHANNELS.index(link[0]), link[1], link[2]))
-
-
-def channels(cfg: RunConfig, sched: Schedule | None = None) -> dict[str, list[list[int]]]:
-    """Every process group of a run, by channel (vp.comm.make_groups creates them in this order); given the
-    schedule, only the pipeline channels it uses (NCCL makes a communicator, and its buffers, for every group), and
-    point-to-point traffic on one group of two ranks per link (vp.nccl.link_channel) instead of whole-pipeline
-    groups: no send then waits behind another transfer of its communicator (docs/gpu-path.md)."""
-    out = mesh_channels(cfg.mesh)
-    if sched is None:
-        return out
-    used = set(schedule_channels(sched, cfg)) - set(P2P_CHANNELS)
-    out = {ch: groups for ch, groups in out.items() if ch not in PIPELINE_CHANNELS or ch in used}
-    pipelines = cfg.mesh.groups("pp")
-    for channel, sender, receiver in run_links(sched):
-        out[link_channel(channel, sender, receiver)] = [sorted((pipe[sender], pipe[receiver])) for pipe in pipelines]
-    return out
-
-
-VOCAB_AXIS = {"C1": "vocab", "C2": "vocab", "naive": "vocab", "step": "replica"}  # the rest: "pp"
-ROW_STEPS = ("C0.row", "IF.row", "IB.row")
-
-
-def rank_communicators(cfg: RunConfig, sched: Schedule) -> list[Communicators]:
-    """The NCCL communicators each global rank of a run holds (what its Comm.held() reports after connect): the
-    world's, and one per group of two or more ranks of channels(cfg, sched), links counted apart."""
-    held = [[1, 0] for _ in range(cfg.world)]
-    for channel, groups in channels(cfg, sched).items():
-        for ranks in groups:
-            for r in ranks if len(ranks) > 1 else ():
-                held[r][1 if parse_link(channel) else 0] += 1
-    return [Communicators(g, links) for g, links in held]
-
-
-def mesh_channels(mesh: Mesh) -> dict[str, list[list[int]]]:
-    """Every process group of a run, by channel, cut from the mesh:
-    - p2p, C0, IF, IB along the pipeline axis: between the same tensor-parallel offset of every stage;
-    - C1, C2 and the naive algorithm's all-reduces over the vocabulary shards of one token block: pipeline ranks x
-      grid columns (mesh axis "vocab"; the pipeline when tp = 1);
-    - "step", the end-of-iteration agreement, over a whole replica; "dp", the gradient all-reduce, over replicas;
-    - with tp > 1, the tensor-parallel channels of the layers (vp.tp.context) and, for the vocabulary passes, the
-      within-stage halves of C0, IF and IB over a grid row (1-D: the tp group), each its own group."""
-    out = {ch: mesh.groups(VOCAB_AXIS.get(ch, "pp")) for ch in PIPELINE_CHANNELS}
-    if mesh.dp > 1:
-        out["dp"] = mesh.groups("dp")
-    if mesh.tp > 1:
-        out |= tp_slices(mesh) | {ch: mesh.groups("row") for ch in ROW_STEPS}
-    return out
 
 
 def link_probe(comm: Comm, me: int, pp: int, sizes=(4096, 262144, 4194304), reps: int = 3) -> list[list[float]]:

@@ -123,10 +123,14 @@ def build_reports(results_dir: Path, reports_dir=None, experiments: list[str] | 
                     log(f"report {out}: up to date (built from these records, traces and code)")
     workers = min(len(jobs), os.cpu_count() or 1, 4)
     if workers > 1 and sum(len(job[1]) for job in jobs) >= 100:
-        # experiments are independent and drawing their figures dominates: one process each, where that pays for
-        # starting the processes (a few seconds)
-        with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
-            written = list(pool.map(_build_one, jobs))
+        # experiments are independent and drawing their figures dominates: they are shared out by record count, and
+        # this process builds the first share itself while workers - 1 new processes build the others (each new
+        # process imports pandas and matplotlib again, about 2 CPU s)
+        shares = _shares([len(job[1]) for job in jobs], workers)
+        with ProcessPoolExecutor(workers - 1, mp_context=multiprocessing.get_context("spawn")) as pool:
+            futures = {i: pool.submit(_build_one, jobs[i]) for share in shares[1:] for i in share}
+            mine = {i: _build_one(jobs[i]) for i in shares[0]}
+            written = [mine[i] if i in mine else futures[i].result() for i in range(len(jobs))]
     else:
         written = [_build_one(job) for job in jobs]
     write_index(reports_dir)
@@ -135,6 +139,16 @@ def build_reports(results_dir: Path, reports_dir=None, experiments: list[str] | 
 
 def _build_one(job: tuple) -> Path:
     return build_experiment(*job)
+
+
+def _shares(sizes: list[int], n: int) -> list[list[int]]:
+    """The indices of sizes split into n shares of about equal sum: largest first, each to the smallest share."""
+    shares, sums = [[] for _ in range(n)], [0] * n
+    for i in sorted(range(len(sizes)), key=lambda i: -sizes[i]):
+        least = sums.index(min(sums))
+        shares[least].append(i)
+        sums[least] += sizes[i]
+    return shares
 
 
 def _write(path: Path, text: str) -> Path:

@@ -1,6 +1,7 @@
-"""The paper's figures from the runs frame, with seaborn, each as PNG and PDF: MFU against vocabulary size,
-per-rank peak memory and idle fraction (the imbalance vocabulary parallelism removes), throughput against GPU
-count, and the schedule timelines of a few runs. A figure without data is skipped with the reason."""
+"""The paper's figures from the runs frame, drawn with matplotlib in seaborn's style (harness.report.facets), each
+as PNG and PDF: MFU against vocabulary size, per-rank peak memory and idle fraction (the imbalance vocabulary
+parallelism removes), throughput against GPU count, and the schedule timelines of a few runs. A figure without
+data is skipped with the reason."""
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -10,8 +11,9 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
-from matplotlib.ticker import MaxNLocator, NullLocator  # noqa: E402
+from matplotlib.ticker import NullLocator  # noqa: E402
 
+from harness.report.facets import line_panels, rank_rows  # noqa: E402
 from harness.report.frame import METHOD_ORDER, ok_runs, per_rank, ranks_label  # noqa: E402
 from harness.report.tables import memory_unit, slug  # noqa: E402
 
@@ -40,16 +42,16 @@ def _vocabs(data: pd.DataFrame) -> list[str]:
     return list(data.sort_values("vocab_size")["vocab"].drop_duplicates())
 
 
-def _save(grid: sns.FacetGrid, out: Path, stem: str) -> list[Path]:
+def _save(figure: plt.Figure, out: Path, stem: str) -> list[Path]:
     paths = [out / f"{stem}.png", out / f"{stem}.pdf"]
-    grid.figure.savefig(paths[0], dpi=DPI)
-    grid.figure.savefig(paths[1], metadata={"CreationDate": None})  # no timestamp: rebuilds compare equal
-    plt.close(grid.figure)
+    figure.savefig(paths[0], dpi=DPI)
+    figure.savefig(paths[1], metadata={"CreationDate": None})  # no timestamp: rebuilds compare equal
+    plt.close(figure)
     return paths
 
 
-def _log2_ticks(grid: sns.FacetGrid, values: list, labels: list[str]) -> None:
-    for ax in grid.axes.flat:
+def _log2_ticks(panels: list, values: list, labels: list[str]) -> None:
+    for ax in panels:
         ax.set_xscale("log", base=2)
         ax.set_xticks(values, labels)
         ax.xaxis.set_minor_locator(NullLocator())
@@ -63,13 +65,11 @@ def mfu_vs_vocab(g: pd.DataFrame, group: str, out: Path) -> Figure:
         fig.skipped = "no ok run records an MFU"
         return fig
     setups = _setups(data)
-    grid = sns.relplot(data=data, x="vocab_size", y="mfu_pct", hue="method", hue_order=_methods(data),
-                       col="setup", col_order=setups, col_wrap=min(len(setups), 4), kind="line", marker="o",
-                       errorbar=None, **PANEL)
+    figure, panels = line_panels(data, "vocab_size", "mfu_pct", "method", _methods(data), "setup", setups,
+                                 col_wrap=4, xlabel="vocabulary size", ylabel="MFU (%)", **PANEL)
     sizes = sorted(set(data["vocab_size"]))
-    _log2_ticks(grid, sizes, [data.loc[data["vocab_size"] == s, "vocab"].iloc[0] for s in sizes])
-    grid.set_titles("{col_name}").set_axis_labels("vocabulary size", "MFU (%)")
-    fig.paths = _save(grid, out, f"mfu_vs_vocab_{slug(group)}")
+    _log2_ticks(panels, sizes, [data.loc[data["vocab_size"] == s, "vocab"].iloc[0] for s in sizes])
+    fig.paths = _save(figure, out, f"mfu_vs_vocab_{slug(group)}")
     return fig
 
 
@@ -79,14 +79,8 @@ def _per_rank(g: pd.DataFrame, out: Path, column: str, scale: float, ylabel: str
         fig.skipped = f"no ok run records {column}"
         return fig
     data["value"] = data["value"] / scale
-    grid = sns.relplot(data=data, x="rank", y="value", hue="vocab", hue_order=_vocabs(data), row="setup",
-                       row_order=_setups(data), col="method", col_order=_methods(data), kind="line", marker="o",
-                       errorbar=None, facet_kws={"sharex": "row", "sharey": "row", "margin_titles": True},
-                       height=2.0, aspect=1.2)
-    for ax in grid.axes.flat:
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    grid.set_titles(row_template="{row_name}", col_template="{col_name}").set_axis_labels("rank", ylabel)
-    fig.paths = _save(grid, out, stem)
+    figure = rank_rows(data, "vocab", _vocabs(data), "method", _methods(data), "setup", _setups(data), ylabel=ylabel)
+    fig.paths = _save(figure, out, stem)
     return fig
 
 
@@ -115,14 +109,13 @@ def throughput_vs_gpus(g: pd.DataFrame, group: str, out: Path) -> Figure:
         fig.skipped = "no ok run records tokens/s"
         return fig
     vocabs = _vocabs(data)
-    grid = sns.relplot(data=data, x="gpus", y="tokens_per_s", hue="method", hue_order=_methods(data), style="seq",
-                       style_order=sorted(set(data["seq"]), key=lambda s: int(s.split()[1])), col="vocab",
-                       col_order=vocabs, col_wrap=min(len(vocabs), 4), kind="line", marker="o", errorbar=None,
-                       **PANEL)
+    figure, panels = line_panels(data, "gpus", "tokens_per_s", "method", _methods(data), "vocab", vocabs,
+                                 col_wrap=4, style="seq",
+                                 style_order=sorted(set(data["seq"]), key=lambda s: int(s.split()[1])),
+                                 col_title="vocabulary {}", xlabel=ranks_label(data), ylabel="tokens/s", **PANEL)
     gpus = sorted(set(data["gpus"]))
-    _log2_ticks(grid, gpus, [str(p) for p in gpus])
-    grid.set_titles("vocabulary {col_name}").set_axis_labels(ranks_label(data), "tokens/s")
-    fig.paths = _save(grid, out, f"throughput_vs_gpus_{slug(group)}")
+    _log2_ticks(panels, gpus, [str(p) for p in gpus])
+    fig.paths = _save(figure, out, f"throughput_vs_gpus_{slug(group)}")
     return fig
 
 

@@ -1,11 +1,11 @@
-"""Figures of the tensor-parallel scaling (harness.report.scaling), with seaborn, as PNG and PDF: per hardware, the
-weak-scaling series of each tensor mode against the device count (efficiency, model TFLOP/s per device, peak
-memory per device), and the strong-scaling series (tokens/s and peak memory per device against devices)."""
+"""Figures of the tensor-parallel scaling (harness.report.scaling), drawn by harness.report.facets, as PNG and PDF:
+per hardware, the weak-scaling series of each tensor mode against the device count (efficiency, model TFLOP/s per
+device, peak memory per device), and the strong-scaling series (tokens/s and peak memory per device against
+devices)."""
 from pathlib import Path
 
 import pandas as pd
-import seaborn as sns
-
+from harness.report.facets import line_panels
 from harness.report.figures import PANEL, Figure, _log2_ticks, _save
 from harness.report.scaling import MODE_NAMES, tensor_runs, with_efficiency
 from harness.report.tables import memory_unit, slug
@@ -22,13 +22,11 @@ def _long(runs: pd.DataFrame, measures: dict) -> pd.DataFrame:
 
 def _draw(data: pd.DataFrame, out: Path, stem: str, measures: list[str]) -> list[Path]:
     modes = [m for m in MODE_ORDER if m in set(data["mode"])]
-    grid = sns.relplot(data=data, x="devices", y="value", hue="mode", hue_order=modes, col="measure",
-                       col_order=measures, kind="line", marker="o", errorbar=None,
-                       facet_kws={"sharey": False}, **PANEL)
+    figure, panels = line_panels(data, "devices", "value", "mode", modes, "measure", measures, sharey=False,
+                                 xlabel="devices (GPUs)", **PANEL)
     devices = sorted(set(data["devices"]))
-    _log2_ticks(grid, devices, [str(d) for d in devices])
-    grid.set_titles("{col_name}").set_axis_labels("devices (GPUs)", "")
-    return _save(grid, out, stem)
+    _log2_ticks(panels, devices, [str(d) for d in devices])
+    return _save(figure, out, stem)
 
 
 def _per_gpu_tflops(r: dict) -> float | None:

@@ -22,7 +22,7 @@ ROOTED_KINDS = ("C0", "IF", "IB")  # along the pipeline axis (one tp offset); th
 def comm_times(cfg: RunConfig, hw: Hardware, sched: Schedule) -> dict:
     """{kind: seconds} of each collective step and {("P2P", src, dst): seconds} per pair of pipeline ranks that
     pass activations; "P2P" alone is the slowest such pair. Message sizes come from payloads(), ranks sit on
-    nodes as the mesh places them (vp.run.mesh_channels): C0, IF and IB along the first replica's pipeline (tp
+    nodes as the mesh places them (vp.channels.mesh_channels): C0, IF and IB along the first replica's pipeline (tp
     offset 0), the others over its first vocabulary group (pipeline ranks x grid columns); with tp > 1 C0, IF
     and IB include their root's step inside its stage's tp group (vp.cost.tensor.vocab_row_steps)."""
     net = Network.of(hw, cfg.world)

@@ -62,7 +62,7 @@ def static_bytes(cfg: RunConfig, hw: Hardware, sched: Schedule) -> list[float]:
 @dataclass(frozen=True)
 class Communicators:
     """The NCCL communicators one rank holds: `groups` run collectives (the world's and every group of two or more
-    ranks but a link's), `links` are point-to-point links of two ranks (vp.nccl.link_channel)."""
+    ranks but a link's), `links` are point-to-point links of two ranks (vp.channels.link_channel)."""
     groups: int
     links: int
 

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import torch
 
-from vp.comm import Comm, local_groups, PIPELINE_CHANNELS
+from vp.channels import PIPELINE_CHANNELS
+from vp.comm import Comm, local_groups
 from vp.config import RunConfig
 
 STATIC_TOL, PEAK_FACTOR = 0.10, 1.5

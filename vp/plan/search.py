@@ -24,7 +24,7 @@ from vp.cost.memory import comm_buffer_bytes, held_bytes
 from vp.metrics import throughput
 from vp.plan.bounds import activation_bounds, makespan_lower_bound
 from vp.plan.space import Problem, Rejection, candidates
-from vp.run import rank_communicators
+from vp.channels import rank_communicators
 from vp.schedule import Costs, Schedule, build, simulate
 from vp.schedule.simulate import collector_paused
 from vp.schedule.methods import get_method
@@ -149,7 +149,7 @@ def fixed_bytes(run: RunConfig, hw: Hardware, sk: Schedule, held: "StageCommunic
 
 
 class StageCommunicators:
-    """The communicators device 0 of each stage holds (vp.run.rank_communicators, what backend=sim counts), worked
+    """The communicators device 0 of each stage holds (vp.channels.rank_communicators, what backend=sim counts), worked
     out once per kind of schedule and mesh for one search:
     - the channels and links a schedule uses depend on its method, pipeline and chunks, not on how many microbatches
       pass (tests/test_plan.py checks m = pp, 2pp, 3pp), so the smallest schedule of a kind (m = pp) answers;

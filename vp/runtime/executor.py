@@ -7,7 +7,8 @@ from dataclasses import dataclass
 
 import torch
 
-from vp.comm import Comm, p2p_channel
+from vp.channels import p2p_channel
+from vp.comm import Comm
 from vp.data import loss_weights, microbatch
 from vp.model import Stage
 from vp.runtime.memory import ActivationMeter

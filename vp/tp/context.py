@@ -18,22 +18,10 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from vp.channels import GRID_CHANNELS, MEGATRON_CHANNELS
 from vp.comm import Comm
 from vp.mesh import Mesh
 from vp.tp.modes import TensorMode
-
-GRID_CHANNELS = {"row": "row", "col": "col", "dep": "dep", "batch": "batch"}  # channel -> mesh axis
-MEGATRON_CHANNELS = {"tp": "tp", "row": "row"}
-
-
-def channel_axes(mesh: Mesh) -> dict[str, str]:
-    return GRID_CHANNELS if mesh.grid else MEGATRON_CHANNELS
-
-
-def tp_slices(mesh: Mesh) -> dict[str, list[list[int]]]:
-    """channel -> every group of it (global ranks), for vp.comm.make_groups."""
-    return {ch: mesh.groups(axis) for ch, axis in channel_axes(mesh).items()}
-
 
 @dataclass(frozen=True)
 class TensorParallel:
