@@ -24,7 +24,7 @@ from vp.cost import PROFILES, GiB, Hardware, fit_link, pass_work
 from vp.cost.costs import vocab_tensors
 from vp.cost import measure as M
 from vp.cost.gemm import Gemm, alignment, quantization
-from vp.cost.tables import as_text, rows
+from vp.cost.tables import Tables, as_text, rows
 from vp.flops import DEVICE_NAMES
 from vp.metrics import device_peak
 from vp.schedule import build
@@ -51,9 +51,7 @@ def machine(device: torch.device, dtype: str, threads: int) -> dict:
     else:
         name = _cpu_name() or platform.processor() or "cpu"
     return {"host": socket.gethostname(), "device": device.type, "device_name": name, "torch": str(torch.__version__),
-            "dtype": dtype, "threads": threads, "clock": CLOCK[device.type], "caches": CACHES,
-            "collectives": COLLECTIVES,
-            "cores": len(os.sched_getaffinity(0)),
+            "dtype": dtype, "threads": threads, **how_timed(device.type), "cores": len(os.sched_getaffinity(0)),
             "load_average": [round(x, 2) for x in os.getloadavg()],
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
 
@@ -73,11 +71,16 @@ def default_name(device: str) -> str:
     return re.sub(r"[^A-Za-z0-9_-]+", "_", f"{device}_{socket.gethostname()}_torch{torch.__version__}")
 
 
+def how_timed(device: str) -> dict:
+    """How this code times a profile (clock, caches, collectives): a profile timed otherwise is measured again."""
+    return {"clock": CLOCK[device], "caches": CACHES, "collectives": COLLECTIVES}
+
+
 def same_machine(profile: dict, device: str, dtype: str) -> bool:
     have = profile.get("machine") or {}
-    return (have.get("host"), have.get("device"), have.get("torch"), have.get("dtype"), have.get("clock"),
-            have.get("caches"), have.get("collectives")) == (socket.gethostname(), device, torch.__version__, dtype,
-                                                              CLOCK[device], CACHES, COLLECTIVES)
+    want = {"host": socket.gethostname(), "device": device, "torch": torch.__version__, "dtype": dtype,
+            **how_timed(device)}
+    return all(have.get(k) == v for k, v in want.items())
 
 
 def job_shapes(experiments: list[str], act_bytes: int) -> dict[str, set]:
@@ -214,8 +217,8 @@ def fitted(name: str, device: torch.device, dtype: str, peak: float, measured: d
     kernel_s = min(s for _, s in elem)
     big = [r for r in elem if r[0] >= 2**20] or elem
     _, bandwidth = fit_link(big) if len(big) >= 2 else (0.0, elem[-1][0] / elem[-1][1])
-    pairs = [r for r in measured["collectives"] if r[0] == "p2p"]  # the link model: a pair alone on the node
-    p2p = [[r[2], r[3]] for r in pairs if (r[4:] or [2])[0] == min((q[4:] or [2])[0] for q in pairs)]
+    pairs = Tables.of({"collectives": measured["collectives"]}).collectives.get(("p2p", 2), {})
+    p2p = list(zip(*pairs[min(pairs)])) if pairs else []  # the link model: a pair with the fewest processes at work
     link = {}
     if len(p2p) >= 2:
         latency, link_bw = fit_link(p2p)
