@@ -22,9 +22,10 @@ import torch
 
 from vp.cost import PROFILES, GiB, Hardware, fit_link, pass_work
 from vp.cost.costs import vocab_tensors
+from vp.cost.memory import rank_params
 from vp.cost import measure as M
 from vp.cost.gemm import Gemm, alignment, quantization
-from vp.cost.tables import Tables, as_text, rows
+from vp.cost.tables import Tables, as_text, optimizer_key, rows
 from vp.flops import DEVICE_NAMES
 from vp.metrics import device_peak
 from vp.schedule import build
@@ -86,14 +87,14 @@ def same_machine(profile: dict, device: str, dtype: str) -> bool:
 def job_shapes(experiments: list[str], act_bytes: int) -> dict[str, set]:
     """What every pass of every job of the experiments runs: "gemm" (m, n, k) of the GEMMs into a fresh output,
     "gemm_accumulate" (m, n, k) of those added into their output (weight gradients), "attention" (batch x heads, seq, head dim), "tensors" (bytes
-    of the elementwise steps' tensors), "vocab" (elements of the vocabulary matrices the devices hold) and "gelu"
-    (elements of each GeLU call)."""
+    of the elementwise steps' tensors), "vocab" (elements of the vocabulary matrices the devices hold), "gelu"
+    (elements of each GeLU call) and "ranks" (each rank's parameters and large tensors: vp.cost.optimizer_key)."""
     from hydra import initialize_config_dir
 
     from harness.sweep import plan
 
     skeleton = Hardware("shapes", 1.0, act_bytes=act_bytes)
-    out = {key: set() for key in ("gemm", "gemm_accumulate", "attention", "tensors", "vocab", "gelu")}
+    out = {key: set() for key in ("gemm", "gemm_accumulate", "attention", "tensors", "vocab", "gelu", "ranks")}
     conf = str(Path(__file__).resolve().parents[1] / "conf")
     with initialize_config_dir(conf, version_base="1.3"):
         for name in experiments:
@@ -102,6 +103,8 @@ def job_shapes(experiments: list[str], act_bytes: int) -> dict[str, set]:
                 run = job.run
                 sched = build(run.method, run.pp, run.microbatches, run.n_chunks)
                 out["vocab"] |= {n for rank in vocab_tensors(run, sched) for n in rank}
+                out["ranks"] |= {optimizer_key(n, large)
+                                 for n, large in zip(rank_params(run, sched), vocab_tensors(run, sched))}
                 for parts in pass_work(run, skeleton, sched).values():
                     for work in parts.values():
                         for g in work.gemms:
@@ -173,8 +176,10 @@ def measure_profile(name: str, device_type: str, dtype: str, experiments: list[s
     element_rows = M.elementwise(device, torch_dtype, timer, elementwise_sizes(jobs["tensors"], act_bytes))
     activation_rows = M.activation(device, torch_dtype, timer, activation_sizes(jobs["gelu"]))
     step = [M.optimizer(device, timer)] + [M.optimizer(device, timer, n, 1) for n in sorted(jobs["vocab"])]
+    step_sets = [M.optimizer_set(device, timer, n, large) for n, large in sorted(jobs["ranks"])]
     log(f"  {len(attention_rows)} attention shapes, {len(element_rows)} elementwise and {len(activation_rows)} "
-        f"activation sizes, {time.perf_counter() - start:.0f} s")
+        f"activation sizes, the optimizer step over {len(step_sets)} ranks' parameters, "
+        f"{time.perf_counter() - start:.0f} s")
     # worlds: on a GPU node every device at work (a job fills the node); on a CPU each process count a local run
     # has, which decides how long a process waits for a core to answer its peer
     ranks = torch.cuda.device_count() if device_type == "cuda" else max(GROUPS)
@@ -186,6 +191,7 @@ def measure_profile(name: str, device_type: str, dtype: str, experiments: list[s
         f"{time.perf_counter() - start:.0f} s")
     measured = {"gemm": gemm_rows, "gemm_accumulate": accumulate_rows, "attention": attention_rows,
                 "elementwise": element_rows, "activation": activation_rows, "optimizer": step,
+                "optimizer_sets": step_sets,
                 "collectives": collective_rows}
     hw = fitted(name, device, dtype, peak, measured, here)
     return replace(hw, measured={k: as_text(v) for k, v in measured.items()}, fitted_to=f"microbenchmarks ({how} peak), {time.perf_counter() - start:.0f} s")

@@ -17,7 +17,7 @@ from vp.cost import measure as M
 from vp.cost.gemm import Gemm, elementwise_time, gemm_time
 from vp.cost.network import ALL_REDUCE, BROADCAST, Network
 from vp.cost.passes import compute_times
-from vp.cost.tables import Tables, as_text, rows
+from vp.cost.tables import Tables, as_text, optimizer_key, rows
 from vp.schedule import build, simulate
 
 CPU = Hardware("cpu", 1e11, sms=0, tile_k_overhead=0, align_penalty=0.0, gemm_efficiency=0.5, act_bytes=4,
@@ -241,6 +241,9 @@ def test_calibrate_measure_writes_a_profile_that_sim_reads_and_reuses_it(quick, 
     assert {r[0] for r in rows(hw.measured["collectives"])} == {"all_reduce", "broadcast", "all_gather", "reduce",
                                                                 "p2p"}
     assert {r[4] for r in rows(hw.measured["collectives"])} == {2}  # the world each was measured in
+    # the optimizer step over each rank's parameter set of the jobs, read back exactly (8-digit counts included)
+    assert {optimizer_key(r[0], r[2:]) for r in rows(hw.measured["optimizer_sets"])} == jobs["ranks"] != set()
+    assert all(hw.tables.optimizer_set_s(n, large) > 0 for n, large in jobs["ranks"])
     assert hw.machine["collectives"] == HM.COLLECTIVES
     cfg = RunConfig(method="baseline", pp=1, tp=2, tp_mode="1d", layers=4, hidden=64, heads=4, seq_len=32,
                     micro_batch_size=4, vocab_size=2000, microbatches=2, device="cpu", dtype="fp32")
@@ -320,6 +323,23 @@ def test_a_first_stage_without_vocabulary_parallelism_pays_the_dense_embedding_g
     # vocabulary parallelism adds the gradient of its tokens' rows only: no term in V
     vp = [pass_work(c, CPU, build("vocab-2", 2, 4, 1))[("IB", None)]["IB"].mem_bytes for c in (cfg, small)]
     assert vp[0] == vp[1] == (4 + 8) * 32 * 64
+
+
+def test_a_ranks_measured_parameter_set_prices_its_optimizer_step_exactly_and_only_that_set():
+    from vp.cost import tail_s
+    from vp.cost.costs import optimizer_s, vocab_tensors
+    from vp.cost.memory import rank_params
+
+    cfg = RunConfig(method="vocab-2", pp=2, layers=4, hidden=64, heads=4, seq_len=32, micro_batch_size=1,
+                    vocab_size=64000, microbatches=4, device="cpu", dtype="fp32")
+    sched = build("vocab-2", 2, 4, 1)
+    (n, large), _ = zip(rank_params(cfg, sched), vocab_tensors(cfg, sched))
+    assert n > 10**6 and as_text([[n, 0.25, *large]]) == f"{n} 0.25 {large[0]} {large[1]}"  # counts kept exact
+    hw = replace(with_tables(CPU, optimizer=[[2**10, 16, 2**14 * 1e-9]], optimizer_sets=as_text([[n, 0.25, *large]])),
+                 optimizer_s_per_param=1e-9)
+    assert optimizer_s(hw, n, list(reversed(large))) == 0.25  # the set measured: its time, in any order
+    assert optimizer_s(hw, n + 1, large) == pytest.approx((n + 1) * 1e-9)  # another set: the per-tensor rates
+    assert tail_s(cfg, hw, sched) == pytest.approx(0.25)  # pp 2, dp 1, tp 1: the tail is the step
 
 
 def test_a_measured_cpu_profile_counts_no_nccl_buffers(monkeypatch):

@@ -357,3 +357,28 @@ def test_measured_timelines_come_from_the_traces_beside_the_records(altered):
     bad.write_text('{"traceEvents": 3}')
     with pytest.raises(ValueError, match="not a trace of this run"):
         read_trace(bad, list(range(ok[0]["config"]["pp"])))
+
+
+def test_where_the_error_comes_from_splits_passes_into_compute_and_waiting():
+    """A real CPU record with its passes' CPU time (pass_cpu_time_s) beside its sim twin: the error of the passes
+    against wall and CPU time and the share of wall time not computing, from the records' own numbers."""
+    from harness.report import predicted
+
+    sims = [s for s in fixture_records("sim") if s["status"] == "ok"]
+    sim = sims[0]
+    [real] = [r for r in fixture_records("real") if r["config"] == sim["config"]]
+    assert predicted.sources(predicted.pairs(records_frame([real, sim]))) is None  # no CPU times: no table
+    m = real["metrics"]
+    for rec in (real, sim):  # these fixture records predate pass_count
+        rec["metrics"]["pass_count"] = {k: [4] * len(v) for k, v in rec["metrics"]["pass_time_s"].items()}
+    m["tail_s"], sim["metrics"]["tail_s"] = [0.012, 0.034], [0.025, 0.025]
+    m["pass_cpu_time_s"] = {k: [None if t is None else 0.8 * t for t in v] for k, v in m["pass_time_s"].items()}
+    table = predicted.sources(predicted.pairs(records_frame([real, sim])))
+    [row] = table.data.to_dict("records")
+    wall = sum(t * c for k, v in m["pass_time_s"].items() for t, c in zip(v, m["pass_count"][k]) if t is not None)
+    pred = sum(t * c for k, v in sim["metrics"]["pass_time_s"].items()
+               for t, c in zip(v, sim["metrics"]["pass_count"][k]) if t is not None)
+    assert row[("Passes", "error vs wall (%)")] == f"{(pred / wall - 1) * 100:+.1f}"
+    assert row[("Passes", "error vs CPU time (%)")] == f"{(pred / (0.8 * wall) - 1) * 100:+.1f}"
+    assert row[("Passes", "not computing (%)")] == "20.0"
+    assert (row[("After the flush (s)", "measured")], row[("After the flush (s)", "predicted")]) == ("0.034", "0.025")

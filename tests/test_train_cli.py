@@ -31,7 +31,9 @@ def test_json_record_has_the_design_fields():
     assert len(m["loss"]) == 3 and all(isinstance(x, float) for x in m["loss"])
     assert m["iteration_time_s"] > 0 and m["tokens_per_s"] > 0 and 0 < m["mfu"] < 1
     assert len(m["peak_memory_bytes"]) == 2 and len(m["bubble_fraction"]) == 2
-    assert set(m["pass_time_s"]) == {"F", "B", "S", "T", "IF", "IB"}
+    assert set(m["pass_time_s"]) == set(m["pass_cpu_time_s"]) == {"F", "B", "S", "T", "IF", "IB"}
+    for kind, wall in m["pass_time_s"].items():  # the CPU time a rank's thread computed, within the pass's span
+        assert all(0 < cpu <= w + 1e-3 for cpu, w in zip(m["pass_cpu_time_s"][kind], wall)), kind
     assert m["barriers_per_microbatch"] == [1.0, 1.0]  # Algorithm 2: one barrier
     assert len(m["tail_s"]) == 2 and all(0 < t < m["iteration_time_s"] for t in m["tail_s"])  # optimizer step
     assert {"torch", "device", "hosts", "git_commit", "start", "end"} <= set(rec["env"])

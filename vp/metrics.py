@@ -39,6 +39,7 @@ class RankMeasurement:
     peak_flops: float = 0.0
     communicators: int = 0  # NCCL communicators this rank holds (vp.comm.Comm.communicators)
     links: int = 0  # of which point-to-point links of two ranks (vp.comm.Comm.held)
+    cpu: list = field(default_factory=list)  # CPU runs, per measured iteration: {pass kind: [CPU seconds of each]}
 
     def pass_times(self) -> tuple[dict, dict]:
         """(mean seconds, passes per iteration) of each compute pass kind over the measured iterations."""
@@ -50,6 +51,15 @@ class RankMeasurement:
                     spans.setdefault(kind, []).append(end - start)
         n = max(1, len(self.events))
         return ({k: statistics.fmean(v) for k, v in spans.items()}, {k: len(v) // n for k, v in spans.items()})
+
+    def pass_cpu_times(self) -> dict:
+        """Mean CPU seconds of each compute pass kind over the measured iterations (CPU runs; {} on GPU)."""
+        per_kind: dict[str, list[float]] = {}
+        for iteration in self.cpu:
+            for kind, seconds in iteration.items():
+                if kind in COMPUTE:
+                    per_kind.setdefault(kind, []).extend(seconds)
+        return {k: statistics.fmean(v) for k, v in per_kind.items()}
 
     def tail(self, measured: list[int]) -> float:
         """Mean over the measured iterations of the time after the rank's last action: the end of its sends,
@@ -64,6 +74,12 @@ class RankMeasurement:
             busy = sum(end - start for text, _, start, end in events if _kind(text) in COMPUTE)
             fractions.append(1.0 - busy / self.seconds[it])
         return statistics.fmean(fractions)
+
+
+def _per_rank(per_rank: list[dict]) -> dict:
+    """{kind: [value of each rank, None where it has none]} from each rank's {kind: value}."""
+    kinds = sorted({k for d in per_rank for k in d})
+    return {k: [d.get(k) for d in per_rank] for k in kinds}
 
 
 def _kind(text: str) -> str:
@@ -94,6 +110,9 @@ class Metrics:
     comm_buffer_bytes: list = field(default_factory=list)  # per rank: NCCL's buffers (vp.cost.memory, estimated)
     device_memory_bytes: float | None = None  # simulated: the device's capacity
     tail_s: list = field(default_factory=list)  # per rank: after its last action (all-reduce, optimizer step)
+    # real CPU runs: per pass kind and rank, the mean CPU seconds the rank's thread spent in the pass's compute; the
+    # rest of pass_time_s it waited for a core (other processes, communication threads, the system)
+    pass_cpu_time_s: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         """The fields as they are (plain numbers, lists and dicts): dataclasses.asdict's deep copy cost a Python
@@ -123,7 +142,8 @@ class Metrics:
                    communicators=[r.communicators for r in per_rank],
                    comm_buffer_bytes=[comm_buffer_bytes(Communicators(r.communicators - r.links, r.links),
                                                         device_profile(r.device)) for r in per_rank],
-                   tail_s=[r.tail(measured) for r in per_rank], **throughput(cfg, t, len(per_rank), peak))
+                   tail_s=[r.tail(measured) for r in per_rank], pass_cpu_time_s=_per_rank(
+                       [r.pass_cpu_times() for r in per_rank]), **throughput(cfg, t, len(per_rank), peak))
 
     @classmethod
     def from_simulation(cls, cfg, result, peak_flops: float, static_bytes: list, bytes_sent: list,

@@ -213,6 +213,10 @@ def build_experiment(name: str, records: list[dict], out: Path, source: Path, un
         picture = f"![{fig.title}]({fig.paths[0].name})" if fig.paths else f"(No figure: {fig.skipped}.)"
         opening = [f"## {first.title}", "", predicted.errors_line(pairs), "", first.note, "", markdown(first),
                    picture, ""]
+        where = predicted.sources(pairs)
+        if where is not None:
+            tables.insert(1, where)
+            opening += [f"### {where.title}", "", where.note, "", markdown(where), ""]
     extra, notes = published_tables(df, name)
     tp_tables, claims = scaling_tables(df)
     tables += extra + tp_tables

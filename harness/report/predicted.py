@@ -71,6 +71,59 @@ def table(p: pd.DataFrame) -> Table:
                  _frame(columns, rows), blocks=3)
 
 
+SOURCES_TITLE = "Where the iteration-time error comes from"
+
+
+def _pass_seconds(metrics: dict, times: str = "pass_time_s") -> dict:
+    """{(kind, rank): seconds per iteration} of a record's compute passes: the mean time times the count."""
+    out = {}
+    for kind, per_rank in (metrics.get(times) or {}).items():
+        counts = (metrics.get("pass_count") or {}).get(kind) or []
+        for rank, (seconds, count) in enumerate(zip(per_rank, counts)):
+            if seconds is not None and count:
+                out[(kind, rank)] = seconds * count
+    return out
+
+
+def sources(p: pd.DataFrame) -> Table | None:
+    """Per run measured on CPU processes (whose records hold each pass's CPU time, pass_cpu_time_s): the
+    iteration's error beside the error of its passes' predicted seconds against their measured wall time and
+    against the CPU time the ranks spent in them, the share of the passes' wall time the ranks did not compute
+    (waiting for a core, or inside a pass for its tensor-parallel collectives), and the time after the flush (the
+    slowest rank's tail, measured and predicted). Passes summed over every rank and pass of an iteration; None where
+    no pair has CPU times."""
+    keys, picked = [], []
+    for r in p.dropna(subset=["err_time"]).to_dict("records"):
+        real, sim = r["record"]["metrics"], r["record_sim"]["metrics"]
+        wall, cpu = _pass_seconds(real), _pass_seconds(real, "pass_cpu_time_s")
+        if not cpu:
+            continue
+        predicted = _pass_seconds(sim)
+        common = [k for k in cpu if k in wall and k in predicted]
+        if not common:
+            continue
+        total = {name: sum(d[k] for k in common) for name, d in (("wall", wall), ("cpu", cpu), ("pred", predicted))}
+        keys.append((r["mesh_key"], r["seq_len"], r["method"], r["variant"]))
+        picked.append((r, total, max(real.get("tail_s") or [0.0]), max(sim.get("tail_s") or [0.0])))
+    if not picked:
+        return None
+    columns, rows = _keys_part(keys, ranks_label(p), _mesh_labels(p))
+    columns += [("", "Vocab"), ("Iteration time", "error (%)"), ("Passes", "error vs wall (%)"),
+                ("Passes", "error vs CPU time (%)"), ("Passes", "not computing (%)"),
+                ("After the flush (s)", "measured"), ("After the flush (s)", "predicted")]
+    for (r, total, tail, tail_sim), row in zip(picked, rows):
+        row += [r["vocab"], _pct(r["err_time"]), _pct(total["pred"] / total["wall"] - 1),
+                _pct(total["pred"] / total["cpu"] - 1), _num(100 * (1 - total["cpu"] / total["wall"]), ".1f"),
+                _num(tail, ".3g"), _num(tail_sim, ".3g")]
+    return Table("error_sources", SOURCES_TITLE,
+                 "Per run on CPU processes: the iteration time's error beside its compute passes' (all ranks' passes "
+                 "of an iteration, predicted seconds against the measured wall time and against the CPU time the "
+                 "ranks' threads spent in them), the share of the passes' wall time the ranks did not compute "
+                 "(they waited for a core: other ranks, communication threads, the system; with tp > 1 also their "
+                 "collectives inside the pass), and the time after the pipeline's flush (slowest rank).",
+                 _frame(columns, rows), blocks=3)
+
+
 def _ranks(values, scale: float) -> str:
     return " ".join(MISSING if v is None else f"{v / scale:.1f}" for v in values or [])
 

@@ -73,9 +73,14 @@ def vocab_tensors(cfg: RunConfig, sched: Schedule) -> list[list[int]]:
 
 
 def optimizer_s(hw: Hardware, params: int, large: list[int]) -> float:
-    """Seconds of the optimizer step over `params` parameters of which `large` are single large tensors: each of
-    those at the profile's measured per-parameter rate for its size (vp.cost.tables: a CPU step allocates
-    temporaries as large as the tensor), the rest at optimizer_s_per_param (many small tensors)."""
+    """Seconds of the optimizer step over `params` parameters of which `large` are single large tensors: the
+    profile's time for that very set where it measured it (vp.cost.measure.optimizer_set: the temporaries of all
+    large tensors alive at once), else each large one at the profile's measured per-parameter rate for its size
+    (vp.cost.tables: a CPU step allocates temporaries as large as the tensor), the rest at optimizer_s_per_param
+    (many small tensors)."""
+    measured = hw.tables.optimizer_set_s(params, large)
+    if measured is not None:
+        return measured
     seconds, rest = 0.0, params - sum(large)
     for n in large:
         rate = hw.tables.optimizer_s_per_param(n)

@@ -21,6 +21,7 @@ one rank of a run gets:
               page faults wherever the allocator does not reuse memory);
   optimizer   seconds of one AdamW step (the runtime's optimizer) over many small tensors, and over one tensor of
               each large size the jobs hold (vocabulary matrices: a CPU step allocates temporaries that large);
+              optimizer_sets the step over each rank's whole parameter set of the jobs (optimizer_set);
   collectives seconds of all_reduce, broadcast, all_gather and reduce per group size and payload, and of a
               point-to-point message between two ranks (half a ping-pong), over gloo (CPU) or NCCL (GPU), each
               the slowest rank's time, started together after a barrier.
@@ -158,6 +159,41 @@ def optimizer(device: torch.device, timer: Timer, numel: int = 2**17, tensors: i
         q.grad = torch.randn_like(q)
     opt = torch.optim.AdamW(params, lr=1e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.01)
     return [numel, tensors, timer(opt.step)]
+
+
+SMALL_TENSOR = 2**17  # elements of each small tensor standing for a rank's layers in optimizer_set
+
+
+def optimizer_set(device: torch.device, timer: Timer, params: int, large: tuple[int, ...],
+                  reps: int = 3) -> list[float]:
+    """[parameters, seconds, *large] of one step of the runtime's optimizer over one rank's parameters as a job
+    holds them: its large tensors (vocabulary matrices or shards) and the rest in tensors of SMALL_TENSOR
+    elements, the gradients fresh before every step, as the runtime's backward makes them after zero_grad(None).
+    The per-tensor rows (optimizer) miss what a rank's set costs together: AdamW's foreach steps allocate a
+    temporary per tensor of the group, so the temporaries of every large tensor are alive at once, and whether a
+    tensor's temporaries come from reused memory or fresh pages depends on what else the process holds (on this
+    project's 2-core CPU one 8.2M-element tensor alone took 24.5 ms a step in one profile and 65-75 ms in fresh
+    processes minutes later; a vocab-2 rank's set, two such shards and 1.6M parameters in small tensors, 100-165 ms
+    with fresh gradients, as a run does)."""
+    sizes = list(large)
+    rest = params - sum(large)
+    sizes += [SMALL_TENSOR] * (rest // SMALL_TENSOR) + ([rest % SMALL_TENSOR] if rest % SMALL_TENSOR else [])
+    tensors = [torch.nn.Parameter(torch.randn(n, device=device)) for n in sizes]
+    opt = torch.optim.AdamW(tensors, lr=1e-3, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.01)
+
+    def fresh_grads():
+        for q in tensors:
+            q.grad = None
+        for q in tensors:
+            q.grad = torch.full_like(q, 1e-3)
+
+    fresh_grads()
+    opt.step()  # the first step makes the optimizer's state
+    samples = []
+    for _ in range(reps):
+        fresh_grads()
+        samples.append(timer.sample(opt.step))
+    return [params, statistics.median(samples), *large]
 
 
 def _collective_rank(rank: int, world: int, init: str, device_type: str, threads: int, groups, sizes, reps,

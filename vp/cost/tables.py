@@ -12,7 +12,8 @@ by the cost model where they cover a question; None elsewhere, and the analytica
   activation   per tensor size: seconds of GeLU forward and backward, log-log linear between measured sizes,
                proportional to the elements beyond them;
   optimizer    seconds per parameter of one step over a single tensor per tensor size, log-log linear between
-               measured sizes, the nearest's beyond them; None without such rows;
+               measured sizes, the nearest's beyond them; None without such rows; a rank's whole parameter set
+               where optimizer_sets measured that set (exact match of its parameters and large tensors);
   collectives  per (op, group size, world) measured, log-log linear in payload bytes; the smallest's time below
                the smallest payload (latency); beyond the largest, a latency and a bandwidth through the two largest
                (the analytical network, whose point-to-point link answers a whole ring, was 2-8x too fast there).
@@ -40,6 +41,7 @@ class Tables:
     elementwise: np.ndarray = field(default_factory=lambda: np.zeros((0, 3)))  # log2 size, log2 bytes/s, s per fresh byte
     optimizer: np.ndarray = field(default_factory=lambda: np.zeros((0, 2)))  # log2 tensor elements, log2 s/param
     activation: np.ndarray = field(default_factory=lambda: np.zeros((0, 3)))  # log2 elements, log2 s fwd, log2 s bwd
+    optimizer_sets: dict = field(default_factory=dict)  # (parameters, large tensors' elements sorted) -> seconds
 
     @classmethod
     def of(cls, measured: dict | None) -> "Tables":
@@ -64,11 +66,12 @@ class Tables:
         optimizer = np.array(sorted([math.log2(n), math.log2(s / (n * k))] for n, k, s in step if n > 0 and s > 0))
         activation = np.array(sorted([math.log2(n), math.log2(f), math.log2(b)]
                                      for n, f, b in measured.get("activation") or [] if min(n, f, b) > 0))
+        sets = {optimizer_key(r[0], r[2:]): float(r[1]) for r in measured.get("optimizer_sets") or []}
         return cls(gemm, gemm_accumulate,
                    {k: tuple(np.array(c, dtype=float) for c in zip(*v)) for k, v in attention.items()},
                    {k: {w: tuple(np.array(c, dtype=float) for c in zip(*pts)) for w, pts in sorted(v.items())}
                     for k, v in collectives.items()},
-                   elementwise.reshape(-1, 3), optimizer.reshape(-1, 2), activation.reshape(-1, 3))
+                   elementwise.reshape(-1, 3), optimizer.reshape(-1, 2), activation.reshape(-1, 3), sets)
 
     def gemm_s(self, m: int, n: int, k: int, accumulate: bool = False) -> float | None:
         """Seconds of one [m, k] x [k, n] GEMM (accumulate: added into an existing [m, n]) from the measured shapes
@@ -116,6 +119,11 @@ class Tables:
             return None
         return float(2.0 ** np.interp(math.log2(tensor_elements), self.optimizer[:, 0], self.optimizer[:, 1]))
 
+    def optimizer_set_s(self, params: int, large) -> float | None:
+        """Seconds of the optimizer step over one rank's parameters (`params` in all, `large` the elements of its
+        large tensors) where the profile measured that very set, or None."""
+        return self.optimizer_sets.get(optimizer_key(params, large))
+
     def collective_s(self, op: str, n: int, nbytes: float, busy: int = 0) -> float | None:
         """Seconds of one collective (or 'p2p', n = 2) among n ranks of one machine on which `busy` ranks of the
         run communicate (0: the group alone), or None."""
@@ -135,7 +143,7 @@ class Tables:
 
     def __bool__(self) -> bool:
         return bool(len(self.gemm) or len(self.gemm_accumulate) or self.attention or self.collectives
-                    or len(self.elementwise) or len(self.optimizer) or len(self.activation))
+                    or len(self.elementwise) or len(self.optimizer) or len(self.activation) or self.optimizer_sets)
 
 
 def _near_rate(table: np.ndarray, m: int, n: int, k: int) -> float | None:
@@ -151,12 +159,18 @@ def _near_rate(table: np.ndarray, m: int, n: int, k: int) -> float | None:
     return float(2.0 ** (w @ np.log2(table[near, 3]) / w.sum()))
 
 
+def optimizer_key(params, large) -> tuple[int, tuple[int, ...]]:
+    """A rank's parameter set as the optimizer_sets table keys it: its parameters and its large tensors' sizes."""
+    return int(params), tuple(sorted(int(n) for n in large))
+
+
 def as_text(table: list) -> str | list:
     """A table as a profile stores it: one line per row, fields separated by spaces (a YAML string loads in one
     step, where a list of lists is a config node per number: Hydra loads the profile once per job it composes)."""
     if not table or not isinstance(table[0], list):
         return table
-    return "\n".join(" ".join(x if isinstance(x, str) else f"{x:.6g}" for x in row) for row in table)
+    return "\n".join(" ".join(x if isinstance(x, str) else str(x) if isinstance(x, int) else f"{x:.6g}" for x in row)
+                     for row in table)
 
 
 def rows(table) -> list:

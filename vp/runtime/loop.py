@@ -27,6 +27,7 @@ class ActionTimer:
         self.cuda = device.type == "cuda"
         self.marks = []
         self.origin = None
+        self.cpu: dict[str, list[float]] = {}  # CPU only: per pass kind, this thread's CPU seconds of each compute
 
     def now(self):
         if self.cuda:
@@ -37,7 +38,13 @@ class ActionTimer:
 
     def begin(self):
         self.marks.clear()
+        self.cpu = {}
         self.origin = self.now()
+
+    def cpu_clock(self) -> float | None:
+        """This thread's CPU seconds (time.thread_time) on CPU, None on GPU: the part of a pass's wall time the rank
+        computed, against the part it waited for a core (other ranks, communication threads, the system)."""
+        return None if self.cuda else time.thread_time()
 
     def add(self, text: str, arrived, began, ended):
         self.marks.append((text, arrived, began, ended))
@@ -127,7 +134,8 @@ class Runtime:
         seconds = time.perf_counter() - begin
         loss = sum(v.item() for v in st.losses.values()) if len(st.losses) == self.s.microbatches else None
         loss = self.model.total_loss(loss)
-        return {"loss": loss, "seconds": seconds, "events": self.timer.collect(), "stepped": stepped}
+        return {"loss": loss, "seconds": seconds, "events": self.timer.collect(), "stepped": stepped,
+                "cpu": self.timer.cpu}
 
     def reduce_gradients(self):
         """Sum every gradient over the data-parallel replicas, in one all-reduce of one flat fp32 buffer (the
@@ -151,7 +159,10 @@ class Runtime:
         for inst in waits:
             self.ex.wait(inst, self.cfg.timeout_s)
         began = self.timer.now() if waits else arrived
+        cpu = self.timer.cpu_clock()
         self.ex.compute(a)
+        if cpu is not None:
+            self.timer.cpu.setdefault(a.kind, []).append(self.timer.cpu_clock() - cpu)
         if entry and entry.phase == "end":
             self.ex.launch(a, entry)
         self.timer.add(a.text(self.show_chunk), arrived, began, self.timer.now())
