@@ -85,9 +85,31 @@ def _pass_seconds(metrics: dict, times: str = "pass_time_s") -> dict:
     return out
 
 
+def _own_work(real: dict, sim: dict) -> dict:
+    """{pass kind: seconds per iteration over every device} of the passes' own work as the cost model predicts it
+    for one device computing alone (vp.cost.passes.compute_times with the sim record's hardware profile: no
+    sharing of cores, no tensor-parallel collectives), to set beside the CPU time the ranks spent in them."""
+    from vp.config import RunConfig
+    from vp.cost.passes import compute_times
+    from vp.cost.profiles import Hardware
+    from vp.schedule import build
+
+    profile = (sim.get("env") or {}).get("hardware")
+    if not profile:
+        return {}
+    cfg = RunConfig.from_dict(real["config"])
+    sched = build(cfg.method, cfg.pp, cfg.microbatches, cfg.n_chunks)
+    out = {}
+    for (kind, stage), seconds in compute_times(cfg, Hardware.from_dict(profile), sched).items():
+        devices = cfg.dp * cfg.tp * (cfg.pp if stage is None else 1)  # (kind, None): one pass on every rank
+        out[kind] = out.get(kind, 0.0) + seconds * cfg.microbatches * devices
+    return out
+
+
 def sources(p: pd.DataFrame) -> Table | None:
     """Per run measured on CPU processes (whose records hold each pass's CPU time, pass_cpu_time_s): the
-    iteration's error beside the error of its passes' predicted seconds against their measured wall time and
+    iteration's error beside the error of its passes as simulated (sharing cores, tensor-parallel collectives
+    inside) against their measured wall time, the error of the passes' own work (one device alone: _own_work)
     against the CPU time the ranks spent in them, the share of the passes' wall time the ranks did not compute
     (waiting for a core, or inside a pass for its tensor-parallel collectives), and the time after the flush (the
     slowest rank's tail, measured and predicted). Passes summed over every rank and pass of an iteration; None where
@@ -98,27 +120,29 @@ def sources(p: pd.DataFrame) -> Table | None:
         wall, cpu = _pass_seconds(real), _pass_seconds(real, "pass_cpu_time_s")
         if not cpu:
             continue
-        predicted = _pass_seconds(sim)
+        predicted, own = _pass_seconds(sim), _own_work(r["record"], r["record_sim"])
         common = [k for k in cpu if k in wall and k in predicted]
-        if not common:
+        if not common or not own:
             continue
         total = {name: sum(d[k] for k in common) for name, d in (("wall", wall), ("cpu", cpu), ("pred", predicted))}
+        total["own"] = sum(own.get(kind, 0.0) for kind in {k for k, _ in common})
         keys.append((r["mesh_key"], r["seq_len"], r["method"], r["variant"]))
         picked.append((r, total, max(real.get("tail_s") or [0.0]), max(sim.get("tail_s") or [0.0])))
     if not picked:
         return None
     columns, rows = _keys_part(keys, ranks_label(p), _mesh_labels(p))
     columns += [("", "Vocab"), ("Iteration time", "error (%)"), ("Passes", "error vs wall (%)"),
-                ("Passes", "error vs CPU time (%)"), ("Passes", "not computing (%)"),
+                ("Passes", "own work vs CPU time (%)"), ("Passes", "not computing (%)"),
                 ("After the flush (s)", "measured"), ("After the flush (s)", "predicted")]
     for (r, total, tail, tail_sim), row in zip(picked, rows):
         row += [r["vocab"], _pct(r["err_time"]), _pct(total["pred"] / total["wall"] - 1),
-                _pct(total["pred"] / total["cpu"] - 1), _num(100 * (1 - total["cpu"] / total["wall"]), ".1f"),
+                _pct(total["own"] / total["cpu"] - 1), _num(100 * (1 - total["cpu"] / total["wall"]), ".1f"),
                 _num(tail, ".3g"), _num(tail_sim, ".3g")]
     return Table("error_sources", SOURCES_TITLE,
                  "Per run on CPU processes: the iteration time's error beside its compute passes' (all ranks' passes "
-                 "of an iteration, predicted seconds against the measured wall time and against the CPU time the "
-                 "ranks' threads spent in them), the share of the passes' wall time the ranks did not compute "
+                 "of an iteration: as simulated against the measured wall time, and their own work, predicted for "
+                 "one device computing alone, against the CPU time the ranks' threads spent in them), the share of "
+                 "the passes' wall time the ranks did not compute "
                  "(they waited for a core: other ranks, communication threads, the system; with tp > 1 also their "
                  "collectives inside the pass), and the time after the pipeline's flush (slowest rank).",
                  _frame(columns, rows), blocks=3)
