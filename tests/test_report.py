@@ -385,4 +385,7 @@ def test_where_the_error_comes_from_splits_passes_into_compute_and_waiting():
     assert own["F"] > 0 and own["B"] > 0 and not own.get("W")  # a schedule that does not split W
     assert row[("Passes", "own work vs CPU time (%)")] == f"{((own['F'] + own['B']) / (0.8 * wall) - 1) * 100:+.1f}"
     assert row[("Passes", "not computing (%)")] == "20.0"
+    assert table.note.startswith("Over 1 runs the passes' own work was predicted "
+                                 f"{row[('Passes', 'own work vs CPU time (%)')]} % against the CPU time")
+    assert "did not compute 20.0 % of their passes' wall time (median)" in table.note
     assert (row[("After the flush (s)", "measured")], row[("After the flush (s)", "predicted")]) == ("0.034", "0.025")

@@ -2,6 +2,7 @@
 backend=both, or a real and a simulated sweep into one results folder), side by side with the error of each
 prediction, error = predicted / measured - 1. A report with such pairs opens with this table, a line of median and
 largest errors, and a figure of predicted against measured."""
+import statistics
 from pathlib import Path
 
 import matplotlib
@@ -138,8 +139,13 @@ def sources(p: pd.DataFrame) -> Table | None:
         row += [r["vocab"], _pct(r["err_time"]), _pct(total["pred"] / total["wall"] - 1),
                 _pct(total["own"] / total["cpu"] - 1), _num(100 * (1 - total["cpu"] / total["wall"]), ".1f"),
                 _num(tail, ".3g"), _num(tail_sim, ".3g")]
+    own = sorted(100 * (t["own"] / t["cpu"] - 1) for _, t, _, _ in picked)
+    idle = [100 * (1 - t["cpu"] / t["wall"]) for _, t, _, _ in picked]
+    summary = (f"Over {len(picked)} runs the passes' own work was predicted {statistics.median(own):+.1f} % against "
+               f"the CPU time the ranks spent in it (median; {own[0]:+.1f} to {own[-1]:+.1f} %), and the ranks did not "
+               f"compute {statistics.median(idle):.1f} % of their passes' wall time (median). ")
     return Table("error_sources", SOURCES_TITLE,
-                 "Per run on CPU processes: the iteration time's error beside its compute passes' (all ranks' passes "
+                 summary + "Per run on CPU processes: the iteration time's error beside its compute passes' (all ranks' passes "
                  "of an iteration: as simulated against the measured wall time, and their own work, predicted for "
                  "one device computing alone, against the CPU time the ranks' threads spent in them), the share of "
                  "the passes' wall time the ranks did not compute "
