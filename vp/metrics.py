@@ -116,8 +116,12 @@ class Metrics:
 
     def to_dict(self) -> dict:
         """The fields as they are (plain numbers, lists and dicts): dataclasses.asdict's deep copy cost a Python
-        call per element, and a simulated cluster repeats each figure over dp x pp x tp devices."""
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+        call per element, and a simulated cluster repeats each figure over dp x pp x tp devices. pass_cpu_time_s
+        only where measured (real CPU runs): simulated and GPU records are as they were without it."""
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        if not out["pass_cpu_time_s"]:
+            del out["pass_cpu_time_s"]
+        return out
 
     @classmethod
     def from_measurements(cls, cfg, per_rank: list[RankMeasurement]) -> "Metrics":
