@@ -25,7 +25,7 @@ from vp.cost.costs import vocab_tensors
 from vp.cost.memory import rank_params
 from vp.cost import measure as M
 from vp.cost.gemm import Gemm, alignment, quantization
-from vp.cost.tables import Tables, as_text, optimizer_key, rows
+from vp.cost.tables import Tables, as_text, layer_key, optimizer_key, rows
 from vp.flops import DEVICE_NAMES
 from vp.metrics import device_peak
 from vp.schedule import build
@@ -88,13 +88,16 @@ def job_shapes(experiments: list[str], act_bytes: int) -> dict[str, set]:
     """What every pass of every job of the experiments runs: "gemm" (m, n, k) of the GEMMs into a fresh output,
     "gemm_accumulate" (m, n, k) of those added into their output (weight gradients), "attention" (batch x heads, seq, head dim), "tensors" (bytes
     of the elementwise steps' tensors), "vocab" (elements of the vocabulary matrices the devices hold), "gelu"
-    (elements of each GeLU call) and "ranks" (each rank's parameters and large tensors: vp.cost.optimizer_key)."""
+    (elements of each GeLU call), "ranks" (each rank's parameters and large tensors: vp.cost.optimizer_key) and
+    "layers" (the transformer layer of each job without tensor parallelism: vp.cost.tables.layer_key) and "output"
+    (its output layer's shard: tokens, rows, hidden, algorithm; vp.cost.passes.measured_parts)."""
     from hydra import initialize_config_dir
 
     from harness.sweep import plan
 
     skeleton = Hardware("shapes", 1.0, act_bytes=act_bytes)
-    out = {key: set() for key in ("gemm", "gemm_accumulate", "attention", "tensors", "vocab", "gelu", "ranks")}
+    out = {key: set() for key in ("gemm", "gemm_accumulate", "attention", "tensors", "vocab", "gelu", "ranks",
+                                  "layers", "output")}
     conf = str(Path(__file__).resolve().parents[1] / "conf")
     with initialize_config_dir(conf, version_base="1.3"):
         for name in experiments:
@@ -105,6 +108,13 @@ def job_shapes(experiments: list[str], act_bytes: int) -> dict[str, set]:
                 out["vocab"] |= {n for rank in vocab_tensors(run, sched) for n in rank}
                 out["ranks"] |= {optimizer_key(n, large)
                                  for n, large in zip(rank_params(run, sched), vocab_tensors(run, sched))}
+                if run.tp == 1:
+                    out["layers"].add(layer_key(run))
+                    n = run.micro_batch_size * run.seq_len
+                    if sched.vocab_parallel and sched.vocab.name in M.OUTPUT_ALGORITHMS:
+                        out["output"].add((n, run.padded_vocab_size // run.pp, run.hidden, sched.vocab.name))
+                    elif not sched.vocab_parallel and not sched.split_w:
+                        out["output"].add((n, run.padded_vocab_size, run.hidden, "local"))
                 for parts in pass_work(run, skeleton, sched).values():
                     for work in parts.values():
                         for g in work.gemms:
@@ -177,8 +187,11 @@ def measure_profile(name: str, device_type: str, dtype: str, experiments: list[s
     activation_rows = M.activation(device, torch_dtype, timer, activation_sizes(jobs["gelu"]))
     step = [M.optimizer(device, timer)] + [M.optimizer(device, timer, n, 1) for n in sorted(jobs["vocab"])]
     step_sets = [M.optimizer_set(device, timer, n, large) for n, large in sorted(jobs["ranks"])]
+    layer_rows = M.layers(sorted(jobs["layers"]), device, torch_dtype, timer)
+    output_rows = M.output_passes(sorted(jobs["output"]), device, torch_dtype, timer)
     log(f"  {len(attention_rows)} attention shapes, {len(element_rows)} elementwise and {len(activation_rows)} "
-        f"activation sizes, the optimizer step over {len(step_sets)} ranks' parameters, "
+        f"activation sizes, the optimizer step over {len(step_sets)} ranks' parameters, {len(layer_rows)} layer "
+        f"and {len(output_rows)} output-layer shapes as the runtime runs them, "
         f"{time.perf_counter() - start:.0f} s")
     # worlds: on a GPU node every device at work (a job fills the node); on a CPU each process count a local run
     # has, which decides how long a process waits for a core to answer its peer
@@ -191,7 +204,8 @@ def measure_profile(name: str, device_type: str, dtype: str, experiments: list[s
         f"{time.perf_counter() - start:.0f} s")
     measured = {"gemm": gemm_rows, "gemm_accumulate": accumulate_rows, "attention": attention_rows,
                 "elementwise": element_rows, "activation": activation_rows, "optimizer": step,
-                "optimizer_sets": step_sets,
+                "optimizer_sets": step_sets, "layers": layer_rows,
+                "output": output_rows,
                 "collectives": collective_rows}
     hw = fitted(name, device, dtype, peak, measured, here)
     return replace(hw, measured={k: as_text(v) for k, v in measured.items()}, fitted_to=f"microbenchmarks ({how} peak), {time.perf_counter() - start:.0f} s")

@@ -12,7 +12,7 @@ from harness import measure as HM
 from harness_util import sweep
 from harness.calibrate import main as calibrate_main
 from vp.config import RunConfig
-from vp.cost import PROFILES, Hardware, pass_costs, pass_times, pass_work
+from vp.cost import PROFILES, Hardware, pass_costs, pass_times, pass_work, work_seconds
 from vp.cost import measure as M
 from vp.cost.gemm import Gemm, elementwise_time, gemm_time
 from vp.cost.network import ALL_REDUCE, BROADCAST, Network
@@ -382,3 +382,44 @@ def test_collectives_are_measured_with_the_worlds_groups_side_by_side():
     got = M.collectives("cpu", [4], [2, 4], [256], reps=2)
     assert {(r[0], r[1], r[4]) for r in got} == {(op, n, 4) for op in M.OPS for n in (2, 4)} | {("p2p", 2, 4)}
     assert all(r[2] == 256 and r[3] > 0 for r in got)
+
+
+def test_layers_and_output_layer_timed_as_the_runtime_runs_them_replace_their_composed_work():
+    """vp.cost.measure.layers and output_passes on tiny shapes (the real code paths), and compute_times taking their
+    rows where the run's shapes match: a stage's layers, the output layer's parts; composed elsewhere."""
+    from vp.cost.passes import measured_parts
+    from vp.cost.tables import layer_key
+
+    timer = M.Timer(torch.device("cpu"))
+    cfg = RunConfig(method="vocab-1", pp=2, layers=4, hidden=16, heads=2, seq_len=8, micro_batch_size=1,
+                    vocab_size=64, microbatches=4, device="cpu", dtype="fp32")
+    n, rows_vp = 8, cfg.padded_vocab_size // 2
+    layer_rows = M.layers([layer_key(cfg)], torch.device("cpu"), torch.float32, timer, cycles=2)
+    out_rows = M.output_passes([(n, rows_vp, 16, a) for a in ("naive", "alg1", "alg2")]
+                               + [(n, cfg.padded_vocab_size, 16, "local")], torch.device("cpu"), torch.float32, timer,
+                               cycles=2)
+    assert [r[:5] for r in layer_rows] == [[1, 8, 16, 2, 64]] and all(t > 0 for t in layer_rows[0][5:])
+    assert all(len(r) == 6 and r[4] > 0 and r[5] > 0 for r in out_rows)
+    hw = with_tables(CPU, layers=as_text(layer_rows), output=as_text(out_rows))
+    F, B, W, BW = (float(f"{t:.6g}") for t in layer_rows[0][5:])  # as the profile stores them
+    seconds = {r[3]: [float(f"{t:.6g}") for t in r[4:]] for r in out_rows}
+    plain = replace(hw, measured={})
+    for method, algo in (("vocab-1", "alg1"), ("vocab-2", "alg2"), ("interlaced", "naive")):
+        sched = build(method, 2, 4, 1)
+        got = compute_times(replace(cfg, method=method), hw, sched)
+        assert got[("F", 0)] == pytest.approx(2 * F + CPU.pass_overhead_s)  # two layers a stage, as measured
+        assert got[("B", 0)] == pytest.approx(2 * (B if sched.split_w else BW) + CPU.pass_overhead_s)
+        assert got[("S", None)] == pytest.approx(seconds[algo][0] + CPU.pass_overhead_s)
+        assert got[("T", None)] == pytest.approx(seconds[algo][1] + CPU.pass_overhead_s)
+        assert compute_times(replace(cfg, method=method), plain, sched) != got  # composed without the rows
+    base = replace(cfg, method="baseline")
+    sched = build("baseline", 2, 4, 1)
+    got, composed = compute_times(base, hw, sched), compute_times(base, plain, sched)
+    # the last stage: its layers and the whole output layer as measured; the first stage's input layer composed
+    assert got[("F", 1)] == pytest.approx(2 * F + seconds["local"][0] + CPU.pass_overhead_s)
+    assert got[("B", 1)] == pytest.approx(2 * BW + seconds["local"][1] + CPU.pass_overhead_s)
+    first_input = work_seconds(hw, {"IF": pass_work(base, hw, sched)[("F", 0)]["IF"]}).total(hw)
+    assert got[("F", 0)] == pytest.approx(2 * F + first_input, rel=1e-5) and composed[("F", 0)] != got[("F", 0)]
+    # other shapes and tensor parallelism: nothing measured applies
+    assert measured_parts(replace(cfg, seq_len=16), hw, build("vocab-1", 2, 4, 1)) == {}
+    assert measured_parts(replace(cfg, tp=2, heads=2), hw, build("vocab-1", 2, 4, 1)) == {}

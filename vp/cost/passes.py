@@ -31,6 +31,7 @@ from vp.config import RunConfig
 from vp.cost.gemm import Gemm, elementwise_time, gemm_time
 from vp.cost.network import Network
 from vp.cost.profiles import Hardware
+from vp.cost.tables import layer_key
 from vp.cost.tensor import ONE_DEVICE, Split, pass_comm_s
 from vp.schedule import Schedule
 
@@ -233,12 +234,47 @@ def work_seconds(hw: Hardware, parts: dict) -> Seconds:
 
 
 def compute_times(cfg: RunConfig, hw: Hardware, sched: Schedule) -> dict:
-    """Seconds of every pass's own work on one device computing alone: {(kind, stage or None): seconds}."""
+    """Seconds of every pass's own work on one device computing alone: {(kind, stage or None): seconds}. Where the
+    profile measured a part as the runtime runs it (measured_parts: a stage's transformer layers, the output layer's
+    forward and backward parts), that part takes the measured time; every other part is composed from its
+    operations (work_seconds)."""
     out, timed = {}, {}  # parts shared by stages alike (pass_work) are timed once
+    measured = measured_parts(cfg, hw, sched)
     for key, parts in pass_work(cfg, hw, sched).items():
         if id(parts) not in timed:
-            timed[id(parts)] = work_seconds(hw, parts).total(hw) if parts else 0.0
+            taken = {}
+            for eff_kind in parts:
+                if eff_kind in ("F", "B", "W") and key[1] is not None and "layer" in measured:
+                    layer = "BW" if eff_kind == "B" and not sched.split_w else eff_kind
+                    taken[eff_kind] = cfg.stage_layers[key[1]] * measured["layer"][layer]
+                elif eff_kind in measured:
+                    taken[eff_kind] = measured[eff_kind]
+            rest = {k: w for k, w in parts.items() if k not in taken}
+            timed[id(parts)] = 0.0 if not parts else \
+                work_seconds(hw, rest).total(hw) + sum(t / hw.eff(k) for k, t in taken.items())
         out[key] = timed[id(parts)]
+    return out
+
+
+def measured_parts(cfg: RunConfig, hw: Hardware, sched: Schedule) -> dict:
+    """What the profile measured of this run's passes as the runtime runs them (runs without tensor parallelism):
+    "layer" {F, B, W, BW: seconds per transformer layer} from the layers table; "S" and "T", the output layer's
+    forward and backward parts, from the output table (Algorithms 1 and 2 on the run's shard; the whole layer on one
+    rank where the schedule does not split W); nothing the tables do not hold."""
+    if cfg.tp != 1:
+        return {}
+    out, tables = {}, hw.tables
+    layer = tables.layer_s(layer_key(cfg))
+    if layer is not None:
+        out["layer"] = layer
+    n, h = cfg.micro_batch_size * cfg.seq_len, cfg.hidden
+    if sched.vocab_parallel:
+        key = (n, cfg.padded_vocab_size // cfg.pp, h, sched.vocab.name)
+    else:
+        key = None if sched.split_w else (n, cfg.padded_vocab_size, h, "local")
+    passes = tables.output_s(key) if key else None
+    if passes is not None:
+        out["S"], out["T"] = passes
     return out
 
 

@@ -14,6 +14,12 @@ by the cost model where they cover a question; None elsewhere, and the analytica
   optimizer    seconds per parameter of one step over a single tensor per tensor size, log-log linear between
                measured sizes, the nearest's beyond them; None without such rows; a rank's whole parameter set
                where optimizer_sets measured that set (exact match of its parameters and large tensors);
+  layers       per transformer layer shape (layer_key, runs without tensor parallelism): seconds per layer of F, B,
+               W and a whole backward as the runtime runs a stage, which vp.cost.passes.compute_times takes for a
+               stage's layers in place of their composed operations; None for other shapes;
+  output       per (tokens, vocabulary rows, hidden, algorithm) the seconds of the output layer's forward (S) and
+               backward (T) parts as the runtime runs them (local: the whole layer on one rank; alg1, alg2), which
+               compute_times takes in place of their composed GEMMs and bytes; None for other shapes;
   collectives  per (op, group size, world) measured, log-log linear in payload bytes; the smallest's time below
                the smallest payload (latency); beyond the largest, a latency and a bandwidth through the two largest
                (the analytical network, whose point-to-point link answers a whole ring, was 2-8x too fast there).
@@ -42,6 +48,8 @@ class Tables:
     optimizer: np.ndarray = field(default_factory=lambda: np.zeros((0, 2)))  # log2 tensor elements, log2 s/param
     activation: np.ndarray = field(default_factory=lambda: np.zeros((0, 3)))  # log2 elements, log2 s fwd, log2 s bwd
     optimizer_sets: dict = field(default_factory=dict)  # (parameters, large tensors' elements sorted) -> seconds
+    layers: dict = field(default_factory=dict)  # layer_key -> {F, B, W, BW: seconds per layer as a stage runs it}
+    output: dict = field(default_factory=dict)  # (tokens, rows, hidden, algorithm) -> (S seconds, T seconds)
 
     @classmethod
     def of(cls, measured: dict | None) -> "Tables":
@@ -67,11 +75,15 @@ class Tables:
         activation = np.array(sorted([math.log2(n), math.log2(f), math.log2(b)]
                                      for n, f, b in measured.get("activation") or [] if min(n, f, b) > 0))
         sets = {optimizer_key(r[0], r[2:]): float(r[1]) for r in measured.get("optimizer_sets") or []}
+        layers = {tuple(int(x) for x in r[:5]): dict(zip(LAYER_PASSES, map(float, r[5:9])))
+                  for r in measured.get("layers") or []}
+        output = {(int(r[0]), int(r[1]), int(r[2]), str(r[3])): (float(r[4]), float(r[5]))
+                  for r in measured.get("output") or []}
         return cls(gemm, gemm_accumulate,
                    {k: tuple(np.array(c, dtype=float) for c in zip(*v)) for k, v in attention.items()},
                    {k: {w: tuple(np.array(c, dtype=float) for c in zip(*pts)) for w, pts in sorted(v.items())}
                     for k, v in collectives.items()},
-                   elementwise.reshape(-1, 3), optimizer.reshape(-1, 2), activation.reshape(-1, 3), sets)
+                   elementwise.reshape(-1, 3), optimizer.reshape(-1, 2), activation.reshape(-1, 3), sets, layers, output)
 
     def gemm_s(self, m: int, n: int, k: int, accumulate: bool = False) -> float | None:
         """Seconds of one [m, k] x [k, n] GEMM (accumulate: added into an existing [m, n]) from the measured shapes
@@ -124,6 +136,15 @@ class Tables:
         large tensors) where the profile measured that very set, or None."""
         return self.optimizer_sets.get(optimizer_key(params, large))
 
+    def layer_s(self, key: tuple) -> dict | None:
+        """{F, B, W, BW: seconds per layer} of a transformer layer (layer_key) as a stage runs it, where measured."""
+        return self.layers.get(key)
+
+    def output_s(self, key: tuple) -> tuple[float, float] | None:
+        """(S, T) seconds of the output layer's forward and backward parts (tokens, rows, hidden, algorithm: local,
+        alg1, alg2) as the runtime runs them, where measured."""
+        return self.output.get(key)
+
     def collective_s(self, op: str, n: int, nbytes: float, busy: int = 0) -> float | None:
         """Seconds of one collective (or 'p2p', n = 2) among n ranks of one machine on which `busy` ranks of the
         run communicate (0: the group alone), or None."""
@@ -143,7 +164,8 @@ class Tables:
 
     def __bool__(self) -> bool:
         return bool(len(self.gemm) or len(self.gemm_accumulate) or self.attention or self.collectives
-                    or len(self.elementwise) or len(self.optimizer) or len(self.activation) or self.optimizer_sets)
+                    or len(self.elementwise) or len(self.optimizer) or len(self.activation) or self.optimizer_sets
+                    or self.layers or self.output)
 
 
 def _near_rate(table: np.ndarray, m: int, n: int, k: int) -> float | None:
@@ -157,6 +179,14 @@ def _near_rate(table: np.ndarray, m: int, n: int, k: int) -> float | None:
         return float(table[near[0], 3])
     w = 1.0 / dist[near] ** 2  # inverse-distance weights on log FLOP/s
     return float(2.0 ** (w @ np.log2(table[near, 3]) / w.sum()))
+
+
+LAYER_PASSES = ("F", "B", "W", "BW")  # a layers row's passes: BW the whole backward of a schedule without W
+
+
+def layer_key(cfg) -> tuple[int, int, int, int, int]:
+    """A run's transformer layer as the layers table keys it: micro-batch size, sequence, hidden, heads, ffn."""
+    return cfg.micro_batch_size, cfg.seq_len, cfg.hidden, cfg.heads, cfg.ffn
 
 
 def optimizer_key(params, large) -> tuple[int, tuple[int, ...]]:

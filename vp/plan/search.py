@@ -19,7 +19,8 @@ from dataclasses import dataclass, field, replace
 from collections import OrderedDict
 
 from vp.config import RunConfig
-from vp.cost import Hardware, pass_costs, pass_work, static_bytes, tail_s, work_seconds
+from vp.cost import Hardware, pass_costs, static_bytes, tail_s
+from vp.cost.passes import compute_times
 from vp.cost.memory import comm_buffer_bytes, held_bytes
 from vp.metrics import throughput
 from vp.plan.bounds import activation_bounds, makespan_lower_bound
@@ -174,17 +175,12 @@ class StageCommunicators:
 
 
 def compute_costs(run: RunConfig, hw: Hardware, sk: Schedule) -> Costs:
-    """pass_costs without communication: each pass's own work (vp.cost.pass_work, work_seconds), to which
+    """pass_costs without communication: each pass's own work (vp.cost.passes.compute_times), to which
     pass_times adds the stage's tensor-parallel collectives (never less than zero: a grid's credit for what its
     SUMMA loop hides is at most those collectives' own time), and no collective or transfer time; the held
     memory is pass_costs'. Every time is at most pass_costs', so a bound from these is a bound. The search
     prices every candidate so, and asks pass_costs itself only of those it visits."""
-    compute, timed = {}, {}
-    for key, parts in pass_work(run, hw, sk).items():
-        if id(parts) not in timed:
-            timed[id(parts)] = work_seconds(hw, parts).total(hw) if parts else 0.0
-        compute[key] = timed[id(parts)]
-    return Costs(compute, {}, held_bytes(run, hw, sk))
+    return Costs(compute_times(run, hw, sk), {}, held_bytes(run, hw, sk))
 
 
 def bracket(p: _Priced, hw: Hardware, built: Built | None = None) -> None:
