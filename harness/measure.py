@@ -29,6 +29,7 @@ from vp.cost.tables import Tables, as_text, layer_key, optimizer_key, rows
 from vp.flops import DEVICE_NAMES
 from vp.metrics import device_peak
 from vp.schedule import build
+from vp.schedule.methods import get_method
 
 CPU_GRID = (16, 64, 256, 1024, 4096)  # each dimension of the log grid of GEMM shapes
 GPU_GRID = (64, 256, 1024, 4096, 16384)
@@ -90,7 +91,7 @@ def job_shapes(experiments: list[str], act_bytes: int) -> dict[str, set]:
     of the elementwise steps' tensors), "vocab" (elements of the vocabulary matrices the devices hold), "gelu"
     (elements of each GeLU call), "ranks" (each rank's parameters and large tensors: vp.cost.optimizer_key) and
     "layers" (the transformer layer of each job without tensor parallelism: vp.cost.tables.layer_key) and "output"
-    (its output layer's shard: tokens, rows, hidden, algorithm; vp.cost.passes.measured_parts)."""
+    (its output layer's shard: tokens, rows, hidden, algorithm; vp.cost.passes.pass_factors)."""
     from hydra import initialize_config_dir
 
     from harness.sweep import plan
@@ -108,13 +109,8 @@ def job_shapes(experiments: list[str], act_bytes: int) -> dict[str, set]:
                 out["vocab"] |= {n for rank in vocab_tensors(run, sched) for n in rank}
                 out["ranks"] |= {optimizer_key(n, large)
                                  for n, large in zip(rank_params(run, sched), vocab_tensors(run, sched))}
-                if run.tp == 1:
-                    out["layers"].add(layer_key(run))
-                    n = run.micro_batch_size * run.seq_len
-                    if sched.vocab_parallel and sched.vocab.name in M.OUTPUT_ALGORITHMS:
-                        out["output"].add((n, run.padded_vocab_size // run.pp, run.hidden, sched.vocab.name))
-                    elif not sched.vocab_parallel and not sched.split_w:
-                        out["output"].add((n, run.padded_vocab_size, run.hidden, "local"))
+                for key, shape in pass_shapes(run).items():
+                    out[key].add(shape)
                 for parts in pass_work(run, skeleton, sched).values():
                     for work in parts.values():
                         for g in work.gemms:
@@ -122,6 +118,21 @@ def job_shapes(experiments: list[str], act_bytes: int) -> dict[str, set]:
                         out["attention"] |= {(max(1, round(bh)), s, d) for bh, s, d, _ in work.attention}
                         out["tensors"] |= {int(size) for size, _, _ in work.mem}
                         out["gelu"] |= {max(1, round(elements)) for elements, _, _, _ in work.activation}
+    return out
+
+
+def pass_shapes(run) -> dict:
+    """The passes of a run (without tensor parallelism) that the layers and output tables time as the runtime runs
+    them: {"layers": layer_key, "output": (tokens, rows, hidden, algorithm)}, the keys vp.cost.passes.pass_factors
+    reads; {} with tensor parallelism (whose layers are their collectives)."""
+    if run.tp != 1:
+        return {}
+    method, n = get_method(run.method), run.micro_batch_size * run.seq_len
+    out = {"layers": layer_key(run)}
+    if method.vocab.parallel and method.vocab.name in M.OUTPUT_ALGORITHMS:
+        out["output"] = (n, run.padded_vocab_size // run.pp, run.hidden, method.vocab.name)
+    elif not method.vocab.parallel and not method.family.split_w:
+        out["output"] = (n, run.padded_vocab_size, run.hidden, "local")
     return out
 
 

@@ -384,10 +384,11 @@ def test_collectives_are_measured_with_the_worlds_groups_side_by_side():
     assert all(r[2] == 256 and r[3] > 0 for r in got)
 
 
-def test_layers_and_output_layer_timed_as_the_runtime_runs_them_replace_their_composed_work():
-    """vp.cost.measure.layers and output_passes on tiny shapes (the real code paths), and compute_times taking their
-    rows where the run's shapes match: a stage's layers, the output layer's parts; composed elsewhere."""
-    from vp.cost.passes import measured_parts
+def test_layers_and_output_layer_timed_as_the_runtime_runs_them_scale_every_runs_composed_work():
+    """vp.cost.measure.layers and output_passes on tiny shapes (the real code paths); pass_factors: each row over
+    the composed time of its shape; compute_times: the measured shape's parts come out as measured, and every other
+    run (other shapes, tensor parallelism) is scaled by the same factors, so plans compare on one footing."""
+    from vp.cost.passes import pass_factors
     from vp.cost.tables import layer_key
 
     timer = M.Timer(torch.device("cpu"))
@@ -401,25 +402,31 @@ def test_layers_and_output_layer_timed_as_the_runtime_runs_them_replace_their_co
     assert [r[:5] for r in layer_rows] == [[1, 8, 16, 2, 64]] and all(t > 0 for t in layer_rows[0][5:])
     assert all(len(r) == 6 and r[4] > 0 and r[5] > 0 for r in out_rows)
     hw = with_tables(CPU, layers=as_text(layer_rows), output=as_text(out_rows))
+    plain = replace(hw, measured={})
+    assert pass_factors(plain) == {}
+    factors = pass_factors(hw)
+    assert {"F", "B", "W", "BW", "S", "T", ("S", "alg2"), ("T", "naive"), ("S", "local")} <= set(factors)
     F, B, W, BW = (float(f"{t:.6g}") for t in layer_rows[0][5:])  # as the profile stores them
     seconds = {r[3]: [float(f"{t:.6g}") for t in r[4:]] for r in out_rows}
-    plain = replace(hw, measured={})
     for method, algo in (("vocab-1", "alg1"), ("vocab-2", "alg2"), ("interlaced", "naive")):
         sched = build(method, 2, 4, 1)
         got = compute_times(replace(cfg, method=method), hw, sched)
-        assert got[("F", 0)] == pytest.approx(2 * F + CPU.pass_overhead_s)  # two layers a stage, as measured
-        assert got[("B", 0)] == pytest.approx(2 * (B if sched.split_w else BW) + CPU.pass_overhead_s)
-        assert got[("S", None)] == pytest.approx(seconds[algo][0] + CPU.pass_overhead_s)
-        assert got[("T", None)] == pytest.approx(seconds[algo][1] + CPU.pass_overhead_s)
-        assert compute_times(replace(cfg, method=method), plain, sched) != got  # composed without the rows
-    base = replace(cfg, method="baseline")
-    sched = build("baseline", 2, 4, 1)
+        assert got[("F", 0)] == pytest.approx(2 * F, rel=1e-6)  # the measured shape: as measured
+        assert got[("B", 0)] == pytest.approx(2 * (B if sched.split_w else BW), rel=1e-6)
+        for i, kind in enumerate("ST"):  # the pooled factor on this algorithm's composed part
+            assert got[(kind, None)] == pytest.approx(seconds[algo][i] * factors[kind] / factors[(kind, algo)],
+                                                      rel=1e-6)
+    base, sched = replace(cfg, method="baseline"), build("baseline", 2, 4, 1)
     got, composed = compute_times(base, hw, sched), compute_times(base, plain, sched)
-    # the last stage: its layers and the whole output layer as measured; the first stage's input layer composed
-    assert got[("F", 1)] == pytest.approx(2 * F + seconds["local"][0] + CPU.pass_overhead_s)
-    assert got[("B", 1)] == pytest.approx(2 * BW + seconds["local"][1] + CPU.pass_overhead_s)
+    pooled = [seconds["local"][i] * factors[k] / factors[(k, "local")] for i, k in enumerate("ST")]
+    assert got[("F", 1)] == pytest.approx(2 * F + pooled[0], rel=1e-6)  # layers and the whole output layer
+    assert got[("B", 1)] == pytest.approx(2 * BW + pooled[1], rel=1e-6)
+    # the first stage's input layer stays composed: its F is the layers as measured plus the composed input part
     first_input = work_seconds(hw, {"IF": pass_work(base, hw, sched)[("F", 0)]["IF"]}).total(hw)
-    assert got[("F", 0)] == pytest.approx(2 * F + first_input, rel=1e-5) and composed[("F", 0)] != got[("F", 0)]
-    # other shapes and tensor parallelism: nothing measured applies
-    assert measured_parts(replace(cfg, seq_len=16), hw, build("vocab-1", 2, 4, 1)) == {}
-    assert measured_parts(replace(cfg, tp=2, heads=2), hw, build("vocab-1", 2, 4, 1)) == {}
+    assert got[("F", 0)] == pytest.approx(2 * F + first_input, rel=1e-6) and composed[("F", 0)] != got[("F", 0)]
+    # another shape and a tensor-parallel mesh: their composed work times the same factors
+    for other in (replace(cfg, seq_len=16), replace(cfg, tp=2, pp=1)):
+        sk = build("vocab-1", other.pp, 4, 1)
+        scaled, alone = compute_times(other, hw, sk), compute_times(other, plain, sk)
+        assert scaled[("F", 0)] == pytest.approx(alone[("F", 0)] * factors["F"], rel=1e-9)
+        assert scaled[("S", None)] == pytest.approx(alone[("S", None)] * factors["S"], rel=1e-9)

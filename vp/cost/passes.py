@@ -25,13 +25,15 @@ profile times each size at its own measured rate, and each fresh byte at its mea
 reuse), nor the output layer's: its large tensors are GEMM outputs, timed with their allocation in the GEMM table,
 and its cross-entropy steps run in place.
 """
+import statistics
+import weakref
 from dataclasses import dataclass, field
 
 from vp.config import RunConfig
 from vp.cost.gemm import Gemm, elementwise_time, gemm_time
 from vp.cost.network import Network
 from vp.cost.profiles import Hardware
-from vp.cost.tables import layer_key
+from vp.schedule.methods import VOCAB
 from vp.cost.tensor import ONE_DEVICE, Split, pass_comm_s
 from vp.schedule import Schedule
 
@@ -234,47 +236,69 @@ def work_seconds(hw: Hardware, parts: dict) -> Seconds:
 
 
 def compute_times(cfg: RunConfig, hw: Hardware, sched: Schedule) -> dict:
-    """Seconds of every pass's own work on one device computing alone: {(kind, stage or None): seconds}. Where the
-    profile measured a part as the runtime runs it (measured_parts: a stage's transformer layers, the output layer's
-    forward and backward parts), that part takes the measured time; every other part is composed from its
-    operations (work_seconds)."""
+    """Seconds of every pass's own work on one device computing alone: {(kind, stage or None): seconds}: each part
+    composed from its operations (work_seconds), times the profile's factor for its kind where the profile timed
+    passes as the runtime runs them (pass_factors; every run and mesh alike, so plans compare on one footing)."""
     out, timed = {}, {}  # parts shared by stages alike (pass_work) are timed once
-    measured = measured_parts(cfg, hw, sched)
+    factors = pass_factors(hw)
     for key, parts in pass_work(cfg, hw, sched).items():
         if id(parts) not in timed:
-            taken = {}
-            for eff_kind in parts:
-                if eff_kind in ("F", "B", "W") and key[1] is not None and "layer" in measured:
-                    layer = "BW" if eff_kind == "B" and not sched.split_w else eff_kind
-                    taken[eff_kind] = cfg.stage_layers[key[1]] * measured["layer"][layer]
-                elif eff_kind in measured:
-                    taken[eff_kind] = measured[eff_kind]
-            rest = {k: w for k, w in parts.items() if k not in taken}
-            timed[id(parts)] = 0.0 if not parts else \
-                work_seconds(hw, rest).total(hw) + sum(t / hw.eff(k) for k, t in taken.items())
+            if not parts:
+                timed[id(parts)] = 0.0
+            elif not factors:
+                timed[id(parts)] = work_seconds(hw, parts).total(hw)
+            else:
+                timed[id(parts)] = hw.pass_overhead_s + sum(
+                    (work_seconds(hw, {k: w}).total(hw) - hw.pass_overhead_s) * _factor(factors, k, key, sched)
+                    for k, w in parts.items())
         out[key] = timed[id(parts)]
     return out
 
 
-def measured_parts(cfg: RunConfig, hw: Hardware, sched: Schedule) -> dict:
-    """What the profile measured of this run's passes as the runtime runs them (runs without tensor parallelism):
-    "layer" {F, B, W, BW: seconds per transformer layer} from the layers table; "S" and "T", the output layer's
-    forward and backward parts, from the output table (Algorithms 1 and 2 on the run's shard; the whole layer on one
-    rank where the schedule does not split W); nothing the tables do not hold."""
-    if cfg.tp != 1:
-        return {}
-    out, tables = {}, hw.tables
-    layer = tables.layer_s(layer_key(cfg))
-    if layer is not None:
-        out["layer"] = layer
-    n, h = cfg.micro_batch_size * cfg.seq_len, cfg.hidden
-    if sched.vocab_parallel:
-        key = (n, cfg.padded_vocab_size // cfg.pp, h, sched.vocab.name)
-    else:
-        key = None if sched.split_w else (n, cfg.padded_vocab_size, h, "local")
-    passes = tables.output_s(key) if key else None
-    if passes is not None:
-        out["S"], out["T"] = passes
+def _factor(factors: dict, eff_kind: str, key: tuple, sched: Schedule) -> float:
+    if eff_kind in ("F", "B", "W") and key[1] is not None:  # a stage's layers (B without W: the whole backward)
+        return factors.get("BW" if eff_kind == "B" and not sched.split_w else eff_kind, 1.0)
+    if eff_kind in ("S", "T"):  # pooled over the algorithms (one or two rows each are noise apart)
+        return factors.get(eff_kind, 1.0)
+    return 1.0
+
+
+_FACTORS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # Tables -> pass_factors
+
+
+def pass_factors(hw: Hardware) -> dict:
+    """How much longer the runtime's passes took than their composed operations, from the profile's layers and
+    output tables (vp.cost.measure.layers, output_passes): each row's seconds over the composed seconds of the same
+    shape, the median over rows, per part kind: "F", "B", "W", "BW" (the whole backward) for transformer layers;
+    "S" and "T" for the output layer's parts over every algorithm's rows (local, naive, alg1, alg2), which
+    compute_times uses, and ("S", algorithm), ("T", algorithm) for each alone, which it does not: on the
+    development machine two rows of one algorithm gave factors 1.14-1.36 for S, apart by more than the algorithms'
+    difference. Empty for a profile without those tables."""
+    tables = hw.tables
+    if tables in _FACTORS:
+        return _FACTORS[tables]
+    ratios: dict = {}
+
+    def add(kind, measured: float, parts: dict):
+        composed = work_seconds(hw, parts).total(hw) - hw.pass_overhead_s
+        if measured > 0 and composed > 0:
+            ratios.setdefault(kind, []).append(measured / composed)
+
+    for (b, seq, h, heads, ffn), row in tables.layers.items():
+        sh = Shapes(b * seq, seq, b, h, ffn, hw.act_bytes, ONE_DEVICE, heads)
+        for kind in ("F", "B", "W"):
+            add(kind, row[kind], {kind: sh.layer(kind)})
+        add("BW", row["BW"], {"B": sh.layer("B") + sh.layer("W")})
+    for (n, rows, h, algo), (s_time, t_time) in tables.output.items():
+        sh = Shapes(n, n, 1, h, 4 * h, hw.act_bytes)
+        s_gemms = 1 if algo == "local" else VOCAB[algo].s_gemms
+        add(("S", algo), s_time, {"S": sh.output(rows, OUTPUT_GEMMS[:s_gemms], True)})
+        add(("T", algo), t_time, {"T": sh.output(rows, OUTPUT_GEMMS[s_gemms:], False)})
+    for kind in ("S", "T"):  # every algorithm's rows together: for an algorithm the tables lack
+        pooled = [r for key, values in ratios.items() if isinstance(key, tuple) and key[0] == kind for r in values]
+        if pooled:
+            ratios[kind] = pooled
+    _FACTORS[tables] = out = {k: statistics.median(v) for k, v in ratios.items()}
     return out
 
 

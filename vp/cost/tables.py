@@ -14,12 +14,11 @@ by the cost model where they cover a question; None elsewhere, and the analytica
   optimizer    seconds per parameter of one step over a single tensor per tensor size, log-log linear between
                measured sizes, the nearest's beyond them; None without such rows; a rank's whole parameter set
                where optimizer_sets measured that set (exact match of its parameters and large tensors);
-  layers       per transformer layer shape (layer_key, runs without tensor parallelism): seconds per layer of F, B,
-               W and a whole backward as the runtime runs a stage, which vp.cost.passes.compute_times takes for a
-               stage's layers in place of their composed operations; None for other shapes;
+  layers       per transformer layer shape (layer_key): seconds per layer of F, B, W and a whole backward as the
+               runtime runs a stage; vp.cost.passes.pass_factors turns each into a factor on the composed time;
   output       per (tokens, vocabulary rows, hidden, algorithm) the seconds of the output layer's forward (S) and
-               backward (T) parts as the runtime runs them (local: the whole layer on one rank; alg1, alg2), which
-               compute_times takes in place of their composed GEMMs and bytes; None for other shapes;
+               backward (T) parts as the runtime runs them (local: the whole layer on one rank; naive, alg1, alg2),
+               likewise factors (pass_factors);
   collectives  per (op, group size, world) measured, log-log linear in payload bytes; the smallest's time below
                the smallest payload (latency); beyond the largest, a latency and a bandwidth through the two largest
                (the analytical network, whose point-to-point link answers a whole ring, was 2-8x too fast there).
