@@ -24,6 +24,7 @@ from vp.cost import PROFILES, GiB, Hardware, fit_link, pass_work
 from vp.cost.costs import vocab_tensors
 from vp.cost.memory import rank_params
 from vp.cost import measure as M
+from vp.cost import measure_passes as P
 from vp.cost.gemm import Gemm, alignment, quantization
 from vp.cost.tables import Tables, as_text, layer_key, optimizer_key, rows
 from vp.flops import DEVICE_NAMES
@@ -129,7 +130,7 @@ def pass_shapes(run) -> dict:
         return {}
     method, n = get_method(run.method), run.micro_batch_size * run.seq_len
     out = {"layers": layer_key(run)}
-    if method.vocab.parallel and method.vocab.name in M.OUTPUT_ALGORITHMS:
+    if method.vocab.parallel and method.vocab.name in P.OUTPUT_ALGORITHMS:
         out["output"] = (n, run.padded_vocab_size // run.pp, run.hidden, method.vocab.name)
     elif not method.vocab.parallel and not method.family.split_w:
         out["output"] = (n, run.padded_vocab_size, run.hidden, "local")
@@ -198,8 +199,8 @@ def measure_profile(name: str, device_type: str, dtype: str, experiments: list[s
     activation_rows = M.activation(device, torch_dtype, timer, activation_sizes(jobs["gelu"]))
     step = [M.optimizer(device, timer)] + [M.optimizer(device, timer, n, 1) for n in sorted(jobs["vocab"])]
     step_sets = [M.optimizer_set(device, timer, n, large) for n, large in sorted(jobs["ranks"])]
-    layer_rows = M.layers(sorted(jobs["layers"]), device, torch_dtype, timer)
-    output_rows = M.output_passes(sorted(jobs["output"]), device, torch_dtype, timer)
+    layer_rows = P.layers(sorted(jobs["layers"]), device, torch_dtype, timer)
+    output_rows = P.output_passes(sorted(jobs["output"]), device, torch_dtype, timer)
     log(f"  {len(attention_rows)} attention shapes, {len(element_rows)} elementwise and {len(activation_rows)} "
         f"activation sizes, the optimizer step over {len(step_sets)} ranks' parameters, {len(layer_rows)} layer "
         f"and {len(output_rows)} output-layer shapes as the runtime runs them, "

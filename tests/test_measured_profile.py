@@ -14,6 +14,7 @@ from harness.calibrate import main as calibrate_main
 from vp.config import RunConfig
 from vp.cost import PROFILES, Hardware, pass_costs, pass_times, pass_work, work_seconds
 from vp.cost import measure as M
+from vp.cost import measure_passes as P
 from vp.cost.gemm import Gemm, elementwise_time, gemm_time
 from vp.cost.network import ALL_REDUCE, BROADCAST, Network
 from vp.cost.passes import compute_times
@@ -385,7 +386,7 @@ def test_collectives_are_measured_with_the_worlds_groups_side_by_side():
 
 
 def test_layers_and_output_layer_timed_as_the_runtime_runs_them_scale_every_runs_composed_work():
-    """vp.cost.measure.layers and output_passes on tiny shapes (the real code paths); pass_factors: each row over
+    """vp.cost.measure_passes.layers and output_passes on tiny shapes (the real code paths); pass_factors: each row over
     the composed time of its shape; compute_times: the measured shape's parts come out as measured, and every other
     run (other shapes, tensor parallelism) is scaled by the same factors, so plans compare on one footing."""
     from vp.cost.passes import pass_factors
@@ -395,8 +396,8 @@ def test_layers_and_output_layer_timed_as_the_runtime_runs_them_scale_every_runs
     cfg = RunConfig(method="vocab-1", pp=2, layers=4, hidden=16, heads=2, seq_len=8, micro_batch_size=1,
                     vocab_size=64, microbatches=4, device="cpu", dtype="fp32")
     n, rows_vp = 8, cfg.padded_vocab_size // 2
-    layer_rows = M.layers([layer_key(cfg)], torch.device("cpu"), torch.float32, timer, cycles=2)
-    out_rows = M.output_passes([(n, rows_vp, 16, a) for a in ("naive", "alg1", "alg2")]
+    layer_rows = P.layers([layer_key(cfg)], torch.device("cpu"), torch.float32, timer, cycles=2)
+    out_rows = P.output_passes([(n, rows_vp, 16, a) for a in ("naive", "alg1", "alg2")]
                                + [(n, cfg.padded_vocab_size, 16, "local")], torch.device("cpu"), torch.float32, timer,
                                cycles=2)
     assert [r[:5] for r in layer_rows] == [[1, 8, 16, 2, 64]] and all(t > 0 for t in layer_rows[0][5:])

@@ -268,7 +268,7 @@ _FACTORS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # Tables ->
 
 def pass_factors(hw: Hardware) -> dict:
     """How much longer the runtime's passes took than their composed operations, from the profile's layers and
-    output tables (vp.cost.measure.layers, output_passes): each row's seconds over the composed seconds of the same
+    output tables (vp.cost.measure_passes.layers, output_passes): each row's seconds over the composed seconds of the same
     shape, the median over rows, per part kind: "F", "B", "W", "BW" (the whole backward) for transformer layers;
     "S" and "T" for the output layer's parts over every algorithm's rows (local, naive, alg1, alg2), which
     compute_times uses, and ("S", algorithm), ("T", algorithm) for each alone, which it does not: on the

@@ -1,0 +1,138 @@
+"""Passes timed as the runtime runs them, for a measured profile's layers and output tables (python -m
+harness.calibrate --measure; vp.cost.passes.pass_factors turns them into factors on the composed model): a stage's
+transformer layers with microbatches in flight, and the output layer's forward and backward parts per algorithm.
+Timed with vp.cost.measure.Timer (a rank's thread's CPU time on CPU, CUDA events on a GPU)."""
+import contextlib
+import statistics
+
+import torch
+
+from vp.cost.measure import Timer
+
+IN_FLIGHT = 4  # microbatches whose layer activations a layers row holds, as a pipeline stage holds several
+LAYERS = 2  # transformer layers per timed pass of a layers row (the row is per layer)
+
+
+def layers(shapes, device: torch.device, dtype: torch.dtype, timer: Timer, cycles: int = 12) -> list[list]:
+    """[micro_batch, seq, hidden, heads, ffn, F, B, W, BW] per shape: seconds per transformer layer of each pass as
+    the runtime runs a stage (vp.model.Block under the ActivationMeter's saved-tensor hooks, in the run's dtype):
+    F the forward, B the split backward's input gradients (weight gradients deferred to a WeightGradStore), W their
+    flush, BW the whole backward; IN_FLIGHT microbatches' activations held, each pass timed alone, the median of
+    `cycles`. The shape-level tables compose a layer from its operations; a run pays more: every operation's
+    autograd and Python cost, the saved-tensor hooks, the activations of several microbatches alive (on this
+    project's 2-core CPU two of the smoke model's layers took 18.2-18.7 ms forward this way, 13.4 ms as composed,
+    18-20 ms of CPU time in runs)."""
+    from vp.model import Block
+    from vp.runtime.memory import ActivationMeter
+    from vp.wgrad import WeightGradStore
+
+    cast = (torch.autocast("cuda", dtype=dtype) if device.type == "cuda" and dtype != torch.float32
+            else contextlib.nullcontext())
+    out = []
+    for b, s, h, heads, ffn in shapes:
+        blocks = [Block(h, heads, ffn, LAYERS, 0, i).to(device) for i in range(LAYERS)]
+        meter = ActivationMeter([p for blk in blocks for p in blk.parameters()])
+        times = {"F": [], "B": [], "W": [], "BW": []}
+        for split in (True, False):
+            held = []
+            for step in range(cycles + IN_FLIGHT):
+                x = torch.randn(b, s, h, device=device).requires_grad_()
+                store = WeightGradStore() if split else None
+                box = {}
+
+                def forward():
+                    y = x
+                    with meter.track(step), cast:
+                        for blk in blocks:
+                            y = blk(y, store)
+                    box["y"] = y
+
+                forward_s = timer.sample(forward)
+                held.append((box["y"], store, step))
+                if len(held) <= IN_FLIGHT:
+                    continue
+                y, old, key = held.pop(0)
+                grad = torch.randn_like(y)
+                backward_s = timer.sample(lambda: torch.autograd.backward(y, grad))
+                if split:
+                    times["F"].append(forward_s)
+                    times["B"].append(backward_s)
+                    times["W"].append(timer.sample(old.flush))
+                else:
+                    times["BW"].append(backward_s)
+                meter.release(key)
+        per_layer = {k: statistics.median(v) / LAYERS for k, v in times.items()}
+        out.append([b, s, h, heads, ffn] + [per_layer[k] for k in ("F", "B", "W", "BW")])
+    return out
+
+
+OUTPUT_ALGORITHMS = ("local", "naive", "alg1", "alg2")  # an output row's algorithm: local = the whole layer, one rank
+
+
+class _Alone:
+    """The communicator of a rank with no peers, for timing the naive algorithm's passes without their
+    collectives (the network model prices those): an all-reduce returns its input, a barrier waits for nothing."""
+
+    def all_reduce(self, t, channel, op=None):
+        return t
+
+    def barrier(self, name):
+        return contextlib.nullcontext()
+
+
+def output_passes(shapes, device: torch.device, dtype: torch.dtype, timer: Timer, cycles: int = 6) -> list[list]:
+    """[tokens, rows, hidden, algorithm, S, T] per shape: seconds of the output layer's forward part (S) and backward
+    part (T) on `rows` vocabulary rows as the runtime runs them (vp.vocab.output, in the run's dtype): "local" the
+    whole layer and its loss on one rank (LocalOutputLoss: S its forward, T its backward with grad W accumulated),
+    "naive" its forward and backward with the collectives answering at once (_Alone), "alg1"/"alg2" the
+    vocabulary-parallel s_pass and t_pass of that algorithm, two microbatches' states held between
+    them as a schedule holds them; the median of `cycles`. Composed from the GEMM and elementwise tables, a pass
+    misses what the run pays around them (the logits' fresh memory, the states held, the steps' own costs)."""
+    from vp.schedule.methods import VOCAB
+    from vp.vocab.output import Shard, local_loss, naive_backward, naive_forward, s_pass, t_pass
+
+    cast = (torch.autocast("cuda", dtype=dtype) if device.type == "cuda" and dtype != torch.float32
+            else contextlib.nullcontext())
+    out = []
+    for n, rows, h, algo in shapes:
+        index = OUTPUT_ALGORITHMS.index(algo)
+        shard = Shard.of(0, 1 if index == 0 else 2, rows if index == 0 else 2 * rows, rows if index == 0 else 2 * rows)
+        weight = torch.nn.Parameter(torch.randn(rows, h, device=device) * 0.02)
+        weight.grad = torch.zeros_like(weight)
+        targets = torch.randint(0, shard.count * rows, (n,), device=device)
+        weights = torch.full((n,), 1.0 / n, device=device)
+        forward, backward, held = [], [], []
+        for _ in range(cycles + 2):
+            x = torch.randn(n, h, device=device, requires_grad=index == 0)
+            box = {}
+            if index == 0:
+                def s_step():
+                    with cast:
+                        box["out"] = local_loss(shard, weight, x, targets, weights)
+
+                def t_step(state):
+                    state.backward()
+            elif algo == "naive":  # its collectives answer at once (_Alone)
+                def s_step():
+                    with cast:
+                        box["out"] = naive_forward(shard, weight.data, x, targets, weights, _Alone())
+
+                def t_step(state):
+                    with cast:
+                        naive_backward(shard, weight, state, _Alone())
+            else:
+                def s_step():
+                    with cast:
+                        box["out"] = s_pass(shard, weight.data, x, targets, weights, VOCAB[algo])
+                    box["out"].alpha = torch.ones(n, device=device)  # what C1 sets
+
+                def t_step(state):
+                    with cast:
+                        t_pass(shard, weight, state, VOCAB[algo])
+            forward.append(timer.sample(s_step))
+            held.append(box["out"])
+            if len(held) > 2:
+                state = held.pop(0)
+                backward.append(timer.sample(lambda: t_step(state)))
+        out.append([n, rows, h, algo, statistics.median(forward[2:]), statistics.median(backward)])
+    return out
