@@ -216,8 +216,7 @@ def measure_profile(name: str, device_type: str, dtype: str, experiments: list[s
         f"{time.perf_counter() - start:.0f} s")
     measured = {"gemm": gemm_rows, "gemm_accumulate": accumulate_rows, "attention": attention_rows,
                 "elementwise": element_rows, "activation": activation_rows, "optimizer": step,
-                "optimizer_sets": step_sets, "layers": layer_rows,
-                "output": output_rows,
+                "optimizer_sets": step_sets, "layers": layer_rows, "output": output_rows,
                 "collectives": collective_rows}
     hw = fitted(name, device, dtype, peak, measured, here)
     return replace(hw, measured={k: as_text(v) for k, v in measured.items()}, fitted_to=f"microbenchmarks ({how} peak), {time.perf_counter() - start:.0f} s")

@@ -135,7 +135,7 @@ class Metrics:
         kinds = sorted({k for times, _ in passes for k in times})
         bubble = [r.bubble_fraction(measured) for r in per_rank]
         return cls(loss=losses, iteration_time_s=t, iteration_times_s=iter_s,
-                   pass_time_s={k: [times.get(k) for times, _ in passes] for k in kinds},
+                   pass_time_s=_per_rank([times for times, _ in passes]),
                    pass_count={k: [counts.get(k, 0) for _, counts in passes] for k in kinds},
                    peak_memory_bytes=[r.peak_memory_bytes for r in per_rank],
                    memory_detail=[r.memory_detail for r in per_rank], bubble_fraction=bubble,

@@ -135,15 +135,6 @@ class Tables:
         large tensors) where the profile measured that very set, or None."""
         return self.optimizer_sets.get(optimizer_key(params, large))
 
-    def layer_s(self, key: tuple) -> dict | None:
-        """{F, B, W, BW: seconds per layer} of a transformer layer (layer_key) as a stage runs it, where measured."""
-        return self.layers.get(key)
-
-    def output_s(self, key: tuple) -> tuple[float, float] | None:
-        """(S, T) seconds of the output layer's forward and backward parts (tokens, rows, hidden, algorithm: local,
-        alg1, alg2) as the runtime runs them, where measured."""
-        return self.output.get(key)
-
     def collective_s(self, op: str, n: int, nbytes: float, busy: int = 0) -> float | None:
         """Seconds of one collective (or 'p2p', n = 2) among n ranks of one machine on which `busy` ranks of the
         run communicate (0: the group alone), or None."""

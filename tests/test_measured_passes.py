@@ -1,0 +1,99 @@
+"""The passes and steps a measured profile times as the runtime runs them (vp.cost.measure_passes,
+vp.cost.measure.optimizer_set): a stage's layers and the output layer, whose rows become factors on the composed
+model (vp.cost.passes.pass_factors), and the optimizer step over a rank's parameters (vp.cost.costs.optimizer_s)."""
+from dataclasses import replace
+
+import pytest
+import torch
+
+from test_measured_profile import CPU, with_tables
+from vp.config import RunConfig
+from vp.cost import pass_work, work_seconds
+from vp.cost import measure as M
+from vp.cost import measure_passes as P
+from vp.cost.passes import compute_times
+from vp.cost.tables import as_text
+from vp.schedule import build
+
+
+def test_a_ranks_measured_parameter_set_prices_its_optimizer_step_exactly_and_only_that_set():
+    from vp.cost import tail_s
+    from vp.cost.costs import optimizer_s, vocab_tensors
+    from vp.cost.memory import rank_params
+
+    cfg = RunConfig(method="vocab-2", pp=2, layers=4, hidden=64, heads=4, seq_len=32, micro_batch_size=1,
+                    vocab_size=64000, microbatches=4, device="cpu", dtype="fp32")
+    sched = build("vocab-2", 2, 4, 1)
+    (n, large), _ = zip(rank_params(cfg, sched), vocab_tensors(cfg, sched))
+    assert n > 10**6 and as_text([[n, 0.25, *large]]) == f"{n} 0.25 {large[0]} {large[1]}"  # counts kept exact
+    hw = replace(with_tables(CPU, optimizer=[[2**10, 16, 2**14 * 1e-9]], optimizer_sets=as_text([[n, 0.25, *large]])),
+                 optimizer_s_per_param=1e-9)
+    assert optimizer_s(hw, n, list(reversed(large))) == 0.25  # the set measured: its time, in any order
+    assert optimizer_s(hw, n + 1, large) == pytest.approx((n + 1) * 1e-9)  # another set: the per-tensor rates
+    assert tail_s(cfg, hw, sched) == pytest.approx(0.25)  # pp 2, dp 1, tp 1: the tail is the step
+
+
+def test_the_optimizer_step_times_each_vocabulary_matrix_at_its_size():
+    from vp.cost import tail_s
+    from vp.cost.costs import optimizer_s, vocab_tensors
+
+    cfg = RunConfig(method="baseline", pp=2, layers=4, hidden=64, heads=4, seq_len=32, micro_batch_size=1,
+                    vocab_size=64000, microbatches=4, device="cpu", dtype="fp32")
+    sched = build("baseline", 2, 4, 1)
+    big = cfg.padded_vocab_size * 64
+    assert vocab_tensors(cfg, sched) == [[big], [big]]
+    assert vocab_tensors(cfg, build("vocab-2", 2, 4, 1)) == [[big // 2] * 2] * 2
+    # 1 ns a parameter in small tensors, 10 ns in one tensor of the embedding's size
+    hw = replace(with_tables(CPU, optimizer=[[2**10, 16, 2**14 * 1e-9], [big, 1, big * 1e-8]]),
+                 optimizer_s_per_param=1e-9)
+    assert optimizer_s(hw, big + 1000, [big]) == pytest.approx(big * 1e-8 + 1000 * 1e-9)
+    assert optimizer_s(replace(hw, measured={}), big + 1000, [big]) == pytest.approx((big + 1000) * 1e-9)
+    assert tail_s(cfg, hw, sched) > tail_s(cfg, replace(hw, measured={}), sched) + 8 * big * 1e-9
+
+
+def test_layers_and_output_layer_timed_as_the_runtime_runs_them_scale_every_runs_composed_work():
+    """vp.cost.measure_passes.layers and output_passes on tiny shapes (the real code paths); pass_factors: each row over
+    the composed time of its shape; compute_times: the measured shape's parts come out as measured, and every other
+    run (other shapes, tensor parallelism) is scaled by the same factors, so plans compare on one footing."""
+    from vp.cost.passes import pass_factors
+    from vp.cost.tables import layer_key
+
+    timer = M.Timer(torch.device("cpu"))
+    cfg = RunConfig(method="vocab-1", pp=2, layers=4, hidden=16, heads=2, seq_len=8, micro_batch_size=1,
+                    vocab_size=64, microbatches=4, device="cpu", dtype="fp32")
+    n, rows_vp = 8, cfg.padded_vocab_size // 2
+    layer_rows = P.layers([layer_key(cfg)], torch.device("cpu"), torch.float32, timer, cycles=2)
+    out_rows = P.output_passes([(n, rows_vp, 16, a) for a in ("naive", "alg1", "alg2")]
+                               + [(n, cfg.padded_vocab_size, 16, "local")], torch.device("cpu"), torch.float32, timer,
+                               cycles=2)
+    assert [r[:5] for r in layer_rows] == [[1, 8, 16, 2, 64]] and all(t > 0 for t in layer_rows[0][5:])
+    assert all(len(r) == 6 and r[4] > 0 and r[5] > 0 for r in out_rows)
+    hw = with_tables(CPU, layers=as_text(layer_rows), output=as_text(out_rows))
+    plain = replace(hw, measured={})
+    assert pass_factors(plain) == {}
+    factors = pass_factors(hw)
+    assert {"F", "B", "W", "BW", "S", "T", ("S", "alg2"), ("T", "naive"), ("S", "local")} <= set(factors)
+    F, B, W, BW = (float(f"{t:.6g}") for t in layer_rows[0][5:])  # as the profile stores them
+    seconds = {r[3]: [float(f"{t:.6g}") for t in r[4:]] for r in out_rows}
+    for method, algo in (("vocab-1", "alg1"), ("vocab-2", "alg2"), ("interlaced", "naive")):
+        sched = build(method, 2, 4, 1)
+        got = compute_times(replace(cfg, method=method), hw, sched)
+        assert got[("F", 0)] == pytest.approx(2 * F, rel=1e-6)  # the measured shape: as measured
+        assert got[("B", 0)] == pytest.approx(2 * (B if sched.split_w else BW), rel=1e-6)
+        for i, kind in enumerate("ST"):  # the pooled factor on this algorithm's composed part
+            assert got[(kind, None)] == pytest.approx(seconds[algo][i] * factors[kind] / factors[(kind, algo)],
+                                                      rel=1e-6)
+    base, sched = replace(cfg, method="baseline"), build("baseline", 2, 4, 1)
+    got, composed = compute_times(base, hw, sched), compute_times(base, plain, sched)
+    pooled = [seconds["local"][i] * factors[k] / factors[(k, "local")] for i, k in enumerate("ST")]
+    assert got[("F", 1)] == pytest.approx(2 * F + pooled[0], rel=1e-6)  # layers and the whole output layer
+    assert got[("B", 1)] == pytest.approx(2 * BW + pooled[1], rel=1e-6)
+    # the first stage's input layer stays composed: its F is the layers as measured plus the composed input part
+    first_input = work_seconds(hw, {"IF": pass_work(base, hw, sched)[("F", 0)]["IF"]}).total(hw)
+    assert got[("F", 0)] == pytest.approx(2 * F + first_input, rel=1e-6) and composed[("F", 0)] != got[("F", 0)]
+    # another shape and a tensor-parallel mesh: their composed work times the same factors
+    for other in (replace(cfg, seq_len=16), replace(cfg, tp=2, pp=1)):
+        sk = build("vocab-1", other.pp, 4, 1)
+        scaled, alone = compute_times(other, hw, sk), compute_times(other, plain, sk)
+        assert scaled[("F", 0)] == pytest.approx(alone[("F", 0)] * factors["F"], rel=1e-9)
+        assert scaled[("S", None)] == pytest.approx(alone[("S", None)] * factors["S"], rel=1e-9)
