@@ -26,7 +26,7 @@ from vp.cost.memory import rank_params
 from vp.cost import measure as M
 from vp.cost import measure_passes as P
 from vp.cost.gemm import Gemm, alignment, quantization
-from vp.cost.tables import Tables, as_text, layer_key, optimizer_key, rows
+from vp.cost.tables import Tables, as_text, layer_key, optimizer_key, rows, tp_layer_key
 from vp.flops import DEVICE_NAMES
 from vp.metrics import device_peak
 from vp.schedule import build
@@ -45,6 +45,8 @@ CACHES = "gemm cold; weight gradients in place"
 COLLECTIVE_SIZES = [256, 16384, 2**20, 2**24]  # payload bytes (all_gather up to 64 MiB gathered)
 # how collectives are timed (vp.cost.measure.collectives): a profile timed otherwise is measured again
 COLLECTIVES = "groups side by side in worlds of 2-8 processes; mean of 10"
+# which passes are timed as the runtime runs them (vp.cost.measure_passes): a profile without them is measured again
+PASSES = "layers, output layer, tensor-parallel layers in their group's world"
 
 
 def machine(device: torch.device, dtype: str, threads: int) -> dict:
@@ -75,8 +77,9 @@ def default_name(device: str) -> str:
 
 
 def how_timed(device: str) -> dict:
-    """How this code times a profile (clock, caches, collectives): a profile timed otherwise is measured again."""
-    return {"clock": CLOCK[device], "caches": CACHES, "collectives": COLLECTIVES}
+    """How this code times a profile (clock, caches, collectives, passes): a profile timed otherwise is measured
+    again."""
+    return {"clock": CLOCK[device], "caches": CACHES, "collectives": COLLECTIVES, "passes": PASSES}
 
 
 def same_machine(profile: dict, device: str, dtype: str) -> bool:
@@ -91,15 +94,16 @@ def job_shapes(experiments: list[str], act_bytes: int) -> dict[str, set]:
     "gemm_accumulate" (m, n, k) of those added into their output (weight gradients), "attention" (batch x heads, seq, head dim), "tensors" (bytes
     of the elementwise steps' tensors), "vocab" (elements of the vocabulary matrices the devices hold), "gelu"
     (elements of each GeLU call), "ranks" (each rank's parameters and large tensors: vp.cost.optimizer_key) and
-    "layers" (the transformer layer of each job without tensor parallelism: vp.cost.tables.layer_key) and "output"
-    (its output layer's shard: tokens, rows, hidden, algorithm; vp.cost.passes.pass_factors)."""
+    "layers" (the transformer layer of each job without tensor parallelism: vp.cost.tables.layer_key), "output"
+    (its output layer's shard: tokens, rows, hidden, algorithm; vp.cost.passes.pass_factors) and "tp_layers" (the
+    tensor-parallel layer of each job with it: vp.cost.tables.tp_layer_key)."""
     from hydra import initialize_config_dir
 
     from harness.sweep import plan
 
     skeleton = Hardware("shapes", 1.0, act_bytes=act_bytes)
     out = {key: set() for key in ("gemm", "gemm_accumulate", "attention", "tensors", "vocab", "gelu", "ranks",
-                                  "layers", "output")}
+                                  "layers", "output", "tp_layers")}
     conf = str(Path(__file__).resolve().parents[1] / "conf")
     with initialize_config_dir(conf, version_base="1.3"):
         for name in experiments:
@@ -123,11 +127,12 @@ def job_shapes(experiments: list[str], act_bytes: int) -> dict[str, set]:
 
 
 def pass_shapes(run) -> dict:
-    """The passes of a run (without tensor parallelism) that the layers and output tables time as the runtime runs
-    them: {"layers": layer_key, "output": (tokens, rows, hidden, algorithm)}, the keys vp.cost.passes.pass_factors
-    reads; {} with tensor parallelism (whose layers are their collectives)."""
+    """The passes of a run that the layers, output and tp_layers tables time as the runtime runs them: without
+    tensor parallelism {"layers": layer_key, "output": (tokens, rows, hidden, algorithm)}, with it {"tp_layers":
+    tp_layer_key} (its layers in a world of its group, with their collectives): the keys
+    vp.cost.passes.pass_factors reads."""
     if run.tp != 1:
-        return {}
+        return {"tp_layers": tp_layer_key(run)}
     method, n = get_method(run.method), run.micro_batch_size * run.seq_len
     out = {"layers": layer_key(run)}
     if method.vocab.parallel and method.vocab.name in P.OUTPUT_ALGORITHMS:
@@ -214,10 +219,16 @@ def measure_profile(name: str, device_type: str, dtype: str, experiments: list[s
     log(f"  {len(collective_rows)} collective and point-to-point timings over group sizes {groups} "
         f"in worlds of {worlds} processes, "
         f"{time.perf_counter() - start:.0f} s")
+    # a tensor-parallel stage's layers in a world of its group (gloo; a GPU group would need a device per rank)
+    tp_shapes = sorted(k for k in jobs["tp_layers"] if groups and k[1] <= max(groups))
+    tp_layer_rows = P.tp_layers(tp_shapes) if device_type == "cpu" and dtype == "fp32" and tp_shapes else []
+    if tp_layer_rows:
+        log(f"  {len(tp_layer_rows)} tensor-parallel layer shapes in worlds of their groups, "
+            f"{time.perf_counter() - start:.0f} s")
     measured = {"gemm": gemm_rows, "gemm_accumulate": accumulate_rows, "attention": attention_rows,
                 "elementwise": element_rows, "activation": activation_rows, "optimizer": step,
                 "optimizer_sets": step_sets, "layers": layer_rows, "output": output_rows,
-                "collectives": collective_rows}
+                "collectives": collective_rows, "tp_layers": tp_layer_rows}
     hw = fitted(name, device, dtype, peak, measured, here)
     return replace(hw, measured={k: as_text(v) for k, v in measured.items()}, fitted_to=f"microbenchmarks ({how} peak), {time.perf_counter() - start:.0f} s")
 

@@ -97,3 +97,46 @@ def test_layers_and_output_layer_timed_as_the_runtime_runs_them_scale_every_runs
         scaled, alone = compute_times(other, hw, sk), compute_times(other, plain, sk)
         assert scaled[("F", 0)] == pytest.approx(alone[("F", 0)] * factors["F"], rel=1e-9)
         assert scaled[("S", None)] == pytest.approx(alone[("S", None)] * factors["S"], rel=1e-9)
+
+
+def test_a_tensor_parallel_layer_timed_in_its_groups_world_prices_its_work_and_its_collectives():
+    """vp.cost.measure_passes.tp_layers on tiny shapes in a world of 2 (1-D, and a [1, 1, 2] grid whose layers
+    send nothing inside their passes); pass_factors: the CPU time over the composed work, and what the wall clock
+    adds beyond the work (stretched where the group's processes share cores) over the modelled collectives; so a
+    run at the measured shape pays per layer its measured CPU time as work and the rest as collectives."""
+    from vp.cost.network import Network
+    from vp.cost.passes import Shapes, layer_gemm_s, pass_factors, pass_times
+    from vp.cost.tables import tp_layer_key
+    from vp.cost.tensor import pass_comm_s
+
+    shapes = [("1d", 2, 1, 1, 8, 16, 2, 64), ("2.5d", 2, 2, 2, 8, 16, 2, 64)]
+    got = P.tp_layers(shapes, cycles=2)
+    assert [tuple(r[:8]) for r in got] == shapes and all(len(r) == 16 and min(r[8:]) > 0 for r in got)
+    cfg = RunConfig(method="baseline", pp=1, tp=2, tp_mode="1d", layers=4, hidden=16, heads=2, seq_len=8,
+                    micro_batch_size=1, vocab_size=64, microbatches=2, device="cpu", dtype="fp32")
+    assert tp_layer_key(cfg) == shapes[0]
+    # a row of known numbers, per layer: wall F 10 ms, B 12, W 1, BW 13; CPU F 2 ms, B 3, W 1, BW 4; one core
+    wall, cpu = [0.010, 0.012, 0.001, 0.013], [0.002, 0.003, 0.001, 0.004]
+    hw = replace(with_tables(CPU, tp_layers=as_text([list(shapes[0]) + wall + cpu, got[1]])), cores=1)
+    plain = replace(hw, measured={})
+    assert set(hw.tables.tp_layers) == set(shapes)  # modes read back as names
+    factors = pass_factors(hw)
+    assert {("tp", "1d", 2, 1, k) for k in ("F", "B", "W", "BW")} | {("tp", "2.5d", 2, 2, "F")} <= set(factors)
+    # 1-D sends nothing in W, the [1, 1, 2] grid nothing inside a pass: no factor on what is not modelled
+    assert {k for k in factors if k[0] == "tpcomm"} == {("tpcomm", "1d", 2, 1, k) for k in ("F", "B", "BW")}
+    sched = build("baseline", 1, 2, 1)
+    work, alone = compute_times(cfg, hw, sched), compute_times(cfg, plain, sched)
+    layers_f = work_seconds(plain, {"F": pass_work(cfg, plain, sched)[("F", 0)]["F"]}).total(plain) - CPU.pass_overhead_s
+    assert work[("F", 0)] == pytest.approx(alone[("F", 0)] - layers_f + 4 * cpu[0], rel=1e-9)  # work as measured
+    net = Network.of(hw, cfg.world)
+    gemm = layer_gemm_s(hw, Shapes.of(cfg, hw), False, 4)
+    rest = pass_comm_s(cfg, net, sched, 0, gemm, {"F": 0.0, "B": 0.0, "W": 0.0})  # the vocabulary layers' alone
+    timed = pass_times(cfg, hw, sched)
+    slower = 2 / 1  # two processes on one core: the simulator stretches their work twice (vp.cost.costs.sharing)
+    for kind, i in (("F", 0), ("B", 3)):  # B without a split W: the whole backward's row
+        exposed = wall[i] - slower * cpu[i]
+        assert timed[(kind, 0)] == pytest.approx(work[(kind, 0)] + 4 * exposed + rest[kind], rel=1e-9)
+    # another mesh (4 devices) keeps the modelled collectives and the tp = 1 factors (none here)
+    other = replace(cfg, tp=4)
+    assert pass_times(other, hw, sched) == pytest.approx(pass_times(other, plain, sched), rel=1e-12)
+

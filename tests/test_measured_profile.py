@@ -244,7 +244,9 @@ def test_calibrate_measure_writes_a_profile_that_sim_reads_and_reuses_it(quick, 
     # the optimizer step over each rank's parameter set of the jobs, read back exactly (8-digit counts included)
     assert {optimizer_key(r[0], r[2:]) for r in rows(hw.measured["optimizer_sets"])} == jobs["ranks"] != set()
     assert all(hw.tables.optimizer_set_s(n, large) > 0 for n, large in jobs["ranks"])
-    assert hw.machine["collectives"] == HM.COLLECTIVES
+    assert hw.machine["collectives"] == HM.COLLECTIVES and hw.machine["passes"] == HM.PASSES
+    # the jobs' tensor-parallel layers in worlds of their groups, those of the group sizes measured (2 here)
+    assert set(hw.tables.tp_layers) == {k for k in jobs["tp_layers"] if k[1] == 2} == {("1d", 2, 1, 4, 32, 64, 4, 256)}
     cfg = RunConfig(method="baseline", pp=1, tp=2, tp_mode="1d", layers=4, hidden=64, heads=4, seq_len=32,
                     micro_batch_size=4, vocab_size=2000, microbatches=2, device="cpu", dtype="fp32")
     sched = build("baseline", 1, 2, 1)

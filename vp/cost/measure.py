@@ -267,22 +267,22 @@ def collectives(device_type: str, worlds: list[int], groups: list[int], sizes: l
     """[op, group size n, payload bytes, seconds, world] for every op and payload, and [p2p, 2, bytes, s, world],
     with `world` processes at work in world / n groups at once, for each world and each group size dividing it:
     how a run's tensor-parallel groups (a 2-D grid's rows and columns), pipeline pairs and replicas communicate
-    together. One set of processes per world, forked from a server that imported torch once (a spawned process
-    per rank would import it again, several seconds each on a loaded machine)."""
+    together. One set of processes per world (in_world)."""
+    return [row for world in worlds
+            for row in in_world(world, _collective_rank, (device_type, threads, [n for n in groups if n <= world],
+                                                           sizes, reps), timeout_s, "collective")]
+
+
+def in_world(world: int, target, args: tuple, timeout_s: float = 600.0, what: str = "collective") -> list:
+    """What rank 0 of `world` processes puts on its queue, each running target(rank, world, init, *args, queue)
+    after joining a process group through `init`. The processes are forked from a server that imported torch once
+    (a spawned process per rank would import it again, several seconds each on a loaded machine)."""
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(["torch", "torch.distributed", __name__])
-    return [row for world in worlds
-            for row in _collectives_of(ctx, world, device_type, [n for n in groups if n <= world], sizes, reps,
-                                       threads, timeout_s)]
-
-
-def _collectives_of(ctx, world: int, device_type: str, groups: list[int], sizes: list[int], reps: int,
-                    threads: int, timeout_s: float) -> list[list]:
     queue = ctx.Queue()
     with tempfile.TemporaryDirectory() as tmp:
         init = f"file://{os.path.join(tmp, 'rendezvous')}"
-        procs = [ctx.Process(target=_collective_rank, args=(r, world, init, device_type, threads, groups, sizes,
-                                                            reps, queue), daemon=True) for r in range(world)]
+        procs = [ctx.Process(target=target, args=(r, world, init, *args, queue), daemon=True) for r in range(world)]
         for p in procs:
             p.start()
         try:
@@ -296,7 +296,7 @@ def _collectives_of(ctx, world: int, device_type: str, groups: list[int], sizes:
                     if time.monotonic() > give_up:  # every rank alive, none done: one hangs in a collective
                         for p in procs:
                             p.kill()
-                        raise RuntimeError(f"the collective benchmark gave no result within {timeout_s:g} s "
+                        raise RuntimeError(f"the {what} benchmark gave no result within {timeout_s:g} s "
                                            f"(a rank hangs, or the machine is far slower than expected)")
         finally:
             for p in procs:
@@ -304,5 +304,5 @@ def _collectives_of(ctx, world: int, device_type: str, groups: list[int], sizes:
                 if p.is_alive():
                     p.kill()
     if rows is None or any(p.exitcode for p in procs):
-        raise RuntimeError(f"a collective benchmark process failed (exit codes {[p.exitcode for p in procs]})")
+        raise RuntimeError(f"a {what} benchmark process failed (exit codes {[p.exitcode for p in procs]})")
     return rows

@@ -1,13 +1,17 @@
 """Passes timed as the runtime runs them, for a measured profile's layers and output tables (python -m
 harness.calibrate --measure; vp.cost.passes.pass_factors turns them into factors on the composed model): a stage's
 transformer layers with microbatches in flight, and the output layer's forward and backward parts per algorithm.
-Timed with vp.cost.measure.Timer (a rank's thread's CPU time on CPU, CUDA events on a GPU)."""
+Timed with vp.cost.measure.Timer (a rank's thread's CPU time on CPU, CUDA events on a GPU); a tensor-parallel
+stage's layers in a world of its group's processes (tp_layers), on the wall clock and each rank's CPU time."""
 import contextlib
 import statistics
+import time
 
 import torch
+import torch.distributed as dist
 
-from vp.cost.measure import Timer
+from vp.cost.measure import Timer, in_world
+from vp.cost.tables import LAYER_PASSES
 
 IN_FLIGHT = 4  # microbatches whose layer activations a layers row holds, as a pipeline stage holds several
 LAYERS = 2  # transformer layers per timed pass of a layers row (the row is per layer)
@@ -136,3 +140,93 @@ def output_passes(shapes, device: torch.device, dtype: torch.dtype, timer: Timer
                 backward.append(timer.sample(lambda: t_step(state)))
         out.append([n, rows, h, algo, statistics.median(forward[2:]), statistics.median(backward)])
     return out
+
+
+TP_CYCLES = 8  # timed passes of each kind per tensor-parallel layer shape
+
+
+def tp_layers(shapes, threads: int = 1, cycles: int = TP_CYCLES, timeout_s: float = 600.0) -> list[list]:
+    """[mode, tp, depth, micro_batch, seq, hidden, heads, ffn, then F, B, W, BW on the wall clock, then F, B, W, BW
+    in CPU time] per shape: seconds per transformer layer of each pass of a tensor-parallel stage as the runtime
+    runs it (vp.tp.block's layers over vp.comm's channels, gloo, in fp32 on CPU processes), in a world of tp
+    processes at work together: the wall clock from a common start to the slowest rank's end (the mean over
+    `cycles`: a run pays every wait for a peer or a core), and the CPU time of a rank's thread in the pass (the
+    median over cycles of the ranks' mean), so that the cost model can tell the pass's own work from what its
+    collectives and its peers add (vp.cost.passes.pass_factors). CPU only: a GPU group needs a device per rank."""
+    out = []
+    for world in sorted({int(shape[1]) for shape in shapes}):
+        mine = [tuple(shape) for shape in shapes if int(shape[1]) == world]
+        out += in_world(world, _tp_layer_rank, (threads, mine, cycles), timeout_s, "tensor-parallel layer")
+    return out
+
+
+def _tp_layer_rank(rank: int, world: int, init: str, threads: int, shapes, cycles: int, queue) -> None:
+    torch.set_num_threads(threads)
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    try:
+        rows = [list(shape) + _tp_layer(rank, *shape, cycles) for shape in shapes]
+        if rank == 0:
+            queue.put(rows)
+    finally:
+        dist.barrier()
+        dist.destroy_process_group()
+
+
+def _tp_layer(rank: int, mode: str, tp: int, depth: int, b: int, s: int, h: int, heads: int, ffn: int,
+              cycles: int) -> list[float]:
+    from vp.channels import tp_slices
+    from vp.comm import Comm, make_groups
+    from vp.mesh import Mesh
+    from vp.model import Block
+    from vp.runtime.memory import ActivationMeter
+    from vp.tp.block import shard_block
+    from vp.tp.context import TensorParallel
+    from vp.wgrad import WeightGradStore
+
+    mesh = Mesh(tp=int(tp), tp_mode=mode, tp_depth=int(depth))
+    comm = Comm(make_groups(tp_slices(mesh), rank), torch.device("cpu"))
+    ctx = TensorParallel.of(mesh, rank, comm)
+    blocks = [shard_block(Block(h, heads, ffn, LAYERS, 0, i), ctx) for i in range(LAYERS)]
+    meter = ActivationMeter([p for blk in blocks for p in blk.parameters()])
+    x_shape = (max(1, b // ctx.batch_blocks), s, h // ctx.q if mesh.grid else h)  # vp.tp.stage's layout
+    samples = {k: [] for k in LAYER_PASSES}
+
+    def timed(kind: str | None, fn):
+        dist.barrier()  # a common start: the pass's wall time is its slowest rank's
+        t0, c0 = time.perf_counter(), time.thread_time()
+        fn()
+        if kind:
+            samples[kind].append((time.perf_counter() - t0, time.thread_time() - c0))
+
+    for split in (True, False):
+        held = []
+        for step in range(cycles + IN_FLIGHT + 1):  # the first backward warms up (its samples are dropped)
+            x = torch.randn(x_shape).requires_grad_()
+            store = WeightGradStore() if split else None
+            box = {}
+
+            def forward():
+                y = x
+                with meter.track(step):
+                    for blk in blocks:
+                        y = blk(y, store)
+                box["y"] = y
+
+            timed("F" if split else None, forward)
+            held.append((box["y"], store, step))
+            if len(held) <= IN_FLIGHT:
+                continue
+            y, old, key = held.pop(0)
+            grad = torch.randn_like(y)
+            timed("B" if split else "BW", lambda: torch.autograd.backward(y, grad))
+            if split:
+                timed("W", old.flush)
+            meter.release(key)
+    comm.close()
+    walls = torch.tensor([[w for w, _ in samples[k][-cycles:]] for k in LAYER_PASSES], dtype=torch.float64)
+    cpus = torch.tensor([[c for _, c in samples[k][-cycles:]] for k in LAYER_PASSES], dtype=torch.float64)
+    dist.all_reduce(walls, op=dist.ReduceOp.MAX)
+    dist.all_reduce(cpus)
+    wall = [float(v) / LAYERS for v in walls.mean(dim=1)]
+    cpu = [float(v) / LAYERS / dist.get_world_size() for v in cpus.median(dim=1).values]
+    return wall + cpu

@@ -34,7 +34,8 @@ from vp.cost.gemm import Gemm, elementwise_time, gemm_time
 from vp.cost.network import Network
 from vp.cost.profiles import Hardware
 from vp.schedule.methods import VOCAB
-from vp.cost.tensor import ONE_DEVICE, Split, pass_comm_s
+from vp.cost.tensor import ONE_DEVICE, Split, layer_comm_s, pass_comm_s
+from vp.tp.modes import get_mode
 from vp.schedule import Schedule
 
 
@@ -240,7 +241,7 @@ def compute_times(cfg: RunConfig, hw: Hardware, sched: Schedule) -> dict:
     composed from its operations (work_seconds), times the profile's factor for its kind where the profile timed
     passes as the runtime runs them (pass_factors; every run and mesh alike, so plans compare on one footing)."""
     out, timed = {}, {}  # parts shared by stages alike (pass_work) are timed once
-    factors = pass_factors(hw)
+    factors, tp = pass_factors(hw), tp_key(cfg)
     for key, parts in pass_work(cfg, hw, sched).items():
         if id(parts) not in timed:
             if not parts:
@@ -249,15 +250,21 @@ def compute_times(cfg: RunConfig, hw: Hardware, sched: Schedule) -> dict:
                 timed[id(parts)] = work_seconds(hw, parts).total(hw)
             else:
                 timed[id(parts)] = hw.pass_overhead_s + sum(
-                    (work_seconds(hw, {k: w}).total(hw) - hw.pass_overhead_s) * _factor(factors, k, key, sched)
+                    (work_seconds(hw, {k: w}).total(hw) - hw.pass_overhead_s) * _factor(factors, k, key, sched, tp)
                     for k, w in parts.items())
         out[key] = timed[id(parts)]
     return out
 
 
-def _factor(factors: dict, eff_kind: str, key: tuple, sched: Schedule) -> float:
+def tp_key(cfg: RunConfig) -> tuple | None:
+    """(tensor mode, tp, depth) of a run with tensor parallelism, as pass_factors keys its factors; None without."""
+    return (cfg.tp_mode, cfg.tp, cfg.mesh.depth) if cfg.tp > 1 else None
+
+
+def _factor(factors: dict, eff_kind: str, key: tuple, sched: Schedule, tp: tuple | None = None) -> float:
     if eff_kind in ("F", "B", "W") and key[1] is not None:  # a stage's layers (B without W: the whole backward)
-        return factors.get("BW" if eff_kind == "B" and not sched.split_w else eff_kind, 1.0)
+        kind = "BW" if eff_kind == "B" and not sched.split_w else eff_kind
+        return factors.get(("tp", *tp, kind), factors.get(kind, 1.0)) if tp else factors.get(kind, 1.0)
     if eff_kind in ("S", "T"):  # pooled over the algorithms (one or two rows each are noise apart)
         return factors.get(eff_kind, 1.0)
     return 1.0
@@ -294,6 +301,23 @@ def pass_factors(hw: Hardware) -> dict:
         s_gemms = 1 if algo == "local" else VOCAB[algo].s_gemms
         add(("S", algo), s_time, {"S": sh.output(rows, OUTPUT_GEMMS[:s_gemms], True)})
         add(("T", algo), t_time, {"T": sh.output(rows, OUTPUT_GEMMS[s_gemms:], False)})
+    for (mode, tp, depth, b, seq, h, heads, ffn), row in tables.tp_layers.items():
+        sh = Shapes(b * seq, seq, b, h, ffn, hw.act_bytes, Split(get_mode(mode), tp, depth), heads)
+        for kind in ("F", "B", "W"):
+            add(("tp", mode, tp, depth, kind), row["cpu"][kind], {kind: sh.layer(kind)})
+        add(("tp", mode, tp, depth, "BW"), row["cpu"]["BW"], {"B": sh.layer("B") + sh.layer("W")})
+        # what the layer's collectives and its peers added beyond its own work, as the simulator adds them: the
+        # work stretched where the group's processes share cores (vp.cost.costs.sharing), the collectives on top
+        slower = max(1.0, min(tp, hw.gpus_per_node) / hw.cores) if hw.cores > 0 else 1.0
+        net = Network.of(hw, tp)
+        for split_w, kinds in ((True, ("F", "B", "W")), (False, ("BW",))):
+            modelled = layer_comm_s(net, mode, tp, depth, b, seq, h, ffn, hw.act_bytes, split_w,
+                                    layer_gemm_s(hw, sh, split_w))
+            for kind in kinds:
+                exposed = max(0.0, row["wall"][kind] - slower * row["cpu"][kind])
+                if modelled["B" if kind == "BW" else kind] > 0:
+                    ratios.setdefault(("tpcomm", mode, tp, depth, kind), []).append(
+                        exposed / modelled["B" if kind == "BW" else kind])
     for kind in ("S", "T"):  # every algorithm's rows together: for an algorithm the tables lack
         pooled = [r for key, values in ratios.items() if isinstance(key, tuple) and key[0] == kind for r in values]
         if pooled:
@@ -309,14 +333,23 @@ def pass_times(cfg: RunConfig, hw: Hardware, sched: Schedule, compute: dict | No
     where the simulator finds them computing at once (Costs.sharing, vp.cost.costs.sharing), not here."""
     out = dict(compute_times(cfg, hw, sched) if compute is None else compute)
     if cfg.tp > 1:
-        net, sh = Network.of(hw, cfg.world), Shapes.of(cfg, hw)
-        per_layer = {k: sum(gemm_time(hw, g) for g in sh.layer(k).gemms) for k in ("F", "B", "W")}
+        net, sh, factors, tp = Network.of(hw, cfg.world), Shapes.of(cfg, hw), pass_factors(hw), tp_key(cfg)
+        measured = {k: factors.get(("tpcomm", *tp, "BW" if k == "B" and not sched.split_w else k))
+                    for k in ("F", "B", "W")}
         for st, layers in enumerate(cfg.stage_layers):
-            gemm = {k: layers * per_layer[k] / hw.eff(k) for k in ("F", "B", "W")}
-            if not sched.split_w:  # the weight gradient runs in B, at B's speed
-                gemm["B"] += gemm["W"] * hw.eff("W") / hw.eff("B")
-                gemm["W"] = 0.0
-            for kind, s in pass_comm_s(cfg, net, sched, st, gemm).items():
+            gemm = layer_gemm_s(hw, sh, sched.split_w, layers)
+            for kind, s in pass_comm_s(cfg, net, sched, st, gemm,
+                                       {k: f for k, f in measured.items() if f is not None}).items():
                 if s:
                     out[(kind, st)] += s
     return out
+
+
+def layer_gemm_s(hw: Hardware, sh: "Shapes", split_w: bool, layers: int = 1) -> dict[str, float]:
+    """{F, B, W: seconds} of `layers` layers' GEMMs per pass on a device (W's in B, at B's speed, where the schedule
+    does not split the weight gradient): what a grid's SUMMA loop can hide its collectives behind."""
+    gemm = {k: layers * sum(gemm_time(hw, g) for g in sh.layer(k).gemms) / hw.eff(k) for k in ("F", "B", "W")}
+    if not split_w:
+        gemm["B"] += gemm["W"] * hw.eff("W") / hw.eff("B")
+        gemm["W"] = 0.0
+    return gemm

@@ -19,6 +19,9 @@ by the cost model where they cover a question; None elsewhere, and the analytica
   output       per (tokens, vocabulary rows, hidden, algorithm) the seconds of the output layer's forward (S) and
                backward (T) parts as the runtime runs them (local: the whole layer on one rank; naive, alg1, alg2),
                likewise factors (pass_factors);
+  tp_layers    per tensor-parallel layer (tp_layer_key): seconds per layer of F, B, W and a whole backward on the
+               wall clock and in a rank's CPU time, its group's processes at work together (measure_passes.tp_layers);
+               pass_factors turns them into a factor on the composed work and one on the layers' collectives;
   collectives  per (op, group size, world) measured, log-log linear in payload bytes; the smallest's time below
                the smallest payload (latency); beyond the largest, a latency and a bandwidth through the two largest
                (the analytical network, whose point-to-point link answers a whole ring, was 2-8x too fast there).
@@ -49,6 +52,8 @@ class Tables:
     optimizer_sets: dict = field(default_factory=dict)  # (parameters, large tensors' elements sorted) -> seconds
     layers: dict = field(default_factory=dict)  # layer_key -> {F, B, W, BW: seconds per layer as a stage runs it}
     output: dict = field(default_factory=dict)  # (tokens, rows, hidden, algorithm) -> (S seconds, T seconds)
+    # tp_layer_key -> {"wall": {F, B, W, BW: seconds}, "cpu": {...}} per layer as a tensor-parallel stage runs it
+    tp_layers: dict = field(default_factory=dict)
 
     @classmethod
     def of(cls, measured: dict | None) -> "Tables":
@@ -78,11 +83,15 @@ class Tables:
                   for r in measured.get("layers") or []}
         output = {(int(r[0]), int(r[1]), int(r[2]), str(r[3])): (float(r[4]), float(r[5]))
                   for r in measured.get("output") or []}
+        tp_layers = {(str(r[0]), *(int(x) for x in r[1:8])): {"wall": dict(zip(LAYER_PASSES, map(float, r[8:12]))),
+                                                             "cpu": dict(zip(LAYER_PASSES, map(float, r[12:16])))}
+                     for r in measured.get("tp_layers") or []}
         return cls(gemm, gemm_accumulate,
                    {k: tuple(np.array(c, dtype=float) for c in zip(*v)) for k, v in attention.items()},
                    {k: {w: tuple(np.array(c, dtype=float) for c in zip(*pts)) for w, pts in sorted(v.items())}
                     for k, v in collectives.items()},
-                   elementwise.reshape(-1, 3), optimizer.reshape(-1, 2), activation.reshape(-1, 3), sets, layers, output)
+                   elementwise.reshape(-1, 3), optimizer.reshape(-1, 2), activation.reshape(-1, 3), sets, layers, output,
+                   tp_layers)
 
     def gemm_s(self, m: int, n: int, k: int, accumulate: bool = False) -> float | None:
         """Seconds of one [m, k] x [k, n] GEMM (accumulate: added into an existing [m, n]) from the measured shapes
@@ -155,7 +164,7 @@ class Tables:
     def __bool__(self) -> bool:
         return bool(len(self.gemm) or len(self.gemm_accumulate) or self.attention or self.collectives
                     or len(self.elementwise) or len(self.optimizer) or len(self.activation) or self.optimizer_sets
-                    or self.layers or self.output)
+                    or self.layers or self.output or self.tp_layers)
 
 
 def _near_rate(table: np.ndarray, m: int, n: int, k: int) -> float | None:
@@ -179,6 +188,12 @@ def layer_key(cfg) -> tuple[int, int, int, int, int]:
     return cfg.micro_batch_size, cfg.seq_len, cfg.hidden, cfg.heads, cfg.ffn
 
 
+def tp_layer_key(cfg) -> tuple:
+    """A run's tensor-parallel transformer layer as the tp_layers table keys it: tensor mode, tp, depth (1-D: 1),
+    then layer_key."""
+    return (cfg.tp_mode, cfg.tp, cfg.tp_depth if cfg.tp_mode == "2.5d" else 1, *layer_key(cfg))
+
+
 def optimizer_key(params, large) -> tuple[int, tuple[int, ...]]:
     """A rank's parameter set as the optimizer_sets table keys it: its parameters and its large tensors' sizes."""
     return int(params), tuple(sorted(int(n) for n in large))
@@ -197,4 +212,12 @@ def rows(table) -> list:
     """The rows of a stored table (as_text), numbers as floats; a list is taken as it is."""
     if not isinstance(table, str):
         return table
-    return [[x if x.isidentifier() else float(x) for x in line.split()] for line in table.splitlines() if line.strip()]
+    return [[_field(x) for x in line.split()] for line in table.splitlines() if line.strip()]
+
+
+def _field(x: str):
+    """A number as a float; a name (an operation, an algorithm, a tensor mode such as 2.5d) as it is."""
+    try:
+        return float(x)
+    except ValueError:
+        return x

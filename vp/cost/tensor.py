@@ -21,6 +21,7 @@ from functools import cache
 from vp.config import RunConfig
 from vp.cost.gemm import Gemm
 from vp.cost.network import OPS, Network, groups
+from vp.mesh import Mesh
 from vp.schedule import Schedule
 from vp.tp.modes import TensorMode, get_mode
 from vp.tp.traffic import GRAD_ITEMSIZE, ITERATION, Collective, Shape, layer_collectives, stage_collectives
@@ -99,10 +100,17 @@ def stage_tp_collectives(cfg: RunConfig, sched: Schedule, stage: int) -> list[Co
     aside: rank_tp_collectives)."""
     if cfg.tp < 2:
         return []
-    shape, layers = tp_shape(cfg), cfg.stage_layers[stage]
-    cols = [replace(c, calls=c.calls * layers) for c in layer_collectives(shape)]
-    return cols + stage_collectives(shape, first=stage == 0, last=stage == sched.n_stages - 1,
-                                    vocab_layers=not sched.vocab_parallel, loss=False)
+    layers, rest = _stage_parts(cfg, sched, stage)
+    return layers + rest
+
+
+def _stage_parts(cfg: RunConfig, sched: Schedule, stage: int) -> tuple[list[Collective], list[Collective]]:
+    """A stage's collectives per device and iteration: its transformer layers', and the rest (vocabulary layers,
+    final LayerNorm, embeddings' gradients)."""
+    shape = tp_shape(cfg)
+    layers = [replace(c, calls=c.calls * cfg.stage_layers[stage]) for c in layer_collectives(shape)]
+    return layers, stage_collectives(shape, first=stage == 0, last=stage == sched.n_stages - 1,
+                                     vocab_layers=not sched.vocab_parallel, loss=False)
 
 
 def loss_rank(sched: Schedule) -> int:
@@ -165,26 +173,52 @@ def seconds(cfg: RunConfig, net: Network, cols: list[Collective], rank: int, per
 
 
 def pass_comm_s(cfg: RunConfig, net: Network, sched: Schedule, stage: int,
-                summa_gemm_s: dict[str, float] | None = None) -> dict[str, float]:
+                summa_gemm_s: dict[str, float] | None = None,
+                layer_factors: dict[str, float] | None = None) -> dict[str, float]:
     """{F, B, W: seconds per microbatch} a stage's tensor-parallel collectives add to its passes (W's in B when
-    the schedule does not split the weight gradient). Given a grid pass's SUMMA GEMM seconds G and its step
-    collectives' seconds C (broadcasts and reduces), the part the runtime hides is taken off: vp/tp/summa.py
-    starts step t+1's broadcasts before step t's GEMM and reduces asynchronously, so over q steps the pass takes
+    the schedule does not split the weight gradient): its layers' (per_pass, with what a grid's SUMMA loop hides
+    behind summa_gemm_s, the layers' GEMM seconds per pass kind) times layer_factors where a measured profile
+    timed such layers (vp.cost.passes.pass_factors), and the rest of the stage's."""
+    rank, (layers, rest) = sched.where(stage)[0], _stage_parts(cfg, sched, stage)
+    group = lambda channel: _group(cfg, channel, rank)  # noqa: E731
+    if not layer_factors:  # all in one sum, as the reference digests were computed
+        return per_pass(layers + rest, net, group, cfg.microbatches, sched.split_w, Split.of(cfg), summa_gemm_s)
+    ours = per_pass(layers, net, group, cfg.microbatches, sched.split_w, Split.of(cfg), summa_gemm_s)
+    theirs = per_pass(rest, net, group, cfg.microbatches, sched.split_w)
+    return {k: ours[k] * layer_factors.get(k, 1.0) + theirs[k] for k in ours}
+
+
+def layer_comm_s(net: Network, mode: str, tp: int, depth: int, micro_batch: int, seq: int, hidden: int, ffn: int,
+                 itemsize: int, split_w: bool, summa_gemm_s: dict[str, float] | None = None) -> dict[str, float]:
+    """{F, B, W: seconds} of one tensor-parallel transformer layer's collectives per microbatch, alone in a group
+    of tp devices (a tp_layers row of a measured profile: vp.cost.passes.pass_factors)."""
+    split = Split(get_mode(mode), tp, depth)
+    mesh = Mesh(tp=tp, tp_mode=mode, tp_depth=depth)
+    shape = Shape(split.mode, tp, depth, hidden, ffn, seq, micro_batch, 1, 0, itemsize)
+    return per_pass(layer_collectives(shape), net, lambda channel: _group_index(mesh, channel)[0], 1, split_w, split,
+                    summa_gemm_s)
+
+
+def per_pass(cols: list[Collective], net: Network, group_of, per: int, split_w: bool, split: Split | None = None,
+             summa_gemm_s: dict[str, float] | None = None) -> dict[str, float]:
+    """{F, B, W: seconds} of the collectives each pass issues, divided by `per` (microbatches), one after the
+    other; group_of(channel) gives a channel's global ranks. Given a grid pass's SUMMA GEMM seconds G and its step
+    collectives' seconds C (broadcasts and reduces), the part the runtime hides is taken off: vp/tp/summa.py starts
+    step t+1's broadcasts before step t's GEMM and reduces asynchronously, so over q steps the pass takes
     c + (q-1) max(g, c) + g = max(G, C) + min(G, C)/q instead of G + C, a credit of (1 - 1/q) min(G, C).
     1-D's all-reduces block the next GEMM: no credit."""
-    rank = sched.where(stage)[0]
     out, summa = {"F": 0.0, "B": 0.0, "W": 0.0}, {"F": 0.0, "B": 0.0, "W": 0.0}
-    for c in stage_tp_collectives(cfg, sched, stage):
-        if c.pass_kind != ITERATION:
-            kind = c.pass_kind if sched.split_w or c.pass_kind != "W" else "B"
-            s = seconds(cfg, net, [c], rank, cfg.microbatches)
-            out[kind] += s
-            if c.op in SUMMA_OPS:
-                summa[kind] += s
-    if summa_gemm_s and Split.of(cfg).mode.grid:
-        q = Split.of(cfg).q
+    for c in cols:
+        if c.pass_kind == ITERATION:
+            continue
+        kind = c.pass_kind if split_w or c.pass_kind != "W" else "B"
+        s = c.calls / per * net.collective(OPS[c.op], group_of(c.channel), c.elements * c.itemsize)
+        out[kind] += s
+        if c.op in SUMMA_OPS:
+            summa[kind] += s
+    if summa_gemm_s and split is not None and split.mode.grid:
         for kind, gemm in summa_gemm_s.items():
-            out[kind] -= (1 - 1 / q) * min(gemm, summa[kind])
+            out[kind] -= (1 - 1 / split.q) * min(gemm, summa[kind])
     return out
 
 
