@@ -1,13 +1,17 @@
-"""python -m harness.plancheck [--hardware NAME] [--results DIR]   (make plan-check [PLAN_HW=NAME])
+"""python -m harness.plancheck [--hardware NAME] [--results DIR] [--rounds N]   (make plan-check [PLAN_HW=NAME])
 
 The planner against reality on this machine: plans a small vocabulary-heavy GPT on 4 CPU processes with a
 profile of this machine (default: the one `python -m harness.calibrate --measure` writes), runs the predicted
-top 5 and bottom 2 feasible plans for real through harness.sweep, and prints the rank correlation of measured
-against predicted tokens/s, ending with the line `spearman <value> measured-best-at-predicted-rank <k>`.
+top 5 and bottom 2 feasible plans for real through harness.sweep, in rounds (every plan once per round, round r's
+records in DIR/round<r>/), and prints the rank correlation of the plans' median measured tokens/s against the
+predicted, ending with the line `spearman <value> measured-best-at-predicted-rank <k>`. Rounds spread each plan's
+runs over the check, so that the machine's speed drifting within minutes falls on every plan alike. Runs already
+in DIR are reused (delete DIR to measure again).
 Exit code 2 when no profile is found (the message says how to make one), 1 when a run failed.
 """
 import argparse
 import json
+import statistics
 import sys
 from pathlib import Path
 
@@ -43,16 +47,34 @@ def pick(rows: list, top: int, bottom: int) -> list:
     return rows[:top] + rows[len(rows) - bottom:]
 
 
+def measured_rounds(results: Path, rounds: int, experiment: str) -> dict[tuple, list[float]]:
+    """Per plan (method, dp, pp, tp, tp_mode, tp_depth, micro_batch_size, chunks, redis_last_layers), the tokens/s
+    of its runs that ended ok, one per round (results/round<r>/<experiment>/)."""
+    out: dict = {}
+    for r in range(1, rounds + 1):
+        for rec in (json.loads(p.read_text()) for p in (results / f"round{r}" / experiment).glob("????????????.json")):
+            if rec["status"] == "ok":
+                c = rec["config"]
+                out.setdefault((c["method"], c["dp"], c["pp"], c["tp"], c["tp_mode"], c["tp_depth"],
+                                c["micro_batch_size"], c["chunks"], c.get("redis_last_layers")),
+                               []).append(rec["metrics"]["tokens_per_s"])
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m harness.plancheck", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--hardware", default=None, help="a profile of this machine (default: the measured one)")
-    ap.add_argument("--results", default="results", help="results folder of the real runs (default results)")
+    ap.add_argument("--results", default="results/plancheck",
+                    help="results folder of the real runs, one subfolder per round (default results/plancheck)")
+    ap.add_argument("--rounds", type=int, default=3, help="runs of every plan, one per round (default 3)")
     ap.add_argument("--top", type=int, default=5)
     ap.add_argument("--bottom", type=int, default=2)
     args = ap.parse_args(argv)
     if args.top < 1 or args.bottom < 0:
         ap.error(f"--top {args.top} --bottom {args.bottom}: --top takes 1 or more plans, --bottom 0 or more")
+    if args.rounds < 1:
+        ap.error(f"--rounds {args.rounds}: every plan runs at least once; give 1 or more")
     try:
         hardware = args.hardware or default_profile()
     except ValueError as err:
@@ -84,34 +106,34 @@ def main(argv=None) -> int:
     write_text_atomic(path, experiment_text(cfg, overrides, plan, experiment, hw))
     print(f"plan: {len(plan.rows)} feasible of {plan.candidates}; running predicted ranks 1-{args.top} and "
           f"{len(plan.rows) - args.bottom + 1}-{len(plan.rows)} for real ({path})", flush=True)
-    with initialize_config_dir(str(CONF), version_base="1.3"):
-        code = sweep([f"experiment={experiment}", "cluster=local", "logger=off", "report=false",
-                      f"results_dir={args.results}"])
-    if code:
-        return 1
-    measured = {}
-    for rec in (json.loads(p.read_text()) for p in (Path(args.results) / experiment).glob("????????????.json")):
-        if rec["status"] == "ok":
-            c = rec["config"]
-            measured[(c["method"], c["dp"], c["pp"], c["tp"], c["tp_mode"], c["tp_depth"], c["micro_batch_size"],
-                      c["chunks"], c.get("redis_last_layers"))] = rec["metrics"]["tokens_per_s"]
+    for r in range(1, args.rounds + 1):
+        print(f"round {r} of {args.rounds}", flush=True)
+        with initialize_config_dir(str(CONF), version_base="1.3"):
+            code = sweep([f"experiment={experiment}", "cluster=local", "logger=off", "report=false",
+                          f"results_dir={args.results}/round{r}"])
+        if code:
+            return 1
+    measured = measured_rounds(Path(args.results), args.rounds, experiment)
     pred, meas, ranks = [], [], []
-    print("predicted rank  plan                                         predicted tokens/s  measured tokens/s")
+    print(f"predicted rank  plan                                         predicted tokens/s  measured tokens/s "
+          f"(median of {args.rounds} rounds: least-most)")
     for i, row in enumerate(chosen):
         r = row.run
         key = (r.method, r.dp, r.pp, r.tp, r.tp_mode, r.tp_depth, r.micro_batch_size, r.n_chunks, r.redis_last_layers)
-        got = measured.get(key)
+        got = measured.get(key, [])
         rank = i + 1 if i < args.top else len(plan.rows) - len(chosen) + i + 1
         what = f"{r.method} {r.dp}x{r.pp}x{r.tp} {r.tp_mode} mbs {r.micro_batch_size} m {r.microbatches}"
+        median = statistics.median(got) if len(got) == args.rounds else None
+        spread = f"{min(got):,.0f}-{max(got):,.0f}" if got else ""
         print(f"{rank:>14}  {what:<44} {row.tokens_per_s:>18,.0f}  "
-              f"{got if got is None else f'{got:,.0f}':>17}")
-        if got is not None:
+              f"{'failed' if median is None else f'{median:,.0f}':>17} {spread}")
+        if median is not None:
             pred.append(row.tokens_per_s)
-            meas.append(got)
+            meas.append(median)
             ranks.append(rank)
     if len(meas) < len(chosen):
-        print(f"plan-check: {len(chosen) - len(meas)} of the runs failed (results in {args.results}/{experiment})",
-              file=sys.stderr)
+        print(f"plan-check: {len(chosen) - len(meas)} of the plans failed in a round (results in "
+              f"{args.results}/round*/{experiment})", file=sys.stderr)
         return 1
     best = ranks[max(range(len(meas)), key=meas.__getitem__)]
     print(f"spearman {spearman(pred, meas):.3f} measured-best-at-predicted-rank {best}")

@@ -162,9 +162,37 @@ def test_plan_check_says_which_profile_it_needs(user_conf, capsys):
     with pytest.raises(SystemExit):
         plancheck.main(["--bottom", "-1"])
     assert "--bottom 0 or more" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        plancheck.main(["--rounds", "0"])
+    assert "--rounds 0: every plan runs at least once" in capsys.readouterr().err
     rows = list(range(10))
     assert plancheck.pick(rows, 5, 2) == [0, 1, 2, 3, 4, 8, 9]
     assert plancheck.pick(rows, 5, 0) == [0, 1, 2, 3, 4]  # was every row: rows[-0:] is the whole list
+
+
+def test_plan_check_gathers_each_plans_runs_over_its_rounds(tmp_path):
+    """One tokens/s per round and plan from the records that ended ok (a failed run counts in no round)."""
+    import json
+
+    from harness.plancheck import measured_rounds
+
+    def record(r, name, method, status, tokens):
+        folder = tmp_path / f"round{r}" / "plan_x"
+        folder.mkdir(parents=True, exist_ok=True)
+        config = {"method": method, "dp": 1, "pp": 4, "tp": 1, "tp_mode": "1d", "tp_depth": 1, "micro_batch_size": 2,
+                  "chunks": 1, "redis_last_layers": None}
+        (folder / f"{name:0>12}.json").write_text(json.dumps({"status": status, "config": config,
+                                                              "metrics": {"tokens_per_s": tokens}}))
+
+    record(1, "a", "vocab-1", "ok", 500.0)
+    record(2, "a", "vocab-1", "ok", 700.0)
+    record(1, "b", "baseline", "ok", 300.0)
+    record(2, "b", "baseline", "failed", 0.0)
+    (tmp_path / "round2" / "plan_x" / "notes.json").write_text("{}")  # not a record's name
+    got = measured_rounds(tmp_path, 2, "plan_x")
+    assert got == {("vocab-1", 1, 4, 1, "1d", 1, 2, 1, None): [500.0, 700.0],
+                   ("baseline", 1, 4, 1, "1d", 1, 2, 1, None): [300.0]}
+    assert measured_rounds(tmp_path, 1, "plan_x")[("vocab-1", 1, 4, 1, "1d", 1, 2, 1, None)] == [500.0]
 
 
 def test_spearman_of_ranks():

@@ -164,7 +164,7 @@ def _tp_layer_rank(rank: int, world: int, init: str, threads: int, shapes, cycle
     torch.set_num_threads(threads)
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
     try:
-        rows = [list(shape) + _tp_layer(rank, *shape, cycles) for shape in shapes]
+        rows = [list(shape) + _tp_layer(rank, world, *shape, cycles) for shape in shapes]
         if rank == 0:
             queue.put(rows)
     finally:
@@ -172,7 +172,7 @@ def _tp_layer_rank(rank: int, world: int, init: str, threads: int, shapes, cycle
         dist.destroy_process_group()
 
 
-def _tp_layer(rank: int, mode: str, tp: int, depth: int, b: int, s: int, h: int, heads: int, ffn: int,
+def _tp_layer(rank: int, world: int, mode: str, tp: int, depth: int, b: int, s: int, h: int, heads: int, ffn: int,
               cycles: int) -> list[float]:
     from vp.channels import tp_slices
     from vp.comm import Comm, make_groups
@@ -228,5 +228,5 @@ def _tp_layer(rank: int, mode: str, tp: int, depth: int, b: int, s: int, h: int,
     dist.all_reduce(walls, op=dist.ReduceOp.MAX)
     dist.all_reduce(cpus)
     wall = [float(v) / LAYERS for v in walls.mean(dim=1)]
-    cpu = [float(v) / LAYERS / dist.get_world_size() for v in cpus.median(dim=1).values]
+    cpu = [float(v) / LAYERS / world for v in cpus.median(dim=1).values]
     return wall + cpu
