@@ -2,11 +2,11 @@
 
 The planner against reality on this machine: plans a small vocabulary-heavy GPT on 4 CPU processes with a
 profile of this machine (default: the one `python -m harness.calibrate --measure` writes), runs the predicted
-top 5 and bottom 2 feasible plans for real through harness.sweep, in rounds (every plan once per round, round r's
-records in DIR/round<r>/), and prints the rank correlation of the plans' median measured tokens/s against the
-predicted, ending with the line `spearman <value> measured-best-at-predicted-rank <k>`. Rounds spread each plan's
-runs over the check, so that the machine's speed drifting within minutes falls on every plan alike. Runs already
-in DIR are reused (delete DIR to measure again).
+top 5 and bottom 2 feasible plans for real through harness.sweep in rounds (every plan once a round; round r's
+records in DIR/plan_check_<profile>/round<r>/), and prints the rank correlation of the plans' median measured
+tokens/s against the predicted, ending with the line `spearman <value> measured-best-at-predicted-rank <k>`.
+Rounds spread each plan's runs over the check, so that the machine's speed drifting within minutes falls on every
+plan alike. Runs already in that folder are reused (delete it to measure again).
 Exit code 2 when no profile is found (the message says how to make one), 1 when a run failed.
 """
 import argparse
@@ -47,17 +47,28 @@ def pick(rows: list, top: int, bottom: int) -> list:
     return rows[:top] + rows[len(rows) - bottom:]
 
 
-def measured_rounds(results: Path, rounds: int, experiment: str) -> dict[tuple, list[float]]:
-    """Per plan (method, dp, pp, tp, tp_mode, tp_depth, micro_batch_size, chunks, redis_last_layers), the tokens/s
-    of its runs that ended ok, one per round (results/round<r>/<experiment>/)."""
+def plan_key(method, dp, pp, tp, tp_mode, tp_depth, micro_batch_size, chunks, redis_last_layers) -> tuple:
+    """What tells the plans of a check apart (a record's config fields; a plan row's run fields)."""
+    return method, dp, pp, tp, tp_mode, tp_depth, micro_batch_size, chunks, redis_last_layers
+
+
+def measured_rounds(folder: Path, rounds: int, experiment: str) -> dict[tuple, list[float]]:
+    """Per plan (plan_key), the tokens/s of its run in each round that has one ended ok (folder/round<r>/
+    <experiment>/; of several records of one plan in a round, left by an earlier check, the newest)."""
     out: dict = {}
     for r in range(1, rounds + 1):
-        for rec in (json.loads(p.read_text()) for p in (results / f"round{r}" / experiment).glob("????????????.json")):
+        newest: dict = {}
+        for path in (folder / f"round{r}" / experiment).glob("????????????.json"):
+            rec = json.loads(path.read_text())
             if rec["status"] == "ok":
                 c = rec["config"]
-                out.setdefault((c["method"], c["dp"], c["pp"], c["tp"], c["tp_mode"], c["tp_depth"],
-                                c["micro_batch_size"], c["chunks"], c.get("redis_last_layers")),
-                               []).append(rec["metrics"]["tokens_per_s"])
+                key = plan_key(c["method"], c["dp"], c["pp"], c["tp"], c["tp_mode"], c["tp_depth"],
+                               c["micro_batch_size"], c["chunks"], c.get("redis_last_layers"))
+                mtime = path.stat().st_mtime
+                if key not in newest or mtime > newest[key][0]:
+                    newest[key] = (mtime, rec["metrics"]["tokens_per_s"])
+        for key, (_, tokens) in newest.items():
+            out.setdefault(key, []).append(tokens)
     return out
 
 
@@ -65,8 +76,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m harness.plancheck", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--hardware", default=None, help="a profile of this machine (default: the measured one)")
-    ap.add_argument("--results", default="results/plancheck",
-                    help="results folder of the real runs, one subfolder per round (default results/plancheck)")
+    ap.add_argument("--results", default="results",
+                    help="results folder: the runs go to <results>/plan_check_<profile>/round<r>/ (default results)")
     ap.add_argument("--rounds", type=int, default=3, help="runs of every plan, one per round (default 3)")
     ap.add_argument("--top", type=int, default=5)
     ap.add_argument("--bottom", type=int, default=2)
@@ -106,21 +117,22 @@ def main(argv=None) -> int:
     write_text_atomic(path, experiment_text(cfg, overrides, plan, experiment, hw))
     print(f"plan: {len(plan.rows)} feasible of {plan.candidates}; running predicted ranks 1-{args.top} and "
           f"{len(plan.rows) - args.bottom + 1}-{len(plan.rows)} for real ({path})", flush=True)
+    folder = Path(args.results) / experiment
     for r in range(1, args.rounds + 1):
         print(f"round {r} of {args.rounds}", flush=True)
         with initialize_config_dir(str(CONF), version_base="1.3"):
             code = sweep([f"experiment={experiment}", "cluster=local", "logger=off", "report=false",
-                          f"results_dir={args.results}/round{r}"])
+                          f"results_dir={folder}/round{r}"])
         if code:
             return 1
-    measured = measured_rounds(Path(args.results), args.rounds, experiment)
+    measured = measured_rounds(folder, args.rounds, experiment)
     pred, meas, ranks = [], [], []
     print(f"predicted rank  plan                                         predicted tokens/s  measured tokens/s "
           f"(median of {args.rounds} rounds: least-most)")
     for i, row in enumerate(chosen):
         r = row.run
-        key = (r.method, r.dp, r.pp, r.tp, r.tp_mode, r.tp_depth, r.micro_batch_size, r.n_chunks, r.redis_last_layers)
-        got = measured.get(key, [])
+        got = measured.get(plan_key(r.method, r.dp, r.pp, r.tp, r.tp_mode, r.tp_depth, r.micro_batch_size, r.n_chunks,
+                                    r.redis_last_layers), [])
         rank = i + 1 if i < args.top else len(plan.rows) - len(chosen) + i + 1
         what = f"{r.method} {r.dp}x{r.pp}x{r.tp} {r.tp_mode} mbs {r.micro_batch_size} m {r.microbatches}"
         median = statistics.median(got) if len(got) == args.rounds else None
@@ -133,7 +145,7 @@ def main(argv=None) -> int:
             ranks.append(rank)
     if len(meas) < len(chosen):
         print(f"plan-check: {len(chosen) - len(meas)} of the plans failed in a round (results in "
-              f"{args.results}/round*/{experiment})", file=sys.stderr)
+              f"{folder}/round*/{experiment})", file=sys.stderr)
         return 1
     best = ranks[max(range(len(meas)), key=meas.__getitem__)]
     print(f"spearman {spearman(pred, meas):.3f} measured-best-at-predicted-rank {best}")

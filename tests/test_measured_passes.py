@@ -140,3 +140,40 @@ def test_a_tensor_parallel_layer_timed_in_its_groups_world_prices_its_work_and_i
     other = replace(cfg, tp=4)
     assert pass_times(other, hw, sched) == pytest.approx(pass_times(other, plain, sched), rel=1e-12)
 
+
+
+@pytest.mark.parametrize("method, pp", [("vhalf", 2), ("baseline", 1)])
+def test_a_grids_measured_layers_price_each_pass_and_stage_of_any_schedule(method, pp):
+    """A [2,2,1] grid's row (made-up numbers): every stage's layer collectives become what the wall clock added
+    beyond the stretched work, per layer, in F, B and W where the schedule splits W (vhalf), in B from the whole
+    backward's row where it does not (baseline): the SUMMA loops' collectives, with their credit, scaled alike."""
+    from vp.cost.network import Network
+    from vp.cost.passes import Shapes, layer_gemm_s, pass_factors, pass_times
+    from vp.cost.tables import tp_layer_key
+    from vp.cost.tensor import pass_comm_s
+
+    cfg = RunConfig(method=method, pp=pp, tp=4, tp_mode="2d", layers=4, hidden=16, heads=2, seq_len=8,
+                    micro_batch_size=2, vocab_size=64, microbatches=4, device="cpu", dtype="fp32")
+    sched = build(method, pp, 4, 2 if method == "vhalf" else 1)
+    wall, cpu = [0.010, 0.012, 0.008, 0.020], [0.001, 0.002, 0.001, 0.003]
+    hw = replace(with_tables(CPU, tp_layers=as_text([list(tp_layer_key(cfg)) + wall + cpu])), cores=1)
+    assert {k[-1] for k in pass_factors(hw) if k[0] == "tpcomm"} == {"F", "B", "W", "BW"}  # SUMMA in all three
+    exposed = dict(zip(("F", "B", "W", "BW"), (w - 4 * c for w, c in zip(wall, cpu))))  # 4 processes, 1 core
+    if not sched.split_w:
+        exposed["B"], exposed["W"] = exposed["BW"], 0.0
+    net, sh, work, timed = Network.of(hw, cfg.world), Shapes.of(cfg, hw), compute_times(cfg, hw, sched), \
+        pass_times(cfg, hw, sched)
+    for st, layers in enumerate(cfg.stage_layers):
+        rest = pass_comm_s(cfg, net, sched, st, layer_gemm_s(hw, sh, sched.split_w, layers),
+                           {"F": 0.0, "B": 0.0, "W": 0.0})
+        for kind in ("F", "B", "W"):
+            if (kind, st) in work:
+                assert timed[(kind, st)] == pytest.approx(work[(kind, st)] + layers * exposed[kind] + rest[kind],
+                                                          rel=1e-9, abs=1e-12), (kind, st)
+
+
+def test_a_tensor_parallel_layer_that_fails_ends_its_benchmark_with_an_error():
+    """A shape the layers refuse (3 heads over 2 devices) stops every rank at once (os._exit after the
+    traceback, its peers killed), and calibrate's caller gets the error instead of waiting for a timeout."""
+    with pytest.raises(RuntimeError, match="tensor-parallel layer benchmark process failed"):
+        P.tp_layers([("1d", 2, 1, 1, 8, 16, 3, 64)], cycles=1, timeout_s=120)

@@ -171,7 +171,8 @@ def test_plan_check_says_which_profile_it_needs(user_conf, capsys):
 
 
 def test_plan_check_gathers_each_plans_runs_over_its_rounds(tmp_path):
-    """One tokens/s per round and plan from the records that ended ok (a failed run counts in no round)."""
+    """One tokens/s per round and plan from the records that ended ok (a failed run counts in no round; of two
+    records of one plan in a round, the newest)."""
     import json
 
     from harness.plancheck import measured_rounds
@@ -187,6 +188,9 @@ def test_plan_check_gathers_each_plans_runs_over_its_rounds(tmp_path):
     record(1, "a", "vocab-1", "ok", 500.0)
     record(2, "a", "vocab-1", "ok", 700.0)
     record(1, "b", "baseline", "ok", 300.0)
+    record(1, "c", "vocab-1", "ok", 100.0)  # left by an earlier check in round 1: older than "a"
+    import os
+    os.utime(tmp_path / "round1" / "plan_x" / f"{'c':0>12}.json", (1, 1))
     record(2, "b", "baseline", "failed", 0.0)
     (tmp_path / "round2" / "plan_x" / "notes.json").write_text("{}")  # not a record's name
     got = measured_rounds(tmp_path, 2, "plan_x")

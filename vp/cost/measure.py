@@ -299,6 +299,10 @@ def in_world(world: int, target, args: tuple, timeout_s: float = 600.0, what: st
                         raise RuntimeError(f"the {what} benchmark gave no result within {timeout_s:g} s "
                                            f"(a rank hangs, or the machine is far slower than expected)")
         finally:
+            if rows is None:  # a rank failed: its peers wait for it in a collective
+                for p in procs:
+                    if p.is_alive():
+                        p.kill()
             for p in procs:
                 p.join(timeout=60)
                 if p.is_alive():

@@ -4,8 +4,11 @@ transformer layers with microbatches in flight, and the output layer's forward a
 Timed with vp.cost.measure.Timer (a rank's thread's CPU time on CPU, CUDA events on a GPU); a tensor-parallel
 stage's layers in a world of its group's processes (tp_layers), on the wall clock and each rank's CPU time."""
 import contextlib
+import os
 import statistics
+import sys
 import time
+import traceback
 
 import torch
 import torch.distributed as dist
@@ -28,7 +31,6 @@ def layers(shapes, device: torch.device, dtype: torch.dtype, timer: Timer, cycle
     18-20 ms of CPU time in runs)."""
     from vp.model import Block
     from vp.runtime.memory import ActivationMeter
-    from vp.wgrad import WeightGradStore
 
     cast = (torch.autocast("cuda", dtype=dtype) if device.type == "cuda" and dtype != torch.float32
             else contextlib.nullcontext())
@@ -37,37 +39,52 @@ def layers(shapes, device: torch.device, dtype: torch.dtype, timer: Timer, cycle
         blocks = [Block(h, heads, ffn, LAYERS, 0, i).to(device) for i in range(LAYERS)]
         meter = ActivationMeter([p for blk in blocks for p in blk.parameters()])
         times = {"F": [], "B": [], "W": [], "BW": []}
-        for split in (True, False):
-            held = []
-            for step in range(cycles + IN_FLIGHT):
-                x = torch.randn(b, s, h, device=device).requires_grad_()
-                store = WeightGradStore() if split else None
-                box = {}
 
-                def forward():
-                    y = x
-                    with meter.track(step), cast:
-                        for blk in blocks:
-                            y = blk(y, store)
-                    box["y"] = y
+        def timed(kind, fn):
+            if kind:
+                times[kind].append(timer.sample(fn))
+            else:
+                fn()
 
-                forward_s = timer.sample(forward)
-                held.append((box["y"], store, step))
-                if len(held) <= IN_FLIGHT:
-                    continue
-                y, old, key = held.pop(0)
-                grad = torch.randn_like(y)
-                backward_s = timer.sample(lambda: torch.autograd.backward(y, grad))
-                if split:
-                    times["F"].append(forward_s)
-                    times["B"].append(backward_s)
-                    times["W"].append(timer.sample(old.flush))
-                else:
-                    times["BW"].append(backward_s)
-                meter.release(key)
+        stage_passes(blocks, meter, lambda: torch.randn(b, s, h, device=device).requires_grad_(), timed,
+                     cycles + IN_FLIGHT, cast)
         per_layer = {k: statistics.median(v) / LAYERS for k, v in times.items()}
         out.append([b, s, h, heads, ffn] + [per_layer[k] for k in ("F", "B", "W", "BW")])
     return out
+
+
+def stage_passes(blocks, meter, new_input, timed, steps: int, cast=contextlib.nullcontext()) -> None:
+    """The passes of a stage of `blocks` as the runtime runs them, IN_FLIGHT microbatches' activations held: per
+    microbatch (`steps`, inputs from new_input()) its forward, and once IN_FLIGHT are held the oldest one's
+    backward; first with the weight gradients split off (B, then W: the WeightGradStore's flush), then whole (BW).
+    timed(kind, fn) runs fn as pass `kind`: F, B, W, BW, or None for the forwards before IN_FLIGHT are held and
+    those of the whole-backward round."""
+    from vp.wgrad import WeightGradStore
+
+    for split in (True, False):
+        held = []
+        for step in range(steps):
+            x = new_input()
+            store = WeightGradStore() if split else None
+            box = {}
+
+            def forward():
+                y = x
+                with meter.track(step), cast:
+                    for blk in blocks:
+                        y = blk(y, store)
+                box["y"] = y
+
+            timed("F" if split and step >= IN_FLIGHT else None, forward)
+            held.append((box["y"], store, step))
+            if len(held) <= IN_FLIGHT:
+                continue
+            y, old, key = held.pop(0)
+            grad = torch.randn_like(y)
+            timed("B" if split else "BW", lambda: torch.autograd.backward(y, grad))
+            if split:
+                timed("W", old.flush)
+            meter.release(key)
 
 
 OUTPUT_ALGORITHMS = ("local", "naive", "alg1", "alg2")  # an output row's algorithm: local = the whole layer, one rank
@@ -165,11 +182,14 @@ def _tp_layer_rank(rank: int, world: int, init: str, threads: int, shapes, cycle
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
     try:
         rows = [list(shape) + _tp_layer(rank, world, *shape, cycles) for shape in shapes]
-        if rank == 0:
-            queue.put(rows)
-    finally:
-        dist.barrier()
-        dist.destroy_process_group()
+    except BaseException:  # its peers wait in a collective: end now, with the cause, so in_world stops them
+        traceback.print_exc()
+        sys.stderr.flush()
+        os._exit(1)
+    if rank == 0:
+        queue.put(rows)
+    dist.barrier()
+    dist.destroy_process_group()
 
 
 def _tp_layer(rank: int, world: int, mode: str, tp: int, depth: int, b: int, s: int, h: int, heads: int, ffn: int,
@@ -181,7 +201,6 @@ def _tp_layer(rank: int, world: int, mode: str, tp: int, depth: int, b: int, s: 
     from vp.runtime.memory import ActivationMeter
     from vp.tp.block import shard_block
     from vp.tp.context import TensorParallel
-    from vp.wgrad import WeightGradStore
 
     mesh = Mesh(tp=int(tp), tp_mode=mode, tp_depth=int(depth))
     comm = Comm(make_groups(tp_slices(mesh), rank), torch.device("cpu"))
@@ -198,30 +217,8 @@ def _tp_layer(rank: int, world: int, mode: str, tp: int, depth: int, b: int, s: 
         if kind:
             samples[kind].append((time.perf_counter() - t0, time.thread_time() - c0))
 
-    for split in (True, False):
-        held = []
-        for step in range(cycles + IN_FLIGHT + 1):  # the first backward warms up (its samples are dropped)
-            x = torch.randn(x_shape).requires_grad_()
-            store = WeightGradStore() if split else None
-            box = {}
-
-            def forward():
-                y = x
-                with meter.track(step):
-                    for blk in blocks:
-                        y = blk(y, store)
-                box["y"] = y
-
-            timed("F" if split else None, forward)
-            held.append((box["y"], store, step))
-            if len(held) <= IN_FLIGHT:
-                continue
-            y, old, key = held.pop(0)
-            grad = torch.randn_like(y)
-            timed("B" if split else "BW", lambda: torch.autograd.backward(y, grad))
-            if split:
-                timed("W", old.flush)
-            meter.release(key)
+    stage_passes(blocks, meter, lambda: torch.randn(x_shape).requires_grad_(), timed,
+                 cycles + IN_FLIGHT + 1)  # one cycle more: the first backward warms up (its samples are dropped)
     comm.close()
     walls = torch.tensor([[w for w, _ in samples[k][-cycles:]] for k in LAYER_PASSES], dtype=torch.float64)
     cpus = torch.tensor([[c for _, c in samples[k][-cycles:]] for k in LAYER_PASSES], dtype=torch.float64)

@@ -308,7 +308,7 @@ def pass_factors(hw: Hardware) -> dict:
         add(("tp", mode, tp, depth, "BW"), row["cpu"]["BW"], {"B": sh.layer("B") + sh.layer("W")})
         # what the layer's collectives and its peers added beyond its own work, as the simulator adds them: the
         # work stretched where the group's processes share cores (vp.cost.costs.sharing), the collectives on top
-        slower = max(1.0, min(tp, hw.gpus_per_node) / hw.cores) if hw.cores > 0 else 1.0
+        slower = hw.contention(min(tp, hw.gpus_per_node))
         net = Network.of(hw, tp)
         for split_w, kinds in ((True, ("F", "B", "W")), (False, ("BW",))):
             modelled = layer_comm_s(net, mode, tp, depth, b, seq, h, ffn, hw.act_bytes, split_w,
