@@ -14,9 +14,9 @@ the collectives and point-to-point messages the runtime uses per group size and 
 4 and 8 processes side by side (gloo on CPU, NCCL on a GPU node: every device at work); and at the jobs' shapes
 the passes as the runtime runs them: a stage's layers, the output layer's parts, and on CPU a tensor-parallel
 stage's layers in a world of its group's processes. The profile holds the measured tables, which the cost model
-reads where they cover a question, and the analytical parameters fitted to them for the rest; never anything from the runs it predicts. The default name is
-DEVICE_HOST_torchVERSION; --reuse keeps an existing profile of that name measured on this host with this device,
-torch and dtype (make sweep measures once).
+reads where they cover a question, and the analytical parameters fitted to them for the rest; never anything from
+the runs it predicts. The default name is DEVICE_HOST_torchVERSION; --reuse keeps an existing profile of that name
+measured on this host with this device, torch and dtype (make sweep measures once).
 
 --results: from real records of one machine. The cost model says what each pass computes (vp.cost.pass_work:
 GEMM shapes, attention, elementwise bytes); the measured pass times give one speed multiplier per pass kind for

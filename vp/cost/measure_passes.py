@@ -38,7 +38,7 @@ def layers(shapes, device: torch.device, dtype: torch.dtype, timer: Timer, cycle
     for b, s, h, heads, ffn in shapes:
         blocks = [Block(h, heads, ffn, LAYERS, 0, i).to(device) for i in range(LAYERS)]
         meter = ActivationMeter([p for blk in blocks for p in blk.parameters()])
-        times = {"F": [], "B": [], "W": [], "BW": []}
+        times = {k: [] for k in LAYER_PASSES}
 
         def timed(kind, fn):
             if kind:
@@ -49,7 +49,7 @@ def layers(shapes, device: torch.device, dtype: torch.dtype, timer: Timer, cycle
         stage_passes(blocks, meter, lambda: torch.randn(b, s, h, device=device).requires_grad_(), timed,
                      cycles + IN_FLIGHT, cast)
         per_layer = {k: statistics.median(v) / LAYERS for k, v in times.items()}
-        out.append([b, s, h, heads, ffn] + [per_layer[k] for k in ("F", "B", "W", "BW")])
+        out.append([b, s, h, heads, ffn] + [per_layer[k] for k in LAYER_PASSES])
     return out
 
 

@@ -35,6 +35,7 @@ from vp.cost.network import Network
 from vp.cost.profiles import Hardware
 from vp.schedule.methods import VOCAB
 from vp.cost.tensor import ONE_DEVICE, Split, layer_comm_s, pass_comm_s
+from vp.cost.tables import tp_layer_key
 from vp.tp.modes import get_mode
 from vp.schedule import Schedule
 
@@ -241,7 +242,8 @@ def compute_times(cfg: RunConfig, hw: Hardware, sched: Schedule) -> dict:
     composed from its operations (work_seconds), times the profile's factor for its kind where the profile timed
     passes as the runtime runs them (pass_factors; every run and mesh alike, so plans compare on one footing)."""
     out, timed = {}, {}  # parts shared by stages alike (pass_work) are timed once
-    factors, tp = pass_factors(hw), tp_key(cfg)
+    factors = pass_factors(hw)
+    tp = tp_key(cfg) if factors else None
     for key, parts in pass_work(cfg, hw, sched).items():
         if id(parts) not in timed:
             if not parts:
@@ -257,13 +259,19 @@ def compute_times(cfg: RunConfig, hw: Hardware, sched: Schedule) -> dict:
 
 
 def tp_key(cfg: RunConfig) -> tuple | None:
-    """(tensor mode, tp, depth) of a run with tensor parallelism, as pass_factors keys its factors; None without."""
-    return (cfg.tp_mode, cfg.tp, cfg.mesh.depth) if cfg.tp > 1 else None
+    """(tensor mode, tp, depth) of a run with tensor parallelism, as pass_factors keys its factors (the head of
+    vp.cost.tables.tp_layer_key); None without."""
+    return tp_layer_key(cfg)[:3] if cfg.tp > 1 else None
+
+
+def layer_pass(kind: str, split_w: bool) -> str:
+    """The layers row's pass that prices a schedule's pass kind: B of a schedule without W is the whole backward."""
+    return "BW" if kind == "B" and not split_w else kind
 
 
 def _factor(factors: dict, eff_kind: str, key: tuple, sched: Schedule, tp: tuple | None = None) -> float:
-    if eff_kind in ("F", "B", "W") and key[1] is not None:  # a stage's layers (B without W: the whole backward)
-        kind = "BW" if eff_kind == "B" and not sched.split_w else eff_kind
+    if eff_kind in ("F", "B", "W") and key[1] is not None:  # a stage's layers
+        kind = layer_pass(eff_kind, sched.split_w)
         return factors.get(("tp", *tp, kind), factors.get(kind, 1.0)) if tp else factors.get(kind, 1.0)
     if eff_kind in ("S", "T"):  # pooled over the algorithms (one or two rows each are noise apart)
         return factors.get(eff_kind, 1.0)
@@ -315,9 +323,9 @@ def pass_factors(hw: Hardware) -> dict:
                                     layer_gemm_s(hw, sh, split_w))
             for kind in kinds:
                 exposed = max(0.0, row["wall"][kind] - slower * row["cpu"][kind])
-                if modelled["B" if kind == "BW" else kind] > 0:
-                    ratios.setdefault(("tpcomm", mode, tp, depth, kind), []).append(
-                        exposed / modelled["B" if kind == "BW" else kind])
+                seconds = modelled["B" if kind == "BW" else kind]
+                if seconds > 0:
+                    ratios.setdefault(("tpcomm", mode, tp, depth, kind), []).append(exposed / seconds)
     for kind in ("S", "T"):  # every algorithm's rows together: for an algorithm the tables lack
         pooled = [r for key, values in ratios.items() if isinstance(key, tuple) and key[0] == kind for r in values]
         if pooled:
@@ -334,8 +342,7 @@ def pass_times(cfg: RunConfig, hw: Hardware, sched: Schedule, compute: dict | No
     out = dict(compute_times(cfg, hw, sched) if compute is None else compute)
     if cfg.tp > 1:
         net, sh, factors, tp = Network.of(hw, cfg.world), Shapes.of(cfg, hw), pass_factors(hw), tp_key(cfg)
-        measured = {k: factors.get(("tpcomm", *tp, "BW" if k == "B" and not sched.split_w else k))
-                    for k in ("F", "B", "W")}
+        measured = {k: factors.get(("tpcomm", *tp, layer_pass(k, sched.split_w))) for k in ("F", "B", "W")}
         for st, layers in enumerate(cfg.stage_layers):
             gemm = layer_gemm_s(hw, sh, sched.split_w, layers)
             for kind, s in pass_comm_s(cfg, net, sched, st, gemm,
