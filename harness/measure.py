@@ -46,7 +46,7 @@ COLLECTIVE_SIZES = [256, 16384, 2**20, 2**24]  # payload bytes (all_gather up to
 # how collectives are timed (vp.cost.measure.collectives): a profile timed otherwise is measured again
 COLLECTIVES = "groups side by side in worlds of 2-8 processes; mean of 10"
 # which passes are timed as the runtime runs them (vp.cost.measure_passes): a profile without them is measured again
-PASSES = "layers, output layer, tensor-parallel layers in their group's world"
+PASSES = "layers and output layer in 3 rounds across the calibration; tensor-parallel layers in their group's world"
 
 
 def machine(device: torch.device, dtype: str, threads: int) -> dict:
@@ -204,11 +204,10 @@ def measure_profile(name: str, device_type: str, dtype: str, experiments: list[s
     activation_rows = M.activation(device, torch_dtype, timer, activation_sizes(jobs["gelu"]))
     step = [M.optimizer(device, timer)] + [M.optimizer(device, timer, n, 1) for n in sorted(jobs["vocab"])]
     step_sets = [M.optimizer_set(device, timer, n, large) for n, large in sorted(jobs["ranks"])]
-    layer_rows = P.layers(sorted(jobs["layers"]), device, torch_dtype, timer)
-    output_rows = P.output_passes(sorted(jobs["output"]), device, torch_dtype, timer)
+    rounds = [pass_round(jobs, device, torch_dtype, timer)]
     log(f"  {len(attention_rows)} attention shapes, {len(element_rows)} elementwise and {len(activation_rows)} "
-        f"activation sizes, the optimizer step over {len(step_sets)} ranks' parameters, {len(layer_rows)} layer "
-        f"and {len(output_rows)} output-layer shapes as the runtime runs them, "
+        f"activation sizes, the optimizer step over {len(step_sets)} ranks' parameters; a first round of "
+        f"{len(jobs['layers'])} layer and {len(jobs['output'])} output-layer shapes as the runtime runs them, "
         f"{time.perf_counter() - start:.0f} s")
     # worlds: on a GPU node every device at work (a job fills the node); on a CPU each process count a local run
     # has, which decides how long a process waits for a core to answer its peer
@@ -219,6 +218,7 @@ def measure_profile(name: str, device_type: str, dtype: str, experiments: list[s
     log(f"  {len(collective_rows)} collective and point-to-point timings over group sizes {groups} "
         f"in worlds of {worlds} processes, "
         f"{time.perf_counter() - start:.0f} s")
+    rounds.append(pass_round(jobs, device, torch_dtype, timer))  # the second round, half-way through
     # a tensor-parallel stage's layers in a world of its group (gloo; a GPU group would need a device per rank)
     tp_shapes = sorted(k for k in jobs["tp_layers"] if groups and k[1] <= max(groups))
     tp_layer_rows = []
@@ -230,12 +230,47 @@ def measure_profile(name: str, device_type: str, dtype: str, experiments: list[s
     if tp_layer_rows:
         log(f"  {len(tp_layer_rows)} tensor-parallel layer shapes in worlds of their groups, "
             f"{time.perf_counter() - start:.0f} s")
+    rounds.append(pass_round(jobs, device, torch_dtype, timer))  # the third, at the end
+    passes = {table: mean_rows([r[table] for r in rounds]) for table in rounds[0]}
+    here["rounds"] = {table: round(spread([r[table] for r in rounds]), 3) for table in rounds[0]}
+    log(f"  {len(rounds)} rounds of the passes as the runtime runs them, spread over the calibration (each row's "
+        f"largest round over its smallest, median over rows): " +
+        ", ".join(f"{table} +{100 * s:.0f} %" for table, s in here["rounds"].items()) +
+        f", {time.perf_counter() - start:.0f} s")
     measured = {"gemm": gemm_rows, "gemm_accumulate": accumulate_rows, "attention": attention_rows,
                 "elementwise": element_rows, "activation": activation_rows, "optimizer": step,
-                "optimizer_sets": step_sets, "layers": layer_rows, "output": output_rows,
-                "collectives": collective_rows, "tp_layers": tp_layer_rows}
+                "optimizer_sets": step_sets, "collectives": collective_rows, "tp_layers": tp_layer_rows, **passes}
     hw = fitted(name, device, dtype, peak, measured, here)
     return replace(hw, measured={k: as_text(v) for k, v in measured.items()}, fitted_to=f"microbenchmarks ({how} peak), {time.perf_counter() - start:.0f} s")
+
+
+def pass_round(jobs: dict, device: torch.device, dtype: torch.dtype, timer) -> dict[str, list]:
+    """One round of the passes timed as the runtime runs them, the layers and the output layer's parts at the jobs'
+    shapes (rows in the order of their keys, every round). measure_profile takes three, spread over the calibration,
+    and keeps each row's mean: one short burst takes the machine's speed of its moment, which moves here by tens of
+    percent within a minute (docs/cost-model.md)."""
+    return {"layers": P.layers(sorted(jobs["layers"]), device, dtype, timer, cycles=6),
+            "output": P.output_passes(sorted(jobs["output"]), device, dtype, timer, cycles=4)}
+
+
+def mean_rows(rounds: list[list[list]]) -> list[list]:
+    """The rows of several rounds (the same keys in the same order): each field the mean over the rounds where they
+    differ (the times), the value where they agree (the keys). The rounds' mean, not their median: a run's
+    iteration sums its passes, so it pays the machine's slow moments in proportion."""
+    return [[col[0] if all(v == col[0] for v in col) else statistics.fmean(col) for col in zip(*same)]
+            for same in zip(*rounds)]
+
+
+def spread(rounds: list[list[list]]) -> float:
+    """How far the rounds disagree: per row, its largest round's total time over its smallest's, less 1 (the times:
+    the fields that differ between rounds); the median over rows (0 with fewer than two rounds or rows)."""
+    out = []
+    for same in zip(*rounds):
+        timed = [i for i, col in enumerate(zip(*same)) if any(v != col[0] for v in col)]
+        totals = [sum(row[i] for i in timed) for row in same]
+        if timed and min(totals) > 0:
+            out.append(max(totals) / min(totals) - 1)
+    return statistics.median(out) if out else 0.0
 
 
 def fitted(name: str, device: torch.device, dtype: str, peak: float, measured: dict, here: dict) -> Hardware:

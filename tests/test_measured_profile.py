@@ -222,9 +222,28 @@ def quick(monkeypatch):
     monkeypatch.setattr(HM, "GROUPS", (2,))
 
 
+def test_passes_timed_in_rounds_keep_each_rows_mean_and_say_how_far_the_rounds_disagree():
+    rounds = [[[1, 256, "alg1", 0.010, 0.020], [1, 512, "alg1", 0.040, 0.080]],
+              [[1, 256, "alg1", 0.014, 0.020], [1, 512, "alg1", 0.040, 0.080]],
+              [[1, 256, "alg1", 0.012, 0.026], [1, 512, "alg1", 0.046, 0.086]]]
+    got = HM.mean_rows(rounds)
+    assert got[0][:3] == [1, 256, "alg1"] and got[0][3:] == pytest.approx([0.012, 0.022])
+    assert got[1] == [1, 512, "alg1", pytest.approx(0.042), pytest.approx(0.082)]
+    # per row the largest round's total over the smallest's: 0.038 / 0.030 and 0.132 / 0.120; their median
+    assert HM.spread(rounds) == pytest.approx((0.038 / 0.030 - 1 + 0.132 / 0.120 - 1) / 2)
+    assert HM.spread(rounds[:1]) == 0.0 and HM.mean_rows(rounds[:1]) == rounds[0]
+
+
 def test_calibrate_measure_writes_a_profile_that_sim_reads_and_reuses_it(quick, tmp_path, capsys, monkeypatch):
     out = tmp_path / "hardware" / "box.yaml"
     out.parent.mkdir()
+    taken = []  # the layers and output rounds (tp_smoke has no tp = 1 job: made-up rows, one time per round)
+
+    def pass_round(jobs, device, dtype, timer):
+        taken.append({"layers": [[1, 32, 64, 4, 256] + [0.001 * (len(taken) + 1)] * 4], "output": []})
+        return taken[-1]
+
+    monkeypatch.setattr(HM, "pass_round", pass_round)
     argv = ["--measure", "--name", "box", "--out", str(out), "--budget-s", "5", "--shapes-from", "tp_smoke"]
     assert calibrate_main(argv + ["--print-name"]) == 0
     assert capsys.readouterr().out.strip() == "box"
@@ -245,6 +264,9 @@ def test_calibrate_measure_writes_a_profile_that_sim_reads_and_reuses_it(quick, 
     assert {optimizer_key(r[0], r[2:]) for r in rows(hw.measured["optimizer_sets"])} == jobs["ranks"] != set()
     assert all(hw.tables.optimizer_set_s(n, large) > 0 for n, large in jobs["ranks"])
     assert hw.machine["collectives"] == HM.COLLECTIVES and hw.machine["passes"] == HM.PASSES
+    # three rounds spread over the calibration, each row their mean, and how far they disagreed
+    assert len(taken) == 3 and rows(hw.measured["layers"]) == [[1, 32, 64, 4, 256] + [pytest.approx(0.002)] * 4]
+    assert hw.machine["rounds"] == {"layers": 2.0, "output": 0.0}
     # the jobs' tensor-parallel layers in worlds of their groups, those of the group sizes measured (2 here)
     assert set(hw.tables.tp_layers) == {k for k in jobs["tp_layers"] if k[1] == 2} == {("1d", 2, 1, 4, 32, 64, 4, 256)}
     cfg = RunConfig(method="baseline", pp=1, tp=2, tp_mode="1d", layers=4, hidden=64, heads=4, seq_len=32,

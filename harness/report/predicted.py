@@ -169,7 +169,23 @@ def errors_line(p: pd.DataFrame) -> str:
         if len(e):
             parts.append(f"{what} median |error| {e.median() * 100:.1f} %, largest {e.max() * 100:.1f} %")
     profiles = ", ".join(sorted(set(ok["hardware_sim"])))
-    return f"Over {len(ok)} runs predicted with {profiles}: " + "; ".join(parts) + "."
+    return f"Over {len(ok)} runs predicted with {profiles}: " + "; ".join(parts) + "." + drift_line(ok)
+
+
+def drift_line(ok: pd.DataFrame) -> str:
+    """' The calibration of P timed the same passes in rounds ...' for each measured profile whose machine
+    records how far its rounds disagreed (harness.measure.spread): the machine's own drift while it was measured,
+    against which a run's error reads; '' where no profile says."""
+    said = {}
+    for r in ok.to_dict("records"):
+        machine = (((r["record_sim"].get("env") or {}).get("hardware") or {}).get("machine") or {})
+        if machine.get("rounds"):
+            said[r["hardware_sim"]] = machine["rounds"]
+    return "".join(
+        f" The calibration of {name} timed the same passes in rounds spread over it, which differed by " +
+        " and ".join(f"{100 * v:.0f} % ({table})" for table, v in rounds.items()) +
+        " (largest round over smallest, median over shapes): this machine's speed moved that much while it was "
+        "measured, and a run's error reads against it." for name, rounds in sorted(said.items()))
 
 
 def figure(p: pd.DataFrame, out: Path) -> Figure:
