@@ -8,12 +8,13 @@ $VP_HARNESS_CONFIG/hardware/NAME.yaml (else $XDG_CONFIG_HOME/vp-harness/..., els
 which conf/config.yaml puts on Hydra's config search path; or to --out. A name of a built-in profile
 (conf/hardware/) is refused unless --overwrite-builtin says to refit the built-in (make calibrate-paper does).
 
---measure: from microbenchmarks of this machine (harness.measure, vp.cost.measure; about a minute on a CPU):
+--measure: from microbenchmarks of this machine (harness.measure, vp.cost.measure; 1-1.5 minutes on a CPU):
 GEMMs over a grid of shapes and the shapes of the jobs of --shapes-from, attention, elementwise bandwidth, and
 the collectives and point-to-point messages the runtime uses per group size and payload, with the groups of 2,
 4 and 8 processes side by side (gloo on CPU, NCCL on a GPU node: every device at work); and at the jobs' shapes
-the passes as the runtime runs them: a stage's layers, the output layer's parts, and on CPU a tensor-parallel
-stage's layers in a world of its group's processes. The profile holds the measured tables, which the cost model
+the passes as the runtime runs them: a stage's layers and the output layer's parts (three rounds spread over the
+calibration, their mean; machine.rounds says how far they disagreed), and on CPU a tensor-parallel stage's layers
+in a world of its group's processes. The profile holds the measured tables, which the cost model
 reads where they cover a question, and the analytical parameters fitted to them for the rest; never anything from
 the runs it predicts. The default name is DEVICE_HOST_torchVERSION; --reuse keeps an existing profile of that name
 measured on this host with this device, torch and dtype (make sweep measures once).
