@@ -44,7 +44,7 @@ CLOCK = {"cpu": "thread_time", "cuda": "cuda_events"}
 CACHES = "gemm cold; weight gradients in place"
 COLLECTIVE_SIZES = [256, 16384, 2**20, 2**24]  # payload bytes (all_gather up to 64 MiB gathered)
 # how collectives are timed (vp.cost.measure.collectives): a profile timed otherwise is measured again
-COLLECTIVES = "groups side by side in worlds of 2-8 processes; mean of 10"
+COLLECTIVES = "groups side by side in worlds of 2-8 processes; mean of 10; a woken rank's wait for a core"
 # which passes are timed as the runtime runs them (vp.cost.measure_passes): a profile without them is measured again
 PASSES = "layers and output layer in 3 rounds across the calibration; tensor-parallel layers in their group's world"
 
@@ -218,6 +218,10 @@ def measure_profile(name: str, device_type: str, dtype: str, experiments: list[s
     log(f"  {len(collective_rows)} collective and point-to-point timings over group sizes {groups} "
         f"in worlds of {worlds} processes, "
         f"{time.perf_counter() - start:.0f} s")
+    wake_s = M.wake(here["cores"]) if device_type == "cpu" else 0.0  # a GPU rank has a device of its own
+    if device_type == "cpu":
+        log(f"  a rank woken by its peer waits {wake_s * 1e3:.2f} ms for a core where ranks outnumber the cores, "
+            f"{time.perf_counter() - start:.0f} s")
     rounds.append(pass_round(jobs, device, torch_dtype, timer))  # the second round, half-way through
     # a tensor-parallel stage's layers in a world of its group (gloo; a GPU group would need a device per rank)
     tp_shapes = sorted(k for k in jobs["tp_layers"] if groups and k[1] <= max(groups))
@@ -241,7 +245,8 @@ def measure_profile(name: str, device_type: str, dtype: str, experiments: list[s
                 "elementwise": element_rows, "activation": activation_rows, "optimizer": step,
                 "optimizer_sets": step_sets, "collectives": collective_rows, "tp_layers": tp_layer_rows, **passes}
     hw = fitted(name, device, dtype, peak, measured, here)
-    return replace(hw, measured={k: as_text(v) for k, v in measured.items()}, fitted_to=f"microbenchmarks ({how} peak), {time.perf_counter() - start:.0f} s")
+    return replace(hw, measured={k: as_text(v) for k, v in measured.items()}, wake_s=wake_s,
+                   fitted_to=f"microbenchmarks ({how} peak), {time.perf_counter() - start:.0f} s")
 
 
 def pass_round(jobs: dict, device: torch.device, dtype: torch.dtype, timer) -> dict[str, list]:

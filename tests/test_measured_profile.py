@@ -264,6 +264,7 @@ def test_calibrate_measure_writes_a_profile_that_sim_reads_and_reuses_it(quick, 
     assert {optimizer_key(r[0], r[2:]) for r in rows(hw.measured["optimizer_sets"])} == jobs["ranks"] != set()
     assert all(hw.tables.optimizer_set_s(n, large) > 0 for n, large in jobs["ranks"])
     assert hw.machine["collectives"] == HM.COLLECTIVES and hw.machine["passes"] == HM.PASSES
+    assert 0 <= hw.wake_s < 1 and "wake_s" in body["profile"]  # measured on this 2-core machine (cores >= 2)
     # three rounds spread over the calibration, each row their mean, and how far they disagreed
     assert len(taken) == 3 and rows(hw.measured["layers"]) == [[1, 32, 64, 4, 256] + [pytest.approx(0.002)] * 4]
     assert hw.machine["rounds"] == {"layers": 2.0, "output": 0.0}
@@ -280,6 +281,21 @@ def test_calibrate_measure_writes_a_profile_that_sim_reads_and_reuses_it(quick, 
     before = out.read_text()
     assert calibrate_main(argv + ["--reuse", "--print-name"]) == 0
     assert out.read_text() == before and "reusing" in capsys.readouterr().err
+
+
+def test_a_woken_ranks_wait_for_a_core_is_half_the_round_trip_it_adds(monkeypatch):
+    """vp.cost.measure.wake: (round trip with 4 processes on 2 cores - with 2) / 2, from one world of each; 0 on
+    one core, where no pair has a core each."""
+    worlds = []
+
+    def in_world(world, target, args, timeout_s, what):
+        worlds.append((world, target, args[0]))
+        return {2: 0.0004, 4: 0.0084}[world]
+
+    monkeypatch.setattr(M, "in_world", in_world)
+    assert M.wake(8) == pytest.approx(0.004)
+    assert worlds == [(2, M._wake_rank, 2), (4, M._wake_rank, 2)]  # held to 2 cores whatever the machine has
+    assert M.wake(1) == 0.0 and len(worlds) == 2
 
 
 def test_calibrate_measure_refuses_a_builtin_name_and_a_missing_gpu(capsys, tmp_path):

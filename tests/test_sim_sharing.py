@@ -53,6 +53,24 @@ def test_only_the_cpu_part_of_a_pass_is_shared():
     assert [tl[0][2] for tl in result.timeline] == pytest.approx([3.0] * 4, rel=1e-6)
 
 
+def test_a_rank_that_waited_waits_for_a_core_where_the_cores_are_oversubscribed():
+    """Hardware.wake_s: a compute action after its rank waited for a peer, starting while more devices compute than
+    there are cores, takes wake_s longer; an action right after the rank's own last one does not, nor any where
+    the cores suffice."""
+    s = build("baseline", 4, 1)  # one microbatch: one rank computes at a time, every other one waits for it
+    costs = unit_costs(s, comm={"P2P": 0.1})
+    alone = simulate(s, costs).makespan
+    assert simulate(s, replace(costs, sharing=Sharing(2.0, wake_s=0.05))).makespan == pytest.approx(alone)
+    # each rank standing for 4 devices: 4 on 2 cores, every pass at half speed (2 x (4 F + 4 B of 2) + 6 x 0.1)
+    crowded = simulate(s, replace(costs, sharing=Sharing(2.0, devices=4.0))).makespan
+    assert crowded == pytest.approx(24.6)
+    # woken: F on ranks 1-3 (after their receives) and B on ranks 0-2; the last rank's B follows its own F
+    result = simulate(s, replace(costs, sharing=Sharing(2.0, devices=4.0, wake_s=0.05)))
+    assert result.makespan == pytest.approx(24.6 + 6 * 0.05)
+    last = [(a.kind, t1 - t0) for a, t0, t1 in result.timeline[3] if a.kind in ("F", "B")]
+    assert last == [("F", pytest.approx(2.05)), ("B", pytest.approx(4.0))]
+
+
 def test_passes_that_never_overlap_are_not_slowed():
     s = build("baseline", 4, 1)  # one microbatch: the ranks compute one after another
     costs = unit_costs(s, comm={"P2P": 0.1})
@@ -93,6 +111,7 @@ def test_sharing_only_where_a_node_has_more_devices_than_cores():
     got = pass_costs(cfg, CPU, s).sharing
     assert got == Sharing(2.0, 1.0, got.cpu) and got.cpu[("F", 0)] > 0
     assert pass_costs(replace(cfg, dp=2), CPU, s).sharing.devices == 2.0
+    assert pass_costs(cfg, replace(CPU, wake_s=0.002), s).sharing.wake_s == 0.002  # the profile's measured wait
     assert pass_costs(cfg, replace(CPU, cores=4), s).sharing is None  # 4 ranks on 4 cores
     assert pass_costs(cfg, replace(CPU, cores=0), s).sharing is None
     gpu = replace(cfg, device="cuda", dtype="bf16")

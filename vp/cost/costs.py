@@ -123,7 +123,7 @@ def sharing(cfg: RunConfig, hw: Hardware, compute: dict) -> Sharing | None:
     here = min(cfg.world, hw.gpus_per_node)
     if hw.cores <= 0 or here <= hw.cores:
         return None
-    return Sharing(float(hw.cores), here / cfg.pp, dict(compute))
+    return Sharing(float(hw.cores), here / cfg.pp, dict(compute), hw.wake_s)
 
 
 def record_costs(record: dict) -> tuple[Schedule, Costs]:

@@ -273,6 +273,51 @@ def collectives(device_type: str, worlds: list[int], groups: list[int], sizes: l
                                                            sizes, reps), timeout_s, "collective")]
 
 
+WAKE_COMPUTE_S = 0.01  # CPU seconds each rank of the wake-up benchmark computes between two exchanges, as a pass
+
+
+def wake(cores: int, compute_s: float = WAKE_COMPUTE_S, exchanges: int = 24, timeout_s: float = 120.0) -> float:
+    """Seconds a rank that has waited for a peer then waits for a core, where more ranks compute than there are
+    cores (Hardware.wake_s, vp.schedule.sharing): pairs of processes held to two cores, each computing compute_s
+    of CPU time and then exchanging a small message with its partner (a round trip); half the mean round trip with
+    four processes at it (the cores shared twice over) less half of it with one pair (a core each). The fluid
+    sharing of the simulator has a woken rank compute at once at its share; a scheduler hands cores over in time
+    slices (on this project's 2-core CPU a round trip took 0.26 ms with a core each and 8.7 ms with four processes
+    computing 5 ms between exchanges). 0 on a machine of one core (no pair has a core each there)."""
+    if cores < 2:
+        return 0.0
+    alone, crowded = (in_world(world, _wake_rank, (2, compute_s, exchanges), timeout_s, "wake-up")
+                      for world in (2, 4))
+    return max(0.0, (crowded - alone) / 2)
+
+
+def _wake_rank(rank: int, world: int, init: str, cores: int, compute_s: float, exchanges: int, queue) -> None:
+    os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:cores])
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
+    try:
+        peer, message, work, rtts = rank ^ 1, torch.ones(16), torch.randn(128, 128), []
+        for _ in range(exchanges + 4):  # the first 4: warm-up
+            end = time.thread_time() + compute_s
+            while time.thread_time() < end:
+                work @ work
+            t0 = time.perf_counter()
+            if rank % 2 == 0:
+                dist.send(message, peer)
+                dist.recv(message, peer)
+            else:
+                dist.recv(message, peer)
+                dist.send(message, peer)
+            rtts.append(time.perf_counter() - t0)
+        mean = torch.tensor([statistics.fmean(rtts[4:])], dtype=torch.float64)
+        dist.all_reduce(mean)
+        if rank == 0:
+            queue.put(float(mean) / world)
+    finally:
+        dist.barrier()
+        dist.destroy_process_group()
+
+
 def in_world(world: int, target, args: tuple, timeout_s: float = 600.0, what: str = "collective") -> list:
     """What rank 0 of `world` processes puts on its queue, each running target(rank, world, init, *args, queue)
     after joining a process group through `init`. The processes are forked from a server that imported torch once

@@ -14,6 +14,11 @@ simulate again with those durations; repeat until the makespan moves by less tha
 the fourth round on the new durations are averaged with the last ones, which stops two ranks that alternate
 between overlapping and not from oscillating. A duration never falls below its time alone, so the makespan never
 falls below the uncontended one (the planner's lower bounds stay bounds).
+
+The sharing above is fluid: a rank that stops waiting computes at once at its share. An operating system hands
+cores over in time slices: a rank woken by its peer's message waits for a core while the others finish theirs.
+Where the profile measured that wait (Hardware.wake_s, CPU profiles), each compute action that follows a wait of
+its rank and starts while more devices compute than there are cores takes wake_s longer.
 """
 from bisect import bisect_right
 from dataclasses import dataclass, field
@@ -31,10 +36,13 @@ class Sharing:
 
     cores: the node's compute units; devices: devices of the node each pipeline rank of the schedule stands for;
     cpu[(kind, stage)] (keys as Costs.compute): the seconds of a pass that compete for cores, by default all of it
-    (a stage's tensor-parallel collectives wait on other processes and run at their own speed)."""
+    (a stage's tensor-parallel collectives wait on other processes and run at their own speed); wake_s: what a
+    pass pays on top where its rank waited for a peer before it and more devices compute than there are cores
+    (Hardware.wake_s: a scheduler hands cores over in time slices, not at once as the fluid sharing above)."""
     cores: float
     devices: float = 1.0
     cpu: dict = field(default_factory=dict)
+    wake_s: float = 0.0
 
     def __post_init__(self):
         assert self.cores > 0 and self.devices > 0, (self.cores, self.devices)
@@ -94,9 +102,26 @@ def stretched(timeline, alone, cpu, share: Sharing) -> list[list[float]]:
     out = []
     for r, tl in enumerate(timeline):
         starts, ends = spans[r]
-        out.append([_finish(t0, cpu[r][i], times, busy, starts, ends, share) - t0 + alone[r][i] - cpu[r][i]
-                    if cpu[r][i] > 0 else alone[r][i] for i, (_, t0, _) in enumerate(tl)])
+        row, last_end = [], 0.0  # the end of the rank's last compute action (the iteration starts at 0)
+        for i, (a, t0, t1) in enumerate(tl):
+            if cpu[r][i] > 0:
+                d = _finish(t0, cpu[r][i], times, busy, starts, ends, share) - t0 + alone[r][i] - cpu[r][i]
+                if share.wake_s and t0 > last_end * (1 + 1e-12) and _crowded(t0, times, busy, share):
+                    d += share.wake_s  # it waited for a peer; now it waits for a core
+                row.append(d)
+            else:
+                row.append(alone[r][i])
+            if a.kind in COMPUTE and t1 > t0:
+                last_end = t1
+        out.append(row)
     return out
+
+
+def _crowded(t: float, times: list, busy: list, share: Sharing) -> bool:
+    """Whether more devices compute at t (the segment holding t, this rank's own action among them) than the
+    node has cores."""
+    j = bisect_right(times, t) - 1
+    return j >= 0 and share.devices * busy[j] > share.cores
 
 
 def _finish(t: float, work: float, times: list, busy: list, starts: list, ends: list, share: Sharing) -> float:
