@@ -27,7 +27,9 @@ one rank of a run gets:
               (vp.cost.measure_passes);
   collectives seconds of all_reduce, broadcast, all_gather and reduce per group size and payload, and of a
               point-to-point message between two ranks (half a ping-pong), over gloo (CPU) or NCCL (GPU), each
-              the slowest rank's time, started together after a barrier.
+              the slowest rank's time, started together after a barrier;
+  wake        on a CPU, how long a rank woken by its peer waits for a core where ranks outnumber the cores
+              (Hardware.wake_s: pairs computing between exchanges, four processes on two cores against two).
 The tables go into the profile as they are (vp.cost.tables reads them); nothing here knows about runs.
 """
 import os
