@@ -44,7 +44,10 @@ CLOCK = {"cpu": "thread_time", "cuda": "cuda_events"}
 CACHES = "gemm cold; weight gradients in place"
 COLLECTIVE_SIZES = [256, 16384, 2**20, 2**24]  # payload bytes (all_gather up to 64 MiB gathered)
 # how collectives are timed (vp.cost.measure.collectives): a profile timed otherwise is measured again
-COLLECTIVES = "groups side by side in worlds of 2-8 processes; mean of 10; a woken rank's wait for a core"
+COLLECTIVES = "groups side by side in worlds of 2-8 processes; mean of 10"
+# how a woken rank's wait for a core is timed on a CPU (vp.cost.measure.wake): a CPU profile timed otherwise (or
+# without it) is measured again
+WAKE = "pairs computing 10 ms between exchanges, 4 processes against 2 on 2 cores"
 # which passes are timed as the runtime runs them (vp.cost.measure_passes): a profile without them is measured again
 PASSES = "layers and output layer in 3 rounds across the calibration; tensor-parallel layers in their group's world"
 
@@ -79,7 +82,8 @@ def default_name(device: str) -> str:
 def how_timed(device: str) -> dict:
     """How this code times a profile (clock, caches, collectives, passes): a profile timed otherwise is measured
     again."""
-    return {"clock": CLOCK[device], "caches": CACHES, "collectives": COLLECTIVES, "passes": PASSES}
+    return {"clock": CLOCK[device], "caches": CACHES, "collectives": COLLECTIVES, "passes": PASSES,
+            **({"wake": WAKE} if device == "cpu" else {})}
 
 
 def same_machine(profile: dict, device: str, dtype: str) -> bool:
@@ -184,6 +188,7 @@ def measure_profile(name: str, device_type: str, dtype: str, experiments: list[s
     jobs = job_shapes(experiments, act_bytes)
     timer, cold = M.Timer(device), M.Timer(device, cold=True, max_reps=5)  # each cold sample writes the buffer
     peak, how = device_peak(device)
+    rounds = [pass_round(jobs, device, torch_dtype, timer)]  # the first round of three, before the GEMMs
     # the jobs' shapes, all of them, then the grid within the budget. A weight gradient is timed in place where the
     # runtime adds it in place: a product of the gradient's own dtype, fp32 (vp.vocab.output.accumulate_product); in
     # bf16/fp16 it casts a fresh product, as the plain table times it
@@ -204,9 +209,9 @@ def measure_profile(name: str, device_type: str, dtype: str, experiments: list[s
     activation_rows = M.activation(device, torch_dtype, timer, activation_sizes(jobs["gelu"]))
     step = [M.optimizer(device, timer)] + [M.optimizer(device, timer, n, 1) for n in sorted(jobs["vocab"])]
     step_sets = [M.optimizer_set(device, timer, n, large) for n, large in sorted(jobs["ranks"])]
-    rounds = [pass_round(jobs, device, torch_dtype, timer)]
+    rounds.append(pass_round(jobs, device, torch_dtype, timer))  # the second, half-way through
     log(f"  {len(attention_rows)} attention shapes, {len(element_rows)} elementwise and {len(activation_rows)} "
-        f"activation sizes, the optimizer step over {len(step_sets)} ranks' parameters; a first round of "
+        f"activation sizes, the optimizer step over {len(step_sets)} ranks' parameters; two rounds of "
         f"{len(jobs['layers'])} layer and {len(jobs['output'])} output-layer shapes as the runtime runs them, "
         f"{time.perf_counter() - start:.0f} s")
     # worlds: on a GPU node every device at work (a job fills the node); on a CPU each process count a local run
@@ -218,11 +223,14 @@ def measure_profile(name: str, device_type: str, dtype: str, experiments: list[s
     log(f"  {len(collective_rows)} collective and point-to-point timings over group sizes {groups} "
         f"in worlds of {worlds} processes, "
         f"{time.perf_counter() - start:.0f} s")
-    wake_s = M.wake(here["cores"]) if device_type == "cpu" else 0.0  # a GPU rank has a device of its own
+    wake_s = 0.0  # a GPU rank has a device of its own
     if device_type == "cpu":
-        log(f"  a rank woken by its peer waits {wake_s * 1e3:.2f} ms for a core where ranks outnumber the cores, "
-            f"{time.perf_counter() - start:.0f} s")
-    rounds.append(pass_round(jobs, device, torch_dtype, timer))  # the second round, half-way through
+        try:
+            wake_s = M.wake(here["cores"])
+            log(f"  a rank woken by its peer waits {wake_s * 1e3:.2f} ms for a core where ranks outnumber the "
+                f"cores, {time.perf_counter() - start:.0f} s")
+        except RuntimeError as err:  # optional: without it the simulator shares the cores at once
+            log(f"  a woken rank's wait for a core not measured ({err}); wake_s 0")
     # a tensor-parallel stage's layers in a world of its group (gloo; a GPU group would need a device per rank)
     tp_shapes = sorted(k for k in jobs["tp_layers"] if groups and k[1] <= max(groups))
     tp_layer_rows = []
@@ -236,7 +244,7 @@ def measure_profile(name: str, device_type: str, dtype: str, experiments: list[s
             f"{time.perf_counter() - start:.0f} s")
     rounds.append(pass_round(jobs, device, torch_dtype, timer))  # the third, at the end
     passes = {table: mean_rows([r[table] for r in rounds]) for table in rounds[0]}
-    here["rounds"] = {table: round(spread([r[table] for r in rounds]), 3) for table in rounds[0]}
+    here["rounds"] = {table: round(spread([r[table] for r in rounds]), 3) for table in rounds[0] if passes[table]}
     log(f"  {len(rounds)} rounds of the passes as the runtime runs them, spread over the calibration (each row's "
         f"largest round over its smallest, median over rows): " +
         ", ".join(f"{table} +{100 * s:.0f} %" for table, s in here["rounds"].items()) +
@@ -262,8 +270,18 @@ def mean_rows(rounds: list[list[list]]) -> list[list]:
     """The rows of several rounds (the same keys in the same order): each field the mean over the rounds where they
     differ (the times), the value where they agree (the keys). The rounds' mean, not their median: a run's
     iteration sums its passes, so it pays the machine's slow moments in proportion."""
-    return [[col[0] if all(v == col[0] for v in col) else statistics.fmean(col) for col in zip(*same)]
-            for same in zip(*rounds)]
+    if len({len(r) for r in rounds}) > 1:
+        raise ValueError(f"rounds of {sorted({len(r) for r in rounds})} rows: each round times the same shapes")
+    out = []
+    for same in zip(*rounds):
+        row = []
+        for col in zip(*same):
+            if any(v != col[0] for v in col) and any(isinstance(v, (int, str)) for v in col):
+                raise ValueError(f"rounds disagree on a row's key {list(col)}: each round times the same shapes, "
+                                 f"in the same order")
+            row.append(col[0] if all(v == col[0] for v in col) else statistics.fmean(col))
+        out.append(row)
+    return out
 
 
 def spread(rounds: list[list[list]]) -> float:

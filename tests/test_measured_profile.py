@@ -232,6 +232,10 @@ def test_passes_timed_in_rounds_keep_each_rows_mean_and_say_how_far_the_rounds_d
     # per row the largest round's total over the smallest's: 0.038 / 0.030 and 0.132 / 0.120; their median
     assert HM.spread(rounds) == pytest.approx((0.038 / 0.030 - 1 + 0.132 / 0.120 - 1) / 2)
     assert HM.spread(rounds[:1]) == 0.0 and HM.mean_rows(rounds[:1]) == rounds[0]
+    with pytest.raises(ValueError, match="rounds of \\[1, 2\\] rows"):
+        HM.mean_rows([rounds[0][:1], rounds[1]])
+    with pytest.raises(ValueError, match="rounds disagree on a row's key"):
+        HM.mean_rows([rounds[0], rounds[1][::-1]])
 
 
 def test_calibrate_measure_writes_a_profile_that_sim_reads_and_reuses_it(quick, tmp_path, capsys, monkeypatch):
@@ -267,7 +271,8 @@ def test_calibrate_measure_writes_a_profile_that_sim_reads_and_reuses_it(quick, 
     assert 0 <= hw.wake_s < 1 and "wake_s" in body["profile"]  # measured on this 2-core machine (cores >= 2)
     # three rounds spread over the calibration, each row their mean, and how far they disagreed
     assert len(taken) == 3 and rows(hw.measured["layers"]) == [[1, 32, 64, 4, 256] + [pytest.approx(0.002)] * 4]
-    assert hw.machine["rounds"] == {"layers": 2.0, "output": 0.0}
+    assert hw.machine["rounds"] == {"layers": 2.0}  # an empty table (no output rows here) says nothing
+    assert hw.machine["wake"] == HM.WAKE  # a CPU profile says how the wait for a core was timed
     # the jobs' tensor-parallel layers in worlds of their groups, those of the group sizes measured (2 here)
     assert set(hw.tables.tp_layers) == {k for k in jobs["tp_layers"] if k[1] == 2} == {("1d", 2, 1, 4, 32, 64, 4, 256)}
     cfg = RunConfig(method="baseline", pp=1, tp=2, tp_mode="1d", layers=4, hidden=64, heads=4, seq_len=32,

@@ -92,11 +92,12 @@ def test_a_pipeline_slows_between_alone_and_every_pass_shared():
 
 
 @pytest.mark.parametrize("method", sorted(METHODS))
-def test_the_fixed_point_converges_for_every_method(method):
+@pytest.mark.parametrize("wake_s", [0.0, 0.03])
+def test_the_fixed_point_converges_for_every_method(method, wake_s):
     s = build(method, 4, 8)
     costs = unit_costs(s, passes={"S": 0.5, "T": 0.5, "IF": 0.1, "IB": 0.1},
                        comm={"P2P": 0.05, "C0": 0.02, "C1": 0.02, "C2": 0.02, "IF": 0.02, "IB": 0.02})
-    costs = replace(costs, sharing=Sharing(2.0))
+    costs = replace(costs, sharing=Sharing(2.0, wake_s=wake_s))
     alone = replace(costs, sharing=None)
     result, rounds = processor_sharing(s, costs, lambda d: simulate(s, alone, False, d))
     assert rounds < MAX_ROUNDS

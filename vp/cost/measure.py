@@ -34,8 +34,10 @@ The tables go into the profile as they are (vp.cost.tables reads them); nothing 
 """
 import os
 import statistics
+import sys
 import tempfile
 import time
+import traceback
 from pathlib import Path
 from queue import Empty
 
@@ -284,8 +286,11 @@ def wake(cores: int, compute_s: float = WAKE_COMPUTE_S, exchanges: int = 24, tim
     of CPU time and then exchanging a small message with its partner (a round trip); half the mean round trip with
     four processes at it (the cores shared twice over) less half of it with one pair (a core each). The fluid
     sharing of the simulator has a woken rank compute at once at its share; a scheduler hands cores over in time
-    slices (on this project's 2-core CPU a round trip took 0.26 ms with a core each and 8.7 ms with four processes
-    computing 5 ms between exchanges). 0 on a machine of one core (no pair has a core each there)."""
+    slices. The wait depends on how long the ranks compute between messages (on this project's 2-core CPU, half the
+    added round trip was 2.0-2.1 ms with 10 ms between exchanges, 4.2 ms with 5 ms); compute_s is a pass of the
+    smoke model's order. 0 on a machine of one core (no pair has a core each there). The two cores taken are the
+    first two of the process's affinity, which may be hyperthreads of one physical core; a CPU quota (cgroup
+    cpu.max) below two cores makes the pair already crowded and the wait too small."""
     if cores < 2:
         return 0.0
     alone, crowded = (in_world(world, _wake_rank, (2, compute_s, exchanges), timeout_s, "wake-up")
@@ -298,26 +303,33 @@ def _wake_rank(rank: int, world: int, init: str, cores: int, compute_s: float, e
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
     try:
-        peer, message, work, rtts = rank ^ 1, torch.ones(16), torch.randn(128, 128), []
-        for _ in range(exchanges + 4):  # the first 4: warm-up
-            end = time.thread_time() + compute_s
-            while time.thread_time() < end:
-                work @ work
-            t0 = time.perf_counter()
-            if rank % 2 == 0:
-                dist.send(message, peer)
-                dist.recv(message, peer)
-            else:
-                dist.recv(message, peer)
-                dist.send(message, peer)
-            rtts.append(time.perf_counter() - t0)
-        mean = torch.tensor([statistics.fmean(rtts[4:])], dtype=torch.float64)
-        dist.all_reduce(mean)
-        if rank == 0:
-            queue.put(float(mean) / world)
-    finally:
-        dist.barrier()
-        dist.destroy_process_group()
+        _wake_pairs(rank, world, compute_s, exchanges, queue)
+    except BaseException:  # its partner waits in a receive: end now, with the cause, so in_world stops them all
+        traceback.print_exc()
+        sys.stderr.flush()
+        os._exit(1)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def _wake_pairs(rank: int, world: int, compute_s: float, exchanges: int, queue) -> None:
+    peer, message, work, rtts = rank ^ 1, torch.ones(16), torch.randn(128, 128), []
+    for _ in range(exchanges + 4):  # the first 4: warm-up
+        end = time.thread_time() + compute_s
+        while time.thread_time() < end:
+            work @ work
+        t0 = time.perf_counter()
+        if rank % 2 == 0:
+            dist.send(message, peer)
+            dist.recv(message, peer)
+        else:
+            dist.recv(message, peer)
+            dist.send(message, peer)
+        rtts.append(time.perf_counter() - t0)
+    mean = torch.tensor([statistics.fmean(rtts[4:])], dtype=torch.float64)
+    dist.all_reduce(mean)
+    if rank == 0:
+        queue.put(float(mean) / world)
 
 
 def in_world(world: int, target, args: tuple, timeout_s: float = 600.0, what: str = "collective") -> list:

@@ -82,39 +82,57 @@ def processor_sharing(s, costs, simulate_with, tolerance: float = TOLERANCE, max
 
 def stretched(timeline, alone, cpu, share: Sharing) -> list[list[float]]:
     """Per rank, per step: how long each compute action takes from its start in `timeline` when the other ranks
-    compute as they do there (processor sharing); the part of it that does not compete for cores is added as is."""
+    compute as they do there (processor sharing); the part of it that does not compete for cores is added as is.
+    With share.wake_s, an action that follows a wait of its rank and starts in a crowded moment first waits
+    wake_s for a core, in which it takes no share of the cores from the others."""
+    times, busy, spans = _computing(timeline)
+    woken = set()
+    if share.wake_s:
+        for r, tl in enumerate(timeline):
+            last_end = 0.0  # the end of the rank's last compute action (the iteration starts at 0)
+            for i, (a, t0, t1) in enumerate(tl):
+                if a.kind in COMPUTE and t1 > t0:
+                    if cpu[r][i] > 0 and t0 > last_end * (1 + 1e-12) and _crowded(t0, times, busy, share):
+                        woken.add((r, i))  # it waited for a peer; now it waits for a core
+                    last_end = t1
+        if woken:
+            times, busy, spans = _computing(timeline, {k: share.wake_s for k in woken})
+    out = []
+    for r, tl in enumerate(timeline):
+        starts, ends = spans[r]
+        row = []
+        for i, (_, t0, _) in enumerate(tl):
+            if cpu[r][i] > 0:
+                wait = share.wake_s if (r, i) in woken else 0.0
+                row.append(wait + _finish(t0 + wait, cpu[r][i], times, busy, starts, ends, share) - t0 - wait
+                           + alone[r][i] - cpu[r][i])
+            else:
+                row.append(alone[r][i])
+        out.append(row)
+    return out
+
+
+def _computing(timeline, waits: dict | None = None) -> tuple[list, list, list]:
+    """(times, busy, spans): busy[j] the ranks computing in [times[j], times[j + 1]); per rank the starts and ends of
+    its compute actions (disjoint, in order), each begun after its wait for a core where `waits` has one."""
     deltas: dict = {}
-    spans = []  # per rank: starts and ends of its compute actions (disjoint, in order)
-    for tl in timeline:
+    spans = []
+    for r, tl in enumerate(timeline):
         starts, ends = [], []
-        for a, t0, t1 in tl:
+        for i, (a, t0, t1) in enumerate(tl):
             if a.kind in COMPUTE and t1 > t0:
+                t0 = min(t1, t0 + (waits or {}).get((r, i), 0.0))
                 starts.append(t0)
                 ends.append(t1)
                 deltas[t0] = deltas.get(t0, 0) + 1
                 deltas[t1] = deltas.get(t1, 0) - 1
         spans.append((starts, ends))
     times = sorted(deltas)
-    busy, n = [], 0  # busy[j]: ranks computing in [times[j], times[j + 1])
+    busy, n = [], 0
     for t in times:
         n += deltas[t]
         busy.append(n)
-    out = []
-    for r, tl in enumerate(timeline):
-        starts, ends = spans[r]
-        row, last_end = [], 0.0  # the end of the rank's last compute action (the iteration starts at 0)
-        for i, (a, t0, t1) in enumerate(tl):
-            if cpu[r][i] > 0:
-                d = _finish(t0, cpu[r][i], times, busy, starts, ends, share) - t0 + alone[r][i] - cpu[r][i]
-                if share.wake_s and t0 > last_end * (1 + 1e-12) and _crowded(t0, times, busy, share):
-                    d += share.wake_s  # it waited for a peer; now it waits for a core
-                row.append(d)
-            else:
-                row.append(alone[r][i])
-            if a.kind in COMPUTE and t1 > t0:
-                last_end = t1
-        out.append(row)
-    return out
+    return times, busy, spans
 
 
 def _crowded(t: float, times: list, busy: list, share: Sharing) -> bool:
