@@ -389,20 +389,3 @@ def test_where_the_error_comes_from_splits_passes_into_compute_and_waiting():
                                  f"{row[('Passes', 'own work vs CPU time (%)')]} % against the CPU time")
     assert "did not compute 20.0 % of their passes' wall time (median)" in table.note
     assert (row[("After the flush (s)", "measured")], row[("After the flush (s)", "predicted")]) == ("0.034", "0.025")
-
-
-def test_the_error_line_says_how_far_a_measured_profiles_rounds_disagreed():
-    """A sim record whose profile was timed in rounds (machine.rounds, harness.measure.spread): the opening line
-    gives that drift beside the errors; a built-in profile says nothing of it."""
-    from harness.report import predicted
-    from vp.cost import PROFILES
-
-    sim = next(s for s in fixture_records("sim") if s["status"] == "ok")
-    [real] = [r for r in fixture_records("real") if r["config"] == sim["config"]]
-    sim["env"]["hardware"] = PROFILES["a100_80g"].to_dict()
-    assert "rounds" not in predicted.errors_line(predicted.pairs(records_frame([real, sim])))
-    sim["env"]["hardware"]["machine"] = {"rounds": {"layers": 0.498, "output": 0.155}}
-    line = predicted.errors_line(predicted.pairs(records_frame([real, sim])))
-    assert line.startswith("Over 1 runs predicted with a100_80g: iteration time median |error| ")
-    assert ("The calibration of a100_80g timed the same passes in rounds spread over it, which differed by "
-            "50 % (layers) and 16 % (output) (largest round over smallest") in line
