@@ -276,10 +276,11 @@ def mean_rows(rounds: list[list[list]]) -> list[list]:
     for same in zip(*rounds):
         row = []
         for col in zip(*same):
-            if any(v != col[0] for v in col) and any(isinstance(v, (int, str)) for v in col):
+            differ = any(v != col[0] for v in col)
+            if differ and any(isinstance(v, (int, str)) for v in col):
                 raise ValueError(f"rounds disagree on a row's key {list(col)}: each round times the same shapes, "
                                  f"in the same order")
-            row.append(col[0] if all(v == col[0] for v in col) else statistics.fmean(col))
+            row.append(statistics.fmean(col) if differ else col[0])
         out.append(row)
     return out
 

@@ -302,17 +302,27 @@ def _wake_rank(rank: int, world: int, init: str, cores: int, compute_s: float, e
     os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:cores])
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
-    try:
-        _wake_pairs(rank, world, compute_s, exchanges, queue)
-    except BaseException:  # its partner waits in a receive: end now, with the cause, so in_world stops them all
-        traceback.print_exc()
-        sys.stderr.flush()
-        os._exit(1)
+    mean = or_exit(_wake_pairs, rank, compute_s, exchanges)
+    dist.all_reduce(mean)
+    if rank == 0:
+        queue.put(float(mean) / world)
     dist.barrier()
     dist.destroy_process_group()
 
 
-def _wake_pairs(rank: int, world: int, compute_s: float, exchanges: int, queue) -> None:
+def or_exit(body, *args):
+    """body(*args) in a benchmark rank of in_world; if it fails, the rank prints the cause and ends at once, since
+    its peers wait for it in a collective or a receive (in_world then stops them all)."""
+    try:
+        return body(*args)
+    except BaseException:
+        traceback.print_exc()
+        sys.stderr.flush()
+        os._exit(1)
+
+
+def _wake_pairs(rank: int, compute_s: float, exchanges: int) -> torch.Tensor:
+    """The mean round trip of this rank's exchanges with its partner (rank ^ 1), each after compute_s of work."""
     peer, message, work, rtts = rank ^ 1, torch.ones(16), torch.randn(128, 128), []
     for _ in range(exchanges + 4):  # the first 4: warm-up
         end = time.thread_time() + compute_s
@@ -326,10 +336,7 @@ def _wake_pairs(rank: int, world: int, compute_s: float, exchanges: int, queue) 
             dist.recv(message, peer)
             dist.send(message, peer)
         rtts.append(time.perf_counter() - t0)
-    mean = torch.tensor([statistics.fmean(rtts[4:])], dtype=torch.float64)
-    dist.all_reduce(mean)
-    if rank == 0:
-        queue.put(float(mean) / world)
+    return torch.tensor([statistics.fmean(rtts[4:])], dtype=torch.float64)
 
 
 def in_world(world: int, target, args: tuple, timeout_s: float = 600.0, what: str = "collective") -> list:

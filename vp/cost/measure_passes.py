@@ -4,16 +4,13 @@ transformer layers with microbatches in flight, and the output layer's forward a
 Timed with vp.cost.measure.Timer (a rank's thread's CPU time on CPU, CUDA events on a GPU); a tensor-parallel
 stage's layers in a world of its group's processes (tp_layers), on the wall clock and each rank's CPU time."""
 import contextlib
-import os
 import statistics
-import sys
 import time
-import traceback
 
 import torch
 import torch.distributed as dist
 
-from vp.cost.measure import Timer, in_world
+from vp.cost.measure import Timer, in_world, or_exit
 from vp.cost.tables import LAYER_PASSES
 
 IN_FLIGHT = 4  # microbatches whose layer activations a layers row holds, as a pipeline stage holds several
@@ -180,12 +177,7 @@ def tp_layers(shapes, threads: int = 1, cycles: int = TP_CYCLES, timeout_s: floa
 def _tp_layer_rank(rank: int, world: int, init: str, threads: int, shapes, cycles: int, queue) -> None:
     torch.set_num_threads(threads)
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
-    try:
-        rows = [list(shape) + _tp_layer(rank, world, *shape, cycles) for shape in shapes]
-    except BaseException:  # its peers wait in a collective: end now, with the cause, so in_world stops them
-        traceback.print_exc()
-        sys.stderr.flush()
-        os._exit(1)
+    rows = or_exit(lambda: [list(shape) + _tp_layer(rank, world, *shape, cycles) for shape in shapes])
     if rank == 0:
         queue.put(rows)
     dist.barrier()

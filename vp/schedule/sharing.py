@@ -104,8 +104,8 @@ def stretched(timeline, alone, cpu, share: Sharing) -> list[list[float]]:
         for i, (_, t0, _) in enumerate(tl):
             if cpu[r][i] > 0:
                 wait = share.wake_s if (r, i) in woken else 0.0
-                row.append(wait + _finish(t0 + wait, cpu[r][i], times, busy, starts, ends, share) - t0 - wait
-                           + alone[r][i] - cpu[r][i])
+                row.append(_finish(t0 + wait, cpu[r][i], times, busy, starts, ends, share) - t0 + alone[r][i]
+                           - cpu[r][i])
             else:
                 row.append(alone[r][i])
         out.append(row)
@@ -116,12 +116,12 @@ def _computing(timeline, waits: dict | None = None) -> tuple[list, list, list]:
     """(times, busy, spans): busy[j] the ranks computing in [times[j], times[j + 1]); per rank the starts and ends of
     its compute actions (disjoint, in order), each begun after its wait for a core where `waits` has one."""
     deltas: dict = {}
-    spans = []
+    spans, waits = [], waits or {}
     for r, tl in enumerate(timeline):
         starts, ends = [], []
         for i, (a, t0, t1) in enumerate(tl):
             if a.kind in COMPUTE and t1 > t0:
-                t0 = min(t1, t0 + (waits or {}).get((r, i), 0.0))
+                t0 = min(t1, t0 + waits.get((r, i), 0.0))
                 starts.append(t0)
                 ends.append(t1)
                 deltas[t0] = deltas.get(t0, 0) + 1
