@@ -26,7 +26,7 @@ from vp.cost.memory import rank_params
 from vp.cost import measure as M
 from vp.cost import measure_passes as P
 from vp.cost.gemm import Gemm, alignment, quantization
-from vp.cost.tables import Tables, as_text, layer_key, optimizer_key, rows, tp_layer_key
+from vp.cost.tables import Tables, as_text, layer_key, optimizer_key, rows, tp_layer_key, tp_vocab_key
 from vp.flops import DEVICE_NAMES
 from vp.metrics import device_peak
 from vp.schedule import build
@@ -49,7 +49,8 @@ COLLECTIVES = "groups side by side in worlds of 2-8 processes; mean of 10"
 # without it) is measured again
 WAKE = "pairs computing 10 ms between exchanges, 4 processes against 2 on 2 cores"
 # which passes are timed as the runtime runs them (vp.cost.measure_passes): a profile without them is measured again
-PASSES = "layers and output layer in 3 rounds across the calibration; tensor-parallel layers in their group's world"
+PASSES = ("layers and output layer in 3 rounds across the calibration; tensor-parallel layers and vocabulary layers "
+          "in their group's world")
 
 
 def machine(device: torch.device, dtype: str, threads: int) -> dict:
@@ -99,15 +100,16 @@ def job_shapes(experiments: list[str], act_bytes: int) -> dict[str, set]:
     of the elementwise steps' tensors), "vocab" (elements of the vocabulary matrices the devices hold), "gelu"
     (elements of each GeLU call), "ranks" (each rank's parameters and large tensors: vp.cost.optimizer_key) and
     "layers" (the transformer layer of each job without tensor parallelism: vp.cost.tables.layer_key), "output"
-    (its output layer's shard: tokens, rows, hidden, algorithm; vp.cost.passes.pass_factors) and "tp_layers" (the
-    tensor-parallel layer of each job with it: vp.cost.tables.tp_layer_key)."""
+    (its output layer's shard: tokens, rows, hidden, algorithm; vp.cost.passes.pass_factors), "tp_layers" (the
+    tensor-parallel layer of each job with it: vp.cost.tables.tp_layer_key) and "tp_vocab" (the vocabulary layers
+    of its stages, where they hold them: vp.cost.tables.tp_vocab_key)."""
     from hydra import initialize_config_dir
 
     from harness.sweep import plan
 
     skeleton = Hardware("shapes", 1.0, act_bytes=act_bytes)
     out = {key: set() for key in ("gemm", "gemm_accumulate", "attention", "tensors", "vocab", "gelu", "ranks",
-                                  "layers", "output", "tp_layers")}
+                                  "layers", "output", "tp_layers", "tp_vocab")}
     conf = str(Path(__file__).resolve().parents[1] / "conf")
     with initialize_config_dir(conf, version_base="1.3"):
         for name in experiments:
@@ -131,13 +133,14 @@ def job_shapes(experiments: list[str], act_bytes: int) -> dict[str, set]:
 
 
 def pass_shapes(run) -> dict:
-    """The passes of a run that the layers, output and tp_layers tables time as the runtime runs them: without
-    tensor parallelism {"layers": layer_key, "output": (tokens, rows, hidden, algorithm)}, with it {"tp_layers":
-    tp_layer_key} (its layers in a world of its group, with their collectives): the keys
+    """The passes of a run that the layers, output, tp_layers and tp_vocab tables time as the runtime runs them:
+    without tensor parallelism {"layers": layer_key, "output": (tokens, rows, hidden, algorithm)}, with it
+    {"tp_layers": tp_layer_key} (its layers in a world of its group, with their collectives) and, where its stages
+    hold the vocabulary layers (no vocabulary parallelism), {"tp_vocab": tp_vocab_key}: the keys
     vp.cost.passes.pass_factors reads."""
-    if run.tp != 1:
-        return {"tp_layers": tp_layer_key(run)}
     method, n = get_method(run.method), run.micro_batch_size * run.seq_len
+    if run.tp != 1:
+        return {"tp_layers": tp_layer_key(run), **({} if method.vocab.parallel else {"tp_vocab": tp_vocab_key(run)})}
     out = {"layers": layer_key(run)}
     if method.vocab.parallel and method.vocab.name in P.OUTPUT_ALGORITHMS:
         out["output"] = (n, run.padded_vocab_size // run.pp, run.hidden, method.vocab.name)
@@ -231,17 +234,19 @@ def measure_profile(name: str, device_type: str, dtype: str, experiments: list[s
                 f"cores, {time.perf_counter() - start:.0f} s")
         except RuntimeError as err:  # optional: without it the simulator shares the cores at once
             log(f"  a woken rank's wait for a core not measured ({err}); wake_s 0")
-    # a tensor-parallel stage's layers in a world of its group (gloo; a GPU group would need a device per rank)
-    tp_shapes = sorted(k for k in jobs["tp_layers"] if groups and k[1] <= max(groups))
-    tp_layer_rows = []
+    # a tensor-parallel stage's layers and vocabulary layers in a world of its group (gloo; a GPU group would need
+    # a device per rank)
+    tp_shapes, tp_vocab_shapes = (sorted(k for k in jobs[table] if groups and k[1] <= max(groups))
+                                  for table in ("tp_layers", "tp_vocab"))
+    tp_layer_rows, tp_vocab_rows = [], []
     if device_type == "cpu" and dtype == "fp32" and tp_shapes:
         try:
-            tp_layer_rows = P.tp_layers(tp_shapes)
+            tp_layer_rows, tp_vocab_rows = P.tp_passes(tp_shapes, tp_vocab_shapes)
         except RuntimeError as err:  # optional: without it the collectives tables price tp layers' traffic
             log(f"  tensor-parallel layers not measured ({err}); the collectives tables price their traffic")
     if tp_layer_rows:
-        log(f"  {len(tp_layer_rows)} tensor-parallel layer shapes in worlds of their groups, "
-            f"{time.perf_counter() - start:.0f} s")
+        log(f"  {len(tp_layer_rows)} tensor-parallel layer and {len(tp_vocab_rows)} vocabulary-layer shapes in "
+            f"worlds of their groups, {time.perf_counter() - start:.0f} s")
     rounds.append(pass_round(jobs, device, torch_dtype, timer))  # the third, at the end
     passes = {table: mean_rows([r[table] for r in rounds]) for table in rounds[0]}
     here["rounds"] = {table: round(spread([r[table] for r in rounds]), 3) for table in rounds[0] if passes[table]}
@@ -251,7 +256,8 @@ def measure_profile(name: str, device_type: str, dtype: str, experiments: list[s
         f", {time.perf_counter() - start:.0f} s")
     measured = {"gemm": gemm_rows, "gemm_accumulate": accumulate_rows, "attention": attention_rows,
                 "elementwise": element_rows, "activation": activation_rows, "optimizer": step,
-                "optimizer_sets": step_sets, "collectives": collective_rows, "tp_layers": tp_layer_rows, **passes}
+                "optimizer_sets": step_sets, "collectives": collective_rows, "tp_layers": tp_layer_rows,
+                "tp_vocab": tp_vocab_rows, **passes}
     hw = fitted(name, device, dtype, peak, measured, here)
     return replace(hw, measured={k: as_text(v) for k, v in measured.items()}, wake_s=wake_s,
                    fitted_to=f"microbenchmarks ({how} peak), {time.perf_counter() - start:.0f} s")

@@ -100,7 +100,7 @@ def test_layers_and_output_layer_timed_as_the_runtime_runs_them_scale_every_runs
 
 
 def test_a_tensor_parallel_layer_timed_in_its_groups_world_prices_its_work_and_its_collectives():
-    """vp.cost.measure_passes.tp_layers on tiny shapes in a world of 2 (1-D, and a [1, 1, 2] grid whose layers
+    """vp.cost.measure_passes.tp_passes on tiny shapes in a world of 2 (1-D, and a [1, 1, 2] grid whose layers
     send nothing inside their passes); pass_factors: the CPU time over the composed work, and what the wall clock
     adds beyond the work (stretched where the group's processes share cores) over the modelled collectives; so a
     run at the measured shape pays per layer its measured CPU time as work and the rest as collectives."""
@@ -110,8 +110,10 @@ def test_a_tensor_parallel_layer_timed_in_its_groups_world_prices_its_work_and_i
     from vp.cost.tensor import pass_comm_s
 
     shapes = [("1d", 2, 1, 1, 8, 16, 2, 64), ("2.5d", 2, 2, 2, 8, 16, 2, 64)]
-    got = P.tp_layers(shapes, cycles=2)
+    vocab = [("1d", 2, 1, 1, 8, 16, 64), ("2.5d", 2, 2, 2, 8, 16, 64)]
+    got, got_vocab = P.tp_passes(shapes, vocab, cycles=2)
     assert [tuple(r[:8]) for r in got] == shapes and all(len(r) == 16 and min(r[8:]) > 0 for r in got)
+    assert [tuple(r[:7]) for r in got_vocab] == vocab and all(len(r) == 15 and min(r[7:]) > 0 for r in got_vocab)
     cfg = RunConfig(method="baseline", pp=1, tp=2, tp_mode="1d", layers=4, hidden=16, heads=2, seq_len=8,
                     micro_batch_size=1, vocab_size=64, microbatches=2, device="cpu", dtype="fp32")
     assert tp_layer_key(cfg) == shapes[0]
@@ -176,4 +178,48 @@ def test_a_tensor_parallel_layer_that_fails_ends_its_benchmark_with_an_error():
     """A shape the layers refuse (3 heads over 2 devices) stops every rank at once (os._exit after the
     traceback, its peers killed), and calibrate's caller gets the error instead of waiting for a timeout."""
     with pytest.raises(RuntimeError, match="tensor-parallel layer benchmark process failed"):
-        P.tp_layers([("1d", 2, 1, 1, 8, 16, 3, 64)], cycles=1, timeout_s=120)
+        P.tp_passes([("1d", 2, 1, 1, 8, 16, 3, 64)], cycles=1, timeout_s=120)
+
+
+@pytest.mark.parametrize("mode", ["1d", "2d"])
+def test_a_tensor_parallel_stages_vocabulary_layers_timed_in_its_world_are_what_a_run_pays_for_them(mode):
+    """tp_vocab rows (made-up numbers) beside a tp_layers row: a one-stage run at the measured shapes on one core
+    pays, per microbatch, its layers' measured wall clock and its vocabulary layers' (IF and S in F, IB and T in
+    B): their CPU time as work, what the wall clock added as the collectives of the rest of the stage, whatever
+    the network model says of those; its simulated passes take exactly the measured wall clocks. A run with
+    vocabulary parallelism keeps its S and T passes' own factors: its vocabulary layers run elsewhere."""
+    from vp.cost import pass_costs
+    from vp.cost.passes import pass_factors, pass_times
+    from vp.cost.tables import VOCAB_PARTS, tp_layer_key, tp_vocab_key
+    from vp.schedule import simulate
+
+    cfg = RunConfig(method="baseline", pp=1, tp=2 if mode == "1d" else 4, tp_mode=mode, layers=4, hidden=16,
+                    heads=2, seq_len=8, micro_batch_size=2, vocab_size=64, microbatches=2, device="cpu",
+                    dtype="fp32")
+    wall, cpu = [0.020, 0.024, 0.006, 0.030], [0.002, 0.003, 0.001, 0.004]  # per layer: F, B, W, BW
+    vwall, vcpu = [0.008, 0.004, 0.015, 0.010], [0.001, 0.0005, 0.002, 0.0015]  # IF, IB, S, T
+    hw = replace(with_tables(CPU, tp_layers=as_text([list(tp_layer_key(cfg)) + wall + cpu]),
+                             tp_vocab=as_text([list(tp_vocab_key(cfg)) + vwall + vcpu])), cores=1, wake_s=0.0)
+    assert hw.tables.tp_vocab[tp_vocab_key(cfg)] == {"wall": dict(zip(VOCAB_PARTS, vwall)),
+                                                     "cpu": dict(zip(VOCAB_PARTS, vcpu))}
+    factors = pass_factors(hw)
+    assert {k[-1] for k in factors if k[0] == "tpvocab"} == {"F", "B"}
+    sched = build("baseline", 1, 2, 1)
+    slower = cfg.tp  # tp processes on one core
+    v = dict(zip(VOCAB_PARTS, zip(vwall, vcpu)))
+    work, timed = compute_times(cfg, hw, sched), pass_times(cfg, hw, sched)
+    for kind, layer, parts in (("F", 0, ("IF", "S")), ("B", 3, ("IB", "T"))):
+        own = CPU.pass_overhead_s + 4 * cpu[layer] + sum(v[p][1] for p in parts)
+        assert work[(kind, 0)] == pytest.approx(own, rel=1e-9)
+        exposed = 4 * (wall[layer] - slower * cpu[layer]) + sum(v[p][0] - slower * v[p][1] for p in parts)
+        assert timed[(kind, 0)] == pytest.approx(work[(kind, 0)] + exposed, rel=1e-9)
+    result = simulate(sched, pass_costs(cfg, hw, sched))
+    took = {a.kind: t1 - t0 for a, t0, t1 in result.timeline[0]}
+    overhead = slower * CPU.pass_overhead_s
+    assert took["F"] == pytest.approx(4 * wall[0] + vwall[0] + vwall[2] + overhead, rel=1e-9)
+    assert took["B"] == pytest.approx(4 * wall[3] + vwall[1] + vwall[3] + overhead, rel=1e-9)
+    # vocabulary parallelism: S and T are pipeline passes over pp x columns, not the stage's layers timed here
+    vp_cfg = replace(cfg, method="vocab-1")
+    vp_sched = build("vocab-1", 1, 2, 1)
+    plain = replace(hw, measured={"tp_layers": hw.measured["tp_layers"]})
+    assert compute_times(vp_cfg, hw, vp_sched)[("S", None)] == compute_times(vp_cfg, plain, vp_sched)[("S", None)]

@@ -275,6 +275,7 @@ def test_calibrate_measure_writes_a_profile_that_sim_reads_and_reuses_it(quick, 
     assert hw.machine["wake"] == HM.WAKE  # a CPU profile says how the wait for a core was timed
     # the jobs' tensor-parallel layers in worlds of their groups, those of the group sizes measured (2 here)
     assert set(hw.tables.tp_layers) == {k for k in jobs["tp_layers"] if k[1] == 2} == {("1d", 2, 1, 4, 32, 64, 4, 256)}
+    assert set(hw.tables.tp_vocab) == {k for k in jobs["tp_vocab"] if k[1] == 2} == {("1d", 2, 1, 4, 32, 64, 2000)}
     cfg = RunConfig(method="baseline", pp=1, tp=2, tp_mode="1d", layers=4, hidden=64, heads=4, seq_len=32,
                     micro_batch_size=4, vocab_size=2000, microbatches=2, device="cpu", dtype="fp32")
     sched = build("baseline", 1, 2, 1)

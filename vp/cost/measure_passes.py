@@ -2,7 +2,8 @@
 harness.calibrate --measure; vp.cost.passes.pass_factors turns them into factors on the composed model): a stage's
 transformer layers with microbatches in flight, and the output layer's forward and backward parts per algorithm.
 Timed with vp.cost.measure.Timer (a rank's thread's CPU time on CPU, CUDA events on a GPU); a tensor-parallel
-stage's layers in a world of its group's processes (tp_layers), on the wall clock and each rank's CPU time."""
+stage's layers and vocabulary layers in a world of its group's processes (tp_passes: the tp_layers and tp_vocab
+tables), on the wall clock and each rank's CPU time."""
 import contextlib
 import statistics
 import time
@@ -11,7 +12,7 @@ import torch
 import torch.distributed as dist
 
 from vp.cost.measure import Timer, in_world, or_exit
-from vp.cost.tables import LAYER_PASSES
+from vp.cost.tables import LAYER_PASSES, VOCAB_PARTS
 
 IN_FLIGHT = 4  # microbatches whose layer activations a layers row holds, as a pipeline stage holds several
 LAYERS = 2  # transformer layers per timed pass of a layers row (the row is per layer)
@@ -159,63 +160,127 @@ def output_passes(shapes, device: torch.device, dtype: torch.dtype, timer: Timer
 TP_CYCLES = 8  # timed passes of each kind per tensor-parallel layer shape
 
 
-def tp_layers(shapes, threads: int = 1, cycles: int = TP_CYCLES, timeout_s: float = 600.0) -> list[list]:
-    """[mode, tp, depth, micro_batch, seq, hidden, heads, ffn, then F, B, W, BW on the wall clock, then F, B, W, BW
-    in CPU time] per shape: seconds per transformer layer of each pass of a tensor-parallel stage as the runtime
-    runs it (vp.tp.block's layers over vp.comm's channels, gloo, in fp32 on CPU processes), in a world of tp
-    processes at work together: the wall clock from a common start to the slowest rank's end (the mean over
-    `cycles`: a run pays every wait for a peer or a core), and the CPU time of a rank's thread in the pass (the
-    median over cycles of the ranks' mean), so that the cost model can tell the pass's own work from what its
-    collectives and its peers add (vp.cost.passes.pass_factors). CPU only: a GPU group needs a device per rank."""
-    out = []
-    for world in sorted({int(shape[1]) for shape in shapes}):
-        mine = [tuple(shape) for shape in shapes if int(shape[1]) == world]
-        out += in_world(world, _tp_layer_rank, (threads, mine, cycles), timeout_s, "tensor-parallel layer")
-    return out
+def tp_passes(layer_shapes, vocab_shapes=(), threads: int = 1, cycles: int = TP_CYCLES,
+              timeout_s: float = 600.0) -> tuple[list[list], list[list]]:
+    """A tensor-parallel stage's passes as the runtime runs them (vp.tp's modules over vp.comm's channels, gloo,
+    in fp32 on CPU processes), in a world of tp processes at work together, one world per tp for both tables:
+
+    tp_layers  [mode, tp, depth, micro_batch, seq, hidden, heads, ffn, then F, B, W, BW on the wall clock, then
+               F, B, W, BW in CPU time] per layer shape: seconds per transformer layer of each pass;
+    tp_vocab   [mode, tp, depth, micro_batch, seq, hidden, padded vocabulary, then IF, IB, S, T on the wall clock,
+               then in CPU time] per vocabulary shape: the vocabulary layers a stage holds without vocabulary
+               parallelism, as the cost model names their parts: IF the input embedding's forward (with the
+               position embedding), IB its backward, S the final LayerNorm and the output layer's forward with the
+               cross-entropy, T their backward (the weight gradient included).
+
+    The wall clock runs from a common start to the slowest rank's end (the mean over `cycles`: a run pays every
+    wait for a peer or a core), the CPU time is a rank's thread's in the pass (the median over cycles of the
+    ranks' mean), so that the cost model can tell a pass's own work from what its collectives and its peers add
+    (vp.cost.passes.pass_factors). CPU only: a GPU group needs a device per rank."""
+    layer_rows, vocab_rows = [], []
+    for world in sorted({int(shape[1]) for shape in [*layer_shapes, *vocab_shapes]}):
+        mine = ([tuple(shape) for shape in layer_shapes if int(shape[1]) == world],
+                [tuple(shape) for shape in vocab_shapes if int(shape[1]) == world])
+        layers_here, vocab_here = in_world(world, _tp_rank, (threads, *mine, cycles), timeout_s,
+                                           "tensor-parallel layer")
+        layer_rows += layers_here
+        vocab_rows += vocab_here
+    return layer_rows, vocab_rows
 
 
-def _tp_layer_rank(rank: int, world: int, init: str, threads: int, shapes, cycles: int, queue) -> None:
+def _tp_rank(rank: int, world: int, init: str, threads: int, layer_shapes, vocab_shapes, cycles: int,
+             queue) -> None:
     torch.set_num_threads(threads)
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=world)
-    rows = or_exit(lambda: [list(shape) + _tp_layer(rank, world, *shape, cycles) for shape in shapes])
+    rows = or_exit(lambda: ([list(shape) + _tp_layer(rank, world, *shape, cycles) for shape in layer_shapes],
+                            [list(shape) + _tp_vocab(rank, world, *shape, cycles) for shape in vocab_shapes]))
     if rank == 0:
         queue.put(rows)
     dist.barrier()
     dist.destroy_process_group()
 
 
-def _tp_layer(rank: int, world: int, mode: str, tp: int, depth: int, b: int, s: int, h: int, heads: int, ffn: int,
-              cycles: int) -> list[float]:
+def _tp_context(rank: int, mode: str, tp: int, depth: int):
+    """(this rank's TensorParallel, its Comm) in a group of the whole world."""
     from vp.channels import tp_slices
     from vp.comm import Comm, make_groups
     from vp.mesh import Mesh
-    from vp.model import Block
-    from vp.runtime.memory import ActivationMeter
-    from vp.tp.block import shard_block
     from vp.tp.context import TensorParallel
 
     mesh = Mesh(tp=int(tp), tp_mode=mode, tp_depth=int(depth))
     comm = Comm(make_groups(tp_slices(mesh), rank), torch.device("cpu"))
-    ctx = TensorParallel.of(mesh, rank, comm)
-    blocks = [shard_block(Block(h, heads, ffn, LAYERS, 0, i), ctx) for i in range(LAYERS)]
-    meter = ActivationMeter([p for blk in blocks for p in blk.parameters()])
-    x_shape = (max(1, b // ctx.batch_blocks), s, h // ctx.q if mesh.grid else h)  # vp.tp.stage's layout
-    samples = {k: [] for k in LAYER_PASSES}
+    return TensorParallel.of(mesh, rank, comm), comm
+
+
+def _timer(kinds):
+    """(samples {kind: [(wall, cpu)]}, timed(kind, fn) -> fn's result): each pass from a common start (a barrier),
+    so that its wall time is its slowest rank's; kind None runs fn untimed."""
+    samples = {k: [] for k in kinds}
 
     def timed(kind: str | None, fn):
-        dist.barrier()  # a common start: the pass's wall time is its slowest rank's
+        dist.barrier()
         t0, c0 = time.perf_counter(), time.thread_time()
-        fn()
+        out = fn()
         if kind:
             samples[kind].append((time.perf_counter() - t0, time.thread_time() - c0))
+        return out
 
+    return samples, timed
+
+
+def _reduced(samples: dict, world: int, cycles: int, per: int) -> list[float]:
+    """[wall per kind, then CPU per kind] over the last `cycles` samples, each over `per` (layers): the wall the
+    slowest rank's mean, the CPU time the median over cycles of the ranks' mean (collectives over the world)."""
+    walls = torch.tensor([[w for w, _ in v[-cycles:]] for v in samples.values()], dtype=torch.float64)
+    cpus = torch.tensor([[c for _, c in v[-cycles:]] for v in samples.values()], dtype=torch.float64)
+    dist.all_reduce(walls, op=dist.ReduceOp.MAX)
+    dist.all_reduce(cpus)
+    return [float(v) / per for v in walls.mean(dim=1)] + [float(v) / per / world for v in cpus.median(dim=1).values]
+
+
+def _tp_layer(rank: int, world: int, mode: str, tp: int, depth: int, b: int, s: int, h: int, heads: int, ffn: int,
+              cycles: int) -> list[float]:
+    from vp.model import Block
+    from vp.runtime.memory import ActivationMeter
+    from vp.tp.block import shard_block
+
+    ctx, comm = _tp_context(rank, mode, tp, depth)
+    blocks = [shard_block(Block(h, heads, ffn, LAYERS, 0, i), ctx) for i in range(LAYERS)]
+    meter = ActivationMeter([p for blk in blocks for p in blk.parameters()])
+    x_shape = (max(1, b // ctx.batch_blocks), s, h // ctx.q if ctx.mode.grid else h)  # vp.tp.stage's layout
+    samples, timed = _timer(LAYER_PASSES)
     stage_passes(blocks, meter, lambda: torch.randn(x_shape).requires_grad_(), timed,
                  cycles + IN_FLIGHT + 1)  # one cycle more: the first backward warms up (its samples are dropped)
     comm.close()
-    walls = torch.tensor([[w for w, _ in samples[k][-cycles:]] for k in LAYER_PASSES], dtype=torch.float64)
-    cpus = torch.tensor([[c for _, c in samples[k][-cycles:]] for k in LAYER_PASSES], dtype=torch.float64)
-    dist.all_reduce(walls, op=dist.ReduceOp.MAX)
-    dist.all_reduce(cpus)
-    wall = [float(v) / LAYERS for v in walls.mean(dim=1)]
-    cpu = [float(v) / LAYERS / world for v in cpus.median(dim=1).values]
-    return wall + cpu
+    return _reduced(samples, world, cycles, LAYERS)
+
+
+def _tp_vocab(rank: int, world: int, mode: str, tp: int, depth: int, b: int, s: int, h: int, vocab: int,
+              cycles: int) -> list[float]:
+    """A stage's vocabulary layers on this rank's shard as vp.tp.stage runs them (TensorParallelStage: the
+    embedding and position of the first stage, the final LayerNorm and VocabOutput of the last)."""
+    from vp.tp.layout import token_rows
+    from vp.tp.norm import GridLayerNorm
+    from vp.tp.stage import Position
+    from vp.tp.vocab import VocabEmbedding, VocabOutput
+    from vp.vocab.output import Shard
+
+    ctx, comm = _tp_context(rank, mode, tp, depth)
+    shard = Shard.of(ctx.c, ctx.columns, vocab, vocab)
+    embed = VocabEmbedding(torch.randn(shard.rows, h) * 0.02, shard, ctx)
+    head = VocabOutput(torch.randn(shard.rows, h) * 0.02, shard, ctx)
+    norm = GridLayerNorm(torch.nn.LayerNorm(h), ctx) if ctx.mode.grid else torch.nn.LayerNorm(h)
+    pos = Position(torch.randn(s, h) * 0.02, ctx)
+    local = lambda t: token_rows(t, ctx.batch_blocks, ctx.token_block)  # noqa: E731 - this device's sequences
+    ids, targets = torch.randint(0, vocab, (b, s)), torch.randint(0, vocab, (b, s))
+    weights = torch.full((b, s), 1.0 / (b * s))
+    x_shape = (max(1, b // ctx.batch_blocks), s, h // ctx.q if ctx.mode.grid else h)  # vp.tp.stage's layout
+    samples, timed = _timer(VOCAB_PARTS)
+    for cycle in range(cycles + 1):  # the first cycle warms up (its samples are dropped)
+        e = timed("IF", lambda: embed(local(ids)) + pos.weight[:s])
+        timed("IB", lambda: e.backward(torch.randn_like(e)))
+        x = torch.randn(x_shape, requires_grad=True)
+        loss = timed("S", lambda: head(norm(x), local(targets), local(weights)))
+        timed("T", loss.backward)
+    comm.close()
+    return _reduced(samples, world, cycles, 1)

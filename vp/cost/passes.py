@@ -34,7 +34,7 @@ from vp.cost.gemm import Gemm, elementwise_time, gemm_time
 from vp.cost.network import Network
 from vp.cost.profiles import Hardware
 from vp.schedule.methods import VOCAB
-from vp.cost.tensor import ONE_DEVICE, Split, layer_comm_s, pass_comm_s
+from vp.cost.tensor import ONE_DEVICE, Split, layer_comm_s, pass_comm_s, vocab_comm_s
 from vp.cost.tables import tp_layer_key
 from vp.tp.modes import get_mode
 from vp.schedule import Schedule
@@ -273,6 +273,8 @@ def _factor(factors: dict, eff_kind: str, key: tuple, sched: Schedule, tp: tuple
     if eff_kind in ("F", "B", "W") and key[1] is not None:  # a stage's layers
         kind = layer_pass(eff_kind, sched.split_w)
         return factors.get(("tp", *tp, kind), factors.get(kind, 1.0)) if tp else factors.get(kind, 1.0)
+    if tp and key[1] is not None and ("tp", *tp, eff_kind) in factors:  # a tp stage's vocabulary layers (tp_vocab)
+        return factors[("tp", *tp, eff_kind)]
     if eff_kind in ("S", "T"):  # pooled over the algorithms (one or two rows each are noise apart)
         return factors.get(eff_kind, 1.0)
     return 1.0
@@ -288,7 +290,12 @@ def pass_factors(hw: Hardware) -> dict:
     "S" and "T" for the output layer's parts over every algorithm's rows (local, naive, alg1, alg2), which
     compute_times uses, and ("S", algorithm), ("T", algorithm) for each alone, which it does not: on the
     development machine two rows of one algorithm gave factors 1.14-1.36 for S, apart by more than the algorithms'
-    difference. Empty for a profile without those tables."""
+    difference. From the tp_layers and tp_vocab tables (a stage's layers and vocabulary layers timed in a world of
+    its group's processes), per (mode, tp, depth): ("tp", ..., kind) the CPU time over the composed work of F, B,
+    W, BW and of the parts IF, IB, S, T, ("tpcomm", ..., kind) what the wall clock added beyond the work (stretched
+    where the group's processes share cores) over the layers' modelled collectives, and ("tpvocab", ..., F or B)
+    the same over the rest of a stage's (vocabulary layers, final LayerNorm: vp.cost.tensor.pass_comm_s). Empty
+    for a profile without those tables."""
     tables = hw.tables
     if tables in _FACTORS:
         return _FACTORS[tables]
@@ -326,6 +333,20 @@ def pass_factors(hw: Hardware) -> dict:
                 seconds = modelled["B" if kind == "BW" else kind]
                 if seconds > 0:
                     ratios.setdefault(("tpcomm", mode, tp, depth, kind), []).append(exposed / seconds)
+    for (mode, tp, depth, b, seq, h, vocab), row in tables.tp_vocab.items():
+        split = Split(get_mode(mode), tp, depth)
+        sh, rows = Shapes(b * seq, seq, b, h, 4 * h, hw.act_bytes, split), split.vocab_rows(vocab)
+        parts = {"IF": sh.input(True, rows), "IB": sh.input(False, rows),
+                 "S": sh.output(rows, OUTPUT_GEMMS[:1], True), "T": sh.output(rows, OUTPUT_GEMMS[1:], False)}
+        for part, work in parts.items():
+            add(("tp", mode, tp, depth, part), row["cpu"][part], {part: work})
+        # the rest of a stage's collectives (vocabulary layers, final LayerNorm) as the layers' above
+        slower = hw.contention(min(tp, hw.gpus_per_node))
+        modelled = vocab_comm_s(Network.of(hw, tp), mode, tp, depth, b, seq, h, vocab, hw.act_bytes)
+        for kind, (first, last) in (("F", ("IF", "S")), ("B", ("IB", "T"))):
+            exposed = max(0.0, sum(row["wall"][p] - slower * row["cpu"][p] for p in (first, last)))
+            if modelled[kind] > 0:
+                ratios.setdefault(("tpvocab", mode, tp, depth, kind), []).append(exposed / modelled[kind])
     for kind in ("S", "T"):  # every algorithm's rows together: for an algorithm the tables lack
         pooled = [r for key, values in ratios.items() if isinstance(key, tuple) and key[0] == kind for r in values]
         if pooled:
@@ -343,10 +364,12 @@ def pass_times(cfg: RunConfig, hw: Hardware, sched: Schedule, compute: dict | No
     if cfg.tp > 1:
         net, sh, factors, tp = Network.of(hw, cfg.world), Shapes.of(cfg, hw), pass_factors(hw), tp_key(cfg)
         measured = {k: factors.get(("tpcomm", *tp, layer_pass(k, sched.split_w))) for k in ("F", "B", "W")}
+        rest = {k: factors.get(("tpvocab", *tp, k)) for k in ("F", "B")}
         for st, layers in enumerate(cfg.stage_layers):
             gemm = layer_gemm_s(hw, sh, sched.split_w, layers)
             for kind, s in pass_comm_s(cfg, net, sched, st, gemm,
-                                       {k: f for k, f in measured.items() if f is not None}).items():
+                                       {k: f for k, f in measured.items() if f is not None},
+                                       {k: f for k, f in rest.items() if f is not None}).items():
                 if s:
                     out[(kind, st)] += s
     return out

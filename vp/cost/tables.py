@@ -20,8 +20,12 @@ by the cost model where they cover a question; None elsewhere, and the analytica
                backward (T) parts as the runtime runs them (local: the whole layer on one rank; naive, alg1, alg2),
                likewise factors (pass_factors);
   tp_layers    per tensor-parallel layer (tp_layer_key): seconds per layer of F, B, W and a whole backward on the
-               wall clock and in a rank's CPU time, its group's processes at work together (measure_passes.tp_layers);
+               wall clock and in a rank's CPU time, its group's processes at work together (measure_passes.tp_passes);
                pass_factors turns them into a factor on the composed work and one on the layers' collectives;
+  tp_vocab     per tensor-parallel stage's vocabulary layers (tp_vocab_key): seconds of IF, IB (the input embedding)
+               and S, T (final LayerNorm, output layer and loss) as a stage without vocabulary parallelism runs
+               them, wall clock and CPU time likewise; pass_factors turns them into factors on the composed parts
+               and one on the rest of a stage's collectives (vp.cost.tensor.pass_comm_s);
   collectives  per (op, group size, world) measured, log-log linear in payload bytes; the smallest's time below
                the smallest payload (latency); beyond the largest, a latency and a bandwidth through the two largest
                (the analytical network, whose point-to-point link answers a whole ring, was 2-8x too fast there).
@@ -54,6 +58,8 @@ class Tables:
     output: dict = field(default_factory=dict)  # (tokens, rows, hidden, algorithm) -> (S seconds, T seconds)
     # tp_layer_key -> {"wall": {F, B, W, BW: seconds}, "cpu": {...}} per layer as a tensor-parallel stage runs it
     tp_layers: dict = field(default_factory=dict)
+    # tp_vocab_key -> {"wall": {IF, IB, S, T: seconds}, "cpu": {...}} of a tensor-parallel stage's vocabulary layers
+    tp_vocab: dict = field(default_factory=dict)
 
     @classmethod
     def of(cls, measured: dict | None) -> "Tables":
@@ -86,12 +92,15 @@ class Tables:
         tp_layers = {(str(r[0]), *(int(x) for x in r[1:8])): {"wall": dict(zip(LAYER_PASSES, map(float, r[8:12]))),
                                                              "cpu": dict(zip(LAYER_PASSES, map(float, r[12:16])))}
                      for r in measured.get("tp_layers") or []}
+        tp_vocab = {(str(r[0]), *(int(x) for x in r[1:7])): {"wall": dict(zip(VOCAB_PARTS, map(float, r[7:11]))),
+                                                            "cpu": dict(zip(VOCAB_PARTS, map(float, r[11:15])))}
+                    for r in measured.get("tp_vocab") or []}
         return cls(gemm, gemm_accumulate,
                    {k: tuple(np.array(c, dtype=float) for c in zip(*v)) for k, v in attention.items()},
                    {k: {w: tuple(np.array(c, dtype=float) for c in zip(*pts)) for w, pts in sorted(v.items())}
                     for k, v in collectives.items()},
                    elementwise.reshape(-1, 3), optimizer.reshape(-1, 2), activation.reshape(-1, 3), sets, layers, output,
-                   tp_layers)
+                   tp_layers, tp_vocab)
 
     def gemm_s(self, m: int, n: int, k: int, accumulate: bool = False) -> float | None:
         """Seconds of one [m, k] x [k, n] GEMM (accumulate: added into an existing [m, n]) from the measured shapes
@@ -164,7 +173,7 @@ class Tables:
     def __bool__(self) -> bool:
         return bool(len(self.gemm) or len(self.gemm_accumulate) or self.attention or self.collectives
                     or len(self.elementwise) or len(self.optimizer) or len(self.activation) or self.optimizer_sets
-                    or self.layers or self.output or self.tp_layers)
+                    or self.layers or self.output or self.tp_layers or self.tp_vocab)
 
 
 def _near_rate(table: np.ndarray, m: int, n: int, k: int) -> float | None:
@@ -181,6 +190,7 @@ def _near_rate(table: np.ndarray, m: int, n: int, k: int) -> float | None:
 
 
 LAYER_PASSES = ("F", "B", "W", "BW")  # a layers row's passes: BW the whole backward of a schedule without W
+VOCAB_PARTS = ("IF", "IB", "S", "T")  # a tp_vocab row's parts, named as vp.cost.passes.pass_work names them
 
 
 def layer_key(cfg) -> tuple[int, int, int, int, int]:
@@ -192,6 +202,12 @@ def tp_layer_key(cfg) -> tuple:
     """A run's tensor-parallel transformer layer as the tp_layers table keys it: tensor mode, tp, depth (1-D: 1),
     then layer_key."""
     return (cfg.tp_mode, cfg.tp, cfg.tp_depth if cfg.tp_mode == "2.5d" else 1, *layer_key(cfg))
+
+
+def tp_vocab_key(cfg) -> tuple:
+    """A run's tensor-parallel vocabulary layers as the tp_vocab table keys them: tensor mode, tp, depth (1-D: 1),
+    micro-batch size, sequence, hidden, padded vocabulary."""
+    return (*tp_layer_key(cfg)[:6], cfg.padded_vocab_size)
 
 
 def optimizer_key(params, large) -> tuple[int, tuple[int, ...]]:

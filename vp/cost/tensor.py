@@ -174,29 +174,41 @@ def seconds(cfg: RunConfig, net: Network, cols: list[Collective], rank: int, per
 
 def pass_comm_s(cfg: RunConfig, net: Network, sched: Schedule, stage: int,
                 summa_gemm_s: dict[str, float] | None = None,
-                layer_factors: dict[str, float] | None = None) -> dict[str, float]:
+                layer_factors: dict[str, float] | None = None,
+                rest_factors: dict[str, float] | None = None) -> dict[str, float]:
     """{F, B, W: seconds per microbatch} a stage's tensor-parallel collectives add to its passes (W's in B when
     the schedule does not split the weight gradient): its layers' (per_pass, with what a grid's SUMMA loop hides
-    behind summa_gemm_s, the layers' GEMM seconds per pass kind) times layer_factors where a measured profile
-    timed such layers (vp.cost.passes.pass_factors), and the rest of the stage's."""
+    behind summa_gemm_s, the layers' GEMM seconds per pass kind) times layer_factors, and the rest of the stage's
+    (vocabulary layers, final LayerNorm) times rest_factors, where a measured profile timed such layers and
+    vocabulary layers in their group's world (vp.cost.passes.pass_factors)."""
     rank, (layers, rest) = sched.where(stage)[0], _stage_parts(cfg, sched, stage)
     group = lambda channel: _group(cfg, channel, rank)  # noqa: E731
-    if not layer_factors:  # all in one sum, as the reference digests were computed
+    if not layer_factors and not rest_factors:  # all in one sum, as the reference digests were computed
         return per_pass(layers + rest, net, group, cfg.microbatches, sched.split_w, Split.of(cfg), summa_gemm_s)
     ours = per_pass(layers, net, group, cfg.microbatches, sched.split_w, Split.of(cfg), summa_gemm_s)
     theirs = per_pass(rest, net, group, cfg.microbatches, sched.split_w)
-    return {k: ours[k] * layer_factors.get(k, 1.0) + theirs[k] for k in ours}
+    layer_factors, rest_factors = layer_factors or {}, rest_factors or {}
+    return {k: ours[k] * layer_factors.get(k, 1.0) + theirs[k] * rest_factors.get(k, 1.0) for k in ours}
 
 
 def layer_comm_s(net: Network, mode: str, tp: int, depth: int, micro_batch: int, seq: int, hidden: int, ffn: int,
                  itemsize: int, split_w: bool, summa_gemm_s: dict[str, float] | None = None) -> dict[str, float]:
     """{F, B, W: seconds} of one tensor-parallel transformer layer's collectives per microbatch, alone in a group
     of tp devices (a tp_layers row of a measured profile: vp.cost.passes.pass_factors)."""
-    split = Split(get_mode(mode), tp, depth)
-    mesh = Mesh(tp=tp, tp_mode=mode, tp_depth=depth)
+    split, mesh = Split(get_mode(mode), tp, depth), Mesh(tp=tp, tp_mode=mode, tp_depth=depth)
     shape = Shape(split.mode, tp, depth, hidden, ffn, seq, micro_batch, 1, 0, itemsize)
     return per_pass(layer_collectives(shape), net, lambda channel: _group_index(mesh, channel)[0], 1, split_w, split,
                     summa_gemm_s)
+
+
+def vocab_comm_s(net: Network, mode: str, tp: int, depth: int, micro_batch: int, seq: int, hidden: int, vocab: int,
+                 itemsize: int) -> dict[str, float]:
+    """{F, B, W: seconds} of the collectives of a stage's vocabulary layers and final LayerNorm per microbatch (a
+    stage both first and last, without vocabulary parallelism), alone in a group of tp devices (a tp_vocab row)."""
+    mesh = Mesh(tp=tp, tp_mode=mode, tp_depth=depth)
+    shape = Shape(get_mode(mode), tp, depth, hidden, 4 * hidden, seq, micro_batch, 1, vocab, itemsize)
+    cols = stage_collectives(shape, first=True, last=True, vocab_layers=True, loss=False)
+    return per_pass(cols, net, lambda channel: _group_index(mesh, channel)[0], 1, False)
 
 
 def per_pass(cols: list[Collective], net: Network, group_of, per: int, split_w: bool, split: Split | None = None,
