@@ -17,6 +17,7 @@ Steps run off the compute path on a channel's CommStream (vp.comm_stream).
 """
 import contextlib
 import threading
+import warnings
 from collections import Counter
 from dataclasses import dataclass
 from datetime import timedelta
@@ -30,6 +31,9 @@ from vp.comm_stream import CommStream, Handle
 from vp.failure import Progress
 from vp.nccl import Emulation, Pending, Watchdog, acked_recv, acked_send, connect, create
 
+# torch >= 2.12 deprecates reduce_scatter_tensor for reduce_scatter_single, which the supported floor (2.11) lacks:
+# every rank of a grid run would print the warning once
+warnings.filterwarnings("ignore", r"`torch\.distributed\.reduce_scatter_tensor` is deprecated", FutureWarning)
 
 
 @dataclass(frozen=True)
