@@ -35,7 +35,7 @@ from vp.cost.network import Network
 from vp.cost.profiles import Hardware
 from vp.schedule.methods import VOCAB
 from vp.cost.tensor import ONE_DEVICE, Split, layer_comm_s, pass_comm_s, vocab_comm_s
-from vp.cost.tables import tp_layer_key
+from vp.cost.tables import tp_layer_key, tp_vocab_key
 from vp.tp.modes import get_mode
 from vp.schedule import Schedule
 
@@ -244,6 +244,7 @@ def compute_times(cfg: RunConfig, hw: Hardware, sched: Schedule) -> dict:
     out, timed = {}, {}  # parts shared by stages alike (pass_work) are timed once
     factors = pass_factors(hw)
     tp = tp_key(cfg) if factors else None
+    vocab = tp_vocab_key(cfg) if tp else None
     for key, parts in pass_work(cfg, hw, sched).items():
         if id(parts) not in timed:
             if not parts:
@@ -252,7 +253,7 @@ def compute_times(cfg: RunConfig, hw: Hardware, sched: Schedule) -> dict:
                 timed[id(parts)] = work_seconds(hw, parts).total(hw)
             else:
                 timed[id(parts)] = hw.pass_overhead_s + sum(
-                    (work_seconds(hw, {k: w}).total(hw) - hw.pass_overhead_s) * _factor(factors, k, key, sched, tp)
+                    (work_seconds(hw, {k: w}).total(hw) - hw.pass_overhead_s) * _factor(factors, k, key, sched, tp, vocab)
                     for k, w in parts.items())
         out[key] = timed[id(parts)]
     return out
@@ -269,12 +270,13 @@ def layer_pass(kind: str, split_w: bool) -> str:
     return "BW" if kind == "B" and not split_w else kind
 
 
-def _factor(factors: dict, eff_kind: str, key: tuple, sched: Schedule, tp: tuple | None = None) -> float:
+def _factor(factors: dict, eff_kind: str, key: tuple, sched: Schedule, tp: tuple | None = None,
+            vocab: tuple | None = None) -> float:
     if eff_kind in ("F", "B", "W") and key[1] is not None:  # a stage's layers
         kind = layer_pass(eff_kind, sched.split_w)
         return factors.get(("tp", *tp, kind), factors.get(kind, 1.0)) if tp else factors.get(kind, 1.0)
-    if tp and key[1] is not None and ("tp", *tp, eff_kind) in factors:  # a tp stage's vocabulary layers (tp_vocab)
-        return factors[("tp", *tp, eff_kind)]
+    if vocab and key[1] is not None and ("tp", *vocab, eff_kind) in factors:  # a tp stage's vocabulary layers
+        return factors[("tp", *vocab, eff_kind)]  # as timed at this very shape (tp_vocab)
     if eff_kind in ("S", "T"):  # pooled over the algorithms (one or two rows each are noise apart)
         return factors.get(eff_kind, 1.0)
     return 1.0
@@ -292,10 +294,10 @@ def pass_factors(hw: Hardware) -> dict:
     development machine two rows of one algorithm gave factors 1.14-1.36 for S, apart by more than the algorithms'
     difference. From the tp_layers and tp_vocab tables (a stage's layers and vocabulary layers timed in a world of
     its group's processes), per (mode, tp, depth): ("tp", ..., kind) the CPU time over the composed work of F, B,
-    W, BW and of the parts IF, IB, S, T, ("tpcomm", ..., kind) what the wall clock added beyond the work (stretched
-    where the group's processes share cores) over the layers' modelled collectives, and ("tpvocab", ..., F or B)
-    the same over the rest of a stage's (vocabulary layers, final LayerNorm: vp.cost.tensor.pass_comm_s). Empty
-    for a profile without those tables."""
+    W and BW (and, per tp_vocab_key, of that shape's parts IF, IB, S, T alone), ("tpcomm", ..., kind) what the
+    wall clock added beyond the work (stretched where the group's processes share cores) over the layers' modelled
+    collectives, and ("tpvocab", ..., F or B) the same over the rest of a stage's (vocabulary layers, final
+    LayerNorm: vp.cost.tensor.pass_comm_s). Empty for a profile without those tables."""
     tables = hw.tables
     if tables in _FACTORS:
         return _FACTORS[tables]
@@ -339,7 +341,9 @@ def pass_factors(hw: Hardware) -> dict:
         parts = {"IF": sh.input(True, rows), "IB": sh.input(False, rows),
                  "S": sh.output(rows, OUTPUT_GEMMS[:1], True), "T": sh.output(rows, OUTPUT_GEMMS[1:], False)}
         for part, work in parts.items():
-            add(("tp", mode, tp, depth, part), row["cpu"][part], {part: work})
+            # this shape's alone: the parts are mostly fixed costs at a calibration's sizes (on the development
+            # machine IF took 96 times its composed work), which no factor carries to other sizes
+            add(("tp", mode, tp, depth, b, seq, h, vocab, part), row["cpu"][part], {part: work})
         # the rest of a stage's collectives (vocabulary layers, final LayerNorm) as the layers' above
         slower = hw.contention(min(tp, hw.gpus_per_node))
         modelled = vocab_comm_s(Network.of(hw, tp), mode, tp, depth, b, seq, h, vocab, hw.act_bytes)
