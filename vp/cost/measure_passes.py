@@ -212,6 +212,11 @@ def _tp_context(rank: int, mode: str, tp: int, depth: int):
     return TensorParallel.of(mesh, rank, comm), comm
 
 
+def _block_shape(ctx, b: int, s: int, h: int) -> tuple[int, int, int]:
+    """A device's activation block of a micro-batch between layers, in vp.tp.stage's layout."""
+    return max(1, b // ctx.batch_blocks), s, h // ctx.q if ctx.mode.grid else h
+
+
 def _timer(kinds):
     """(samples {kind: [(wall, cpu)]}, timed(kind, fn) -> fn's result): each pass from a common start (a barrier),
     so that its wall time is its slowest rank's; kind None runs fn untimed."""
@@ -247,7 +252,7 @@ def _tp_layer(rank: int, world: int, mode: str, tp: int, depth: int, b: int, s: 
     ctx, comm = _tp_context(rank, mode, tp, depth)
     blocks = [shard_block(Block(h, heads, ffn, LAYERS, 0, i), ctx) for i in range(LAYERS)]
     meter = ActivationMeter([p for blk in blocks for p in blk.parameters()])
-    x_shape = (max(1, b // ctx.batch_blocks), s, h // ctx.q if ctx.mode.grid else h)  # vp.tp.stage's layout
+    x_shape = _block_shape(ctx, b, s, h)
     samples, timed = _timer(LAYER_PASSES)
     stage_passes(blocks, meter, lambda: torch.randn(x_shape).requires_grad_(), timed,
                  cycles + IN_FLIGHT + 1)  # one cycle more: the first backward warms up (its samples are dropped)
@@ -274,7 +279,7 @@ def _tp_vocab(rank: int, world: int, mode: str, tp: int, depth: int, b: int, s: 
     local = lambda t: token_rows(t, ctx.batch_blocks, ctx.token_block)  # noqa: E731 - this device's sequences
     ids, targets = torch.randint(0, vocab, (b, s)), torch.randint(0, vocab, (b, s))
     weights = torch.full((b, s), 1.0 / (b * s))
-    x_shape = (max(1, b // ctx.batch_blocks), s, h // ctx.q if ctx.mode.grid else h)  # vp.tp.stage's layout
+    x_shape = _block_shape(ctx, b, s, h)
     samples, timed = _timer(VOCAB_PARTS)
     for cycle in range(cycles + 1):  # the first cycle warms up (its samples are dropped)
         e = timed("IF", lambda: embed(local(ids)) + pos.weight[:s])
