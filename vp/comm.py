@@ -31,8 +31,8 @@ from vp.comm_stream import CommStream, Handle
 from vp.failure import Progress
 from vp.nccl import Emulation, Pending, Watchdog, acked_recv, acked_send, connect, create
 
-# torch >= 2.12 deprecates reduce_scatter_tensor for reduce_scatter_single, which the supported floor (2.11) lacks:
-# every rank of a grid run would print the warning once
+# torch 2.13 deprecates reduce_scatter_tensor for reduce_scatter_single, which torch 2.11 and older (pyproject's
+# floor among them) lack: every rank of a grid run would print the warning once
 warnings.filterwarnings("ignore", r"`torch\.distributed\.reduce_scatter_tensor` is deprecated", FutureWarning)
 
 

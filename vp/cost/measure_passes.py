@@ -263,7 +263,8 @@ def _tp_layer(rank: int, world: int, mode: str, tp: int, depth: int, b: int, s: 
 def _tp_vocab(rank: int, world: int, mode: str, tp: int, depth: int, b: int, s: int, h: int, vocab: int,
               cycles: int) -> list[float]:
     """A stage's vocabulary layers on this rank's shard as vp.tp.stage runs them (TensorParallelStage: the
-    embedding and position of the first stage, the final LayerNorm and VocabOutput of the last)."""
+    embedding and position of the first stage, the final LayerNorm and VocabOutput of the last), every row of the
+    padded vocabulary a real one (a run masks its padding rows' logits: one elementwise step left out)."""
     from vp.tp.layout import token_rows
     from vp.tp.norm import GridLayerNorm
     from vp.tp.stage import Position

@@ -368,7 +368,9 @@ def pass_times(cfg: RunConfig, hw: Hardware, sched: Schedule, compute: dict | No
     if cfg.tp > 1:
         net, sh, factors, tp = Network.of(hw, cfg.world), Shapes.of(cfg, hw), pass_factors(hw), tp_key(cfg)
         measured = {k: factors.get(("tpcomm", *tp, layer_pass(k, sched.split_w))) for k in ("F", "B", "W")}
-        rest = {k: factors.get(("tpvocab", *tp, k)) for k in ("F", "B")}
+        # the rest of a stage's collectives, as its vocabulary layers were timed (vocabulary parallelism runs other
+        # code: its stages keep only the final LayerNorm's)
+        rest = {} if sched.vocab_parallel else {k: factors.get(("tpvocab", *tp, k)) for k in ("F", "B")}
         for st, layers in enumerate(cfg.stage_layers):
             gemm = layer_gemm_s(hw, sh, sched.split_w, layers)
             for kind, s in pass_comm_s(cfg, net, sched, st, gemm,
