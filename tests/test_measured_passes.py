@@ -186,8 +186,9 @@ def test_a_tensor_parallel_stages_vocabulary_layers_timed_in_its_world_are_what_
     """tp_vocab rows (made-up numbers) beside a tp_layers row: a one-stage run at the measured shapes on one core
     pays, per microbatch, its layers' measured wall clock and its vocabulary layers' (IF and S in F, IB and T in
     B): their CPU time as work, what the wall clock added as the collectives of the rest of the stage, whatever
-    the network model says of those; its simulated passes take exactly the measured wall clocks. A run with
-    vocabulary parallelism keeps its S and T passes' own factors: its vocabulary layers run elsewhere."""
+    the network model says of those; its simulated passes take exactly the measured wall clocks. A schedule that
+    splits W pays the row's T over B and W together; another shape keeps the composed parts; a run with vocabulary
+    parallelism keeps its S and T passes' own factors: its vocabulary layers run elsewhere."""
     from vp.cost import pass_costs
     from vp.cost.passes import pass_factors, pass_times
     from vp.cost.tables import VOCAB_PARTS, tp_layer_key, tp_vocab_key
@@ -231,3 +232,13 @@ def test_a_tensor_parallel_stages_vocabulary_layers_timed_in_its_world_are_what_
     vp_sched = build("vocab-1", 2, 2, 1)
     assert compute_times(vp_cfg, hw, vp_sched) == compute_times(vp_cfg, no_vocab, vp_sched)
     assert pass_times(vp_cfg, hw, vp_sched) == pass_times(vp_cfg, no_vocab, vp_sched)
+    # a schedule that splits W (vhalf): the output layer's weight gradient runs in W, and the row's T prices the
+    # parts of B and W together, each at T's factor
+    vh_cfg, vh_sched = replace(cfg, method="vhalf", pp=2), build("vhalf", 2, 2, 2)
+    last, f_t = vh_sched.n_stages - 1, factors[("tp", *tp_vocab_key(cfg), "T")]
+    parts = pass_work(vh_cfg, hw, vh_sched)
+    composed = {k: work_seconds(hw, {"T": parts[(k, last)]["T"]}).total(hw) - CPU.pass_overhead_s for k in "BW"}
+    assert f_t * sum(composed.values()) == pytest.approx(vcpu[3], rel=1e-9)
+    measured, alone = compute_times(vh_cfg, hw, vh_sched), compute_times(vh_cfg, no_vocab, vh_sched)
+    for kind in "BW":
+        assert measured[(kind, last)] - alone[(kind, last)] == pytest.approx((f_t - 1) * composed[kind], rel=1e-9)
