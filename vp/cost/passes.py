@@ -253,8 +253,8 @@ def compute_times(cfg: RunConfig, hw: Hardware, sched: Schedule) -> dict:
                 timed[id(parts)] = work_seconds(hw, parts).total(hw)
             else:
                 timed[id(parts)] = hw.pass_overhead_s + sum(
-                    (work_seconds(hw, {k: w}).total(hw) - hw.pass_overhead_s) * _factor(factors, k, key, sched, tp, vocab)
-                    for k, w in parts.items())
+                    (work_seconds(hw, {k: w}).total(hw) - hw.pass_overhead_s)
+                    * _factor(factors, k, key, sched, tp, vocab) for k, w in parts.items())
         out[key] = timed[id(parts)]
     return out
 
@@ -323,15 +323,12 @@ def pass_factors(hw: Hardware) -> dict:
         for kind in ("F", "B", "W"):
             add(("tp", mode, tp, depth, kind), row["cpu"][kind], {kind: sh.layer(kind)})
         add(("tp", mode, tp, depth, "BW"), row["cpu"]["BW"], {"B": sh.layer("B") + sh.layer("W")})
-        # what the layer's collectives and its peers added beyond its own work, as the simulator adds them: the
-        # work stretched where the group's processes share cores (vp.cost.costs.sharing), the collectives on top
-        slower = hw.contention(min(tp, hw.gpus_per_node))
         net = Network.of(hw, tp)
         for split_w, kinds in ((True, ("F", "B", "W")), (False, ("BW",))):
             modelled = layer_comm_s(net, mode, tp, depth, b, seq, h, ffn, hw.act_bytes, split_w,
                                     layer_gemm_s(hw, sh, split_w))
             for kind in kinds:
-                exposed = max(0.0, row["wall"][kind] - slower * row["cpu"][kind])
+                exposed = _beyond_work(hw, tp, row, (kind,))
                 seconds = modelled["B" if kind == "BW" else kind]
                 if seconds > 0:
                     ratios.setdefault(("tpcomm", mode, tp, depth, kind), []).append(exposed / seconds)
@@ -345,10 +342,9 @@ def pass_factors(hw: Hardware) -> dict:
             # machine IF took 96 times its composed work), which no factor carries to other sizes
             add(("tp", mode, tp, depth, b, seq, h, vocab, part), row["cpu"][part], {part: work})
         # the rest of a stage's collectives (vocabulary layers, final LayerNorm) as the layers' above
-        slower = hw.contention(min(tp, hw.gpus_per_node))
         modelled = vocab_comm_s(Network.of(hw, tp), mode, tp, depth, b, seq, h, vocab, hw.act_bytes)
-        for kind, (first, last) in (("F", ("IF", "S")), ("B", ("IB", "T"))):
-            exposed = max(0.0, sum(row["wall"][p] - slower * row["cpu"][p] for p in (first, last)))
+        for kind, kinds in (("F", ("IF", "S")), ("B", ("IB", "T"))):
+            exposed = _beyond_work(hw, tp, row, kinds)
             if modelled[kind] > 0:
                 ratios.setdefault(("tpvocab", mode, tp, depth, kind), []).append(exposed / modelled[kind])
     for kind in ("S", "T"):  # every algorithm's rows together: for an algorithm the tables lack
@@ -359,6 +355,14 @@ def pass_factors(hw: Hardware) -> dict:
     return out
 
 
+def _beyond_work(hw: Hardware, tp: int, row: dict, kinds: tuple) -> float:
+    """What a tp_layers or tp_vocab row's wall clock added beyond its passes' own work (`kinds` summed), as the
+    simulator adds it: the work stretched where the group's processes share cores (vp.cost.costs.sharing), the
+    collectives and the waits for peers on top."""
+    slower = hw.contention(min(tp, hw.gpus_per_node))
+    return max(0.0, sum(row["wall"][k] - slower * row["cpu"][k] for k in kinds))
+
+
 def pass_times(cfg: RunConfig, hw: Hardware, sched: Schedule, compute: dict | None = None) -> dict:
     """Seconds of every pass: {(kind, stage or None): seconds}, its own work (compute_times, or `compute` if given)
     and a stage's tensor-parallel collectives (vp.cost.tensor.pass_comm_s: serial, less what a grid's prefetching
@@ -367,15 +371,15 @@ def pass_times(cfg: RunConfig, hw: Hardware, sched: Schedule, compute: dict | No
     out = dict(compute_times(cfg, hw, sched) if compute is None else compute)
     if cfg.tp > 1:
         net, sh, factors, tp = Network.of(hw, cfg.world), Shapes.of(cfg, hw), pass_factors(hw), tp_key(cfg)
-        measured = {k: factors.get(("tpcomm", *tp, layer_pass(k, sched.split_w))) for k in ("F", "B", "W")}
+        measured = {k: factors[key] for k in ("F", "B", "W")
+                    if (key := ("tpcomm", *tp, layer_pass(k, sched.split_w))) in factors}
         # the rest of a stage's collectives, as its vocabulary layers were timed (vocabulary parallelism runs other
         # code: its stages keep only the final LayerNorm's)
-        rest = {} if sched.vocab_parallel else {k: factors.get(("tpvocab", *tp, k)) for k in ("F", "B")}
+        rest = {} if sched.vocab_parallel else {k: factors[("tpvocab", *tp, k)] for k in ("F", "B")
+                                                if ("tpvocab", *tp, k) in factors}
         for st, layers in enumerate(cfg.stage_layers):
             gemm = layer_gemm_s(hw, sh, sched.split_w, layers)
-            for kind, s in pass_comm_s(cfg, net, sched, st, gemm,
-                                       {k: f for k, f in measured.items() if f is not None},
-                                       {k: f for k, f in rest.items() if f is not None}).items():
+            for kind, s in pass_comm_s(cfg, net, sched, st, gemm, measured, rest).items():
                 if s:
                     out[(kind, st)] += s
     return out

@@ -195,20 +195,24 @@ def layer_comm_s(net: Network, mode: str, tp: int, depth: int, micro_batch: int,
                  itemsize: int, split_w: bool, summa_gemm_s: dict[str, float] | None = None) -> dict[str, float]:
     """{F, B, W: seconds} of one tensor-parallel transformer layer's collectives per microbatch, alone in a group
     of tp devices (a tp_layers row of a measured profile: vp.cost.passes.pass_factors)."""
-    split, mesh = Split(get_mode(mode), tp, depth), Mesh(tp=tp, tp_mode=mode, tp_depth=depth)
+    split = Split(get_mode(mode), tp, depth)
     shape = Shape(split.mode, tp, depth, hidden, ffn, seq, micro_batch, 1, 0, itemsize)
-    return per_pass(layer_collectives(shape), net, lambda channel: _group_index(mesh, channel)[0], 1, split_w, split,
-                    summa_gemm_s)
+    return per_pass(layer_collectives(shape), net, _alone(mode, tp, depth), 1, split_w, split, summa_gemm_s)
 
 
 def vocab_comm_s(net: Network, mode: str, tp: int, depth: int, micro_batch: int, seq: int, hidden: int, vocab: int,
                  itemsize: int) -> dict[str, float]:
     """{F, B, W: seconds} of the collectives of a stage's vocabulary layers and final LayerNorm per microbatch (a
     stage both first and last, without vocabulary parallelism), alone in a group of tp devices (a tp_vocab row)."""
-    mesh = Mesh(tp=tp, tp_mode=mode, tp_depth=depth)
     shape = Shape(get_mode(mode), tp, depth, hidden, 4 * hidden, seq, micro_batch, 1, vocab, itemsize)
     cols = stage_collectives(shape, first=True, last=True, vocab_layers=True, loss=False)
-    return per_pass(cols, net, lambda channel: _group_index(mesh, channel)[0], 1, False)
+    return per_pass(cols, net, _alone(mode, tp, depth), 1, False)
+
+
+def _alone(mode: str, tp: int, depth: int):
+    """group_of(channel) for a tensor-parallel group alone in its world (a measured row's): the groups of device 0."""
+    mesh = Mesh(tp=tp, tp_mode=mode, tp_depth=depth)
+    return lambda channel: _group_index(mesh, channel)[0]
 
 
 def per_pass(cols: list[Collective], net: Network, group_of, per: int, split_w: bool, split: Split | None = None,
