@@ -45,6 +45,9 @@ CACHES = "gemm cold; weight gradients in place"
 COLLECTIVE_SIZES = [256, 16384, 2**20, 2**24]  # payload bytes (all_gather up to 64 MiB gathered)
 # how collectives are timed (vp.cost.measure.collectives): a profile timed otherwise is measured again
 COLLECTIVES = "groups side by side in worlds of 2-8 processes; mean of 10"
+# and on a CPU their CPU time off the compute path (vp.cost.measure._cpu_off_path): a CPU profile without it is
+# measured again
+COLLECTIVES_CPU = "CPU time on a CommStream beside computing ranks, worlds of 2-4"
 # how a woken rank's wait for a core is timed on a CPU (vp.cost.measure.wake): a CPU profile timed otherwise (or
 # without it) is measured again
 WAKE = "pairs computing 10 ms between exchanges, 4 processes against 2 on 2 cores"
@@ -84,7 +87,7 @@ def how_timed(device: str) -> dict:
     """How this code times a profile (clock, caches, collectives, passes): a profile timed otherwise is measured
     again."""
     return {"clock": CLOCK[device], "caches": CACHES, "collectives": COLLECTIVES, "passes": PASSES,
-            **({"wake": WAKE} if device == "cpu" else {})}
+            **({"wake": WAKE, "collectives_cpu": COLLECTIVES_CPU} if device == "cpu" else {})}
 
 
 def same_machine(profile: dict, device: str, dtype: str) -> bool:

@@ -264,6 +264,11 @@ def test_calibrate_measure_writes_a_profile_that_sim_reads_and_reuses_it(quick, 
     assert {r[0] for r in rows(hw.measured["collectives"])} == {"all_reduce", "broadcast", "all_gather", "reduce",
                                                                 "p2p"}
     assert {r[4] for r in rows(hw.measured["collectives"])} == {2}  # the world each was measured in
+    # on a CPU each collective also costs its processes CPU time off the compute path (point-to-point: none)
+    assert {len(r) for r in rows(hw.measured["collectives"]) if r[0] != "p2p"} == {6}
+    assert all(r[5] >= 0 for r in rows(hw.measured["collectives"]) if r[0] != "p2p")
+    assert hw.tables.collective_cpu_s("all_reduce", 2, 1024) is not None
+    assert hw.machine["collectives_cpu"] == HM.COLLECTIVES_CPU
     # the optimizer step over each rank's parameter set of the jobs, read back exactly (8-digit counts included)
     assert {optimizer_key(r[0], r[2:]) for r in rows(hw.measured["optimizer_sets"])} == jobs["ranks"] != set()
     assert all(hw.tables.optimizer_set_s(n, large) > 0 for n, large in jobs["ranks"])

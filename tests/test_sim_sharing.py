@@ -132,3 +132,56 @@ def test_after_the_flush_every_device_shares_the_cores():
     shared = replace(alone, cores=2)
     assert dp_allreduce_s(cfg, alone, s) > 0
     assert tail_s(cfg, shared, s) == pytest.approx(2 * tail_s(cfg, alone, s))
+
+
+def test_a_collective_action_keeps_its_rank_busy_for_what_its_costs_say():
+    """A collective action (C0, C1, C2) is done at once unless Costs.compute prices it: then its rank moves on
+    that much later, also where processor sharing sets the passes' durations (it is not scaled)."""
+    s = build("vocab-1", 2, 4)
+    base = unit_costs(s)
+    charged = replace(base, compute={**base.compute, ("C1", None): 0.25})
+    spans = [[e - t for a, t, e in tl if a.kind == "C1"] for tl in simulate(s, charged).timeline]
+    assert all(spans) and all(d == pytest.approx(0.25) for row in spans for d in row)
+    assert all(e == t for tl in simulate(s, base).timeline for a, t, e in tl if a.kind == "C1")
+    assert simulate(s, charged).makespan > simulate(s, base).makespan
+    shared = replace(charged, sharing=Sharing(1.0, 1.0))
+    assert all(e - t == pytest.approx(0.25) for tl in simulate(s, shared).timeline for a, t, e in tl
+               if a.kind == "C1")
+
+
+def test_on_a_cpu_a_collective_off_the_compute_path_costs_its_ranks_the_cpu_time_measured():
+    """gloo and a CommStream's thread move and sum a collective's payload on the cores the passes use: a CPU
+    profile whose collectives rows carry their CPU time (column 6) charges each instance run off the compute path
+    (C0, C1, C2, IF, IB) to the action of its kind on every member; the naive algorithm's S and T communicate
+    inside their compute (their wall time is the collective's) and a profile without the column charges nothing."""
+    from vp.cost.costs import comm_cpu_times
+    from vp.cost.traffic import payloads
+
+    ops = ("all_reduce", "broadcast", "all_gather", "reduce")
+    rows = [[op, 2, b, 1e-4, 2, cpu] for i, op in enumerate(ops) for b, cpu in ((256, 1e-3 * (i + 1)),
+                                                                               (2**20, 2e-3 * (i + 1)))]
+    hw = replace(CPU, measured={"collectives": rows})
+    older = replace(CPU, measured={"collectives": [r[:5] for r in rows]})
+    cfg = RunConfig(method="vocab-1", pp=2, layers=2, hidden=64, heads=4, seq_len=32, vocab_size=2048,
+                    microbatches=4, device="cpu", dtype="fp32")
+    s = build("vocab-1", 2, 4)
+    assert hw.tables.collective_cpu_s("broadcast", 2, 16) == pytest.approx(2e-3)  # the smallest's below it
+    assert hw.tables.collective_cpu_s("broadcast", 2, 2**14) == pytest.approx(2e-3 * 2 ** (6 / 12))  # log-log
+    assert older.tables.collective_cpu_s("broadcast", 2, 256) is None
+    assert older.tables.collective_s("broadcast", 2, 256) == hw.tables.collective_s("broadcast", 2, 256)
+    cpu = comm_cpu_times(cfg, hw, s)
+    sizes = payloads(cfg, s)
+    assert set(cpu) == {"C0", "C1", "C2", "IF", "IB"}
+    for kind, got in cpu.items():
+        assert got == pytest.approx(sum(hw.tables.collective_cpu_s(op, 2, nbytes, 2) for op, nbytes in sizes[kind]))
+    assert cpu["C1"] != cpu["C2"] and comm_cpu_times(cfg, older, s) == {}
+    charged, plain = pass_costs(cfg, hw, s), pass_costs(cfg, older, s)
+    assert charged.compute[("C0", None)] == pytest.approx(cpu["C0"]) and ("C0", None) not in plain.compute
+    assert charged.compute[("IF", None)] == pytest.approx(plain.compute[("IF", None)] + cpu["IF"])
+    assert charged.compute[("F", 0)] == plain.compute[("F", 0)]
+    assert simulate(s, charged).makespan > simulate(s, plain).makespan
+    naive = replace(cfg, method="interlaced")
+    si = build("interlaced", 2, 4)
+    assert payloads(naive, si)["S"] and set(comm_cpu_times(naive, hw, si)) == {"C0", "IF", "IB"}
+    gpu = replace(cfg, device="cuda", dtype="bf16")
+    assert comm_cpu_times(gpu, PROFILES["h100"], s) == {}

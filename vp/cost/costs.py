@@ -45,6 +45,26 @@ def comm_times(cfg: RunConfig, hw: Hardware, sched: Schedule) -> dict:
     return out
 
 
+OFF_PATH_KINDS = ("C0", "C1", "C2", "IF", "IB")  # run by a CommStream (vp.runtime.executor.launch), not in a pass
+
+
+def comm_cpu_times(cfg: RunConfig, hw: Hardware, sched: Schedule) -> dict:
+    """{kind: CPU seconds} each member of a collective instance of that kind spends on it where the runtime runs it
+    off the compute path (a CommStream: C0, C1, C2, IF, IB) on a CPU, from the profile's measured CPU time of
+    collectives beside computing ranks (Network.collective_cpu; 0 on a GPU and for older profiles). On a CPU, gloo
+    and the CommStream's thread move and sum the payload on the cores the passes use, so the simulator charges it to
+    the action that launches the instance (vp.schedule.simulate). The steps a grid's C0, IF and IB take inside a
+    stage's tensor-parallel group are not counted."""
+    net = Network.of(hw, cfg.world)
+    sizes = payloads(cfg, sched)
+    where = groups(cfg.mesh, "pp")[0]
+    axis = {kind: where if kind in ROOTED_KINDS else groups(cfg.mesh, "vocab")[0] for kind in OFF_PATH_KINDS}
+    launched = {a.kind for rank in sched.ranks for a in rank} & set(OFF_PATH_KINDS)
+    out = {kind: sum(net.collective_cpu(OPS[op], axis[kind], nbytes) for op, nbytes in sizes[kind])
+           for kind in launched}
+    return {kind: s for kind, s in out.items() if s > 0}
+
+
 def tail_s(cfg: RunConfig, hw: Hardware, sched: Schedule) -> float:
     """Seconds after the pipeline's flush on the slowest device: its tensor-parallel group's once-per-iteration
     all-reduces (grid: depth and token-block replicas' gradients, the loss), then the data-parallel one, then the
@@ -107,11 +127,14 @@ def dp_allreduce_per_rank(cfg: RunConfig, hw: Hardware, sched: Schedule) -> list
 
 
 def pass_costs(cfg: RunConfig, hw: Hardware, sched: Schedule) -> Costs:
-    """Seconds per action and bytes held per microbatch on one device of each stage, for the simulator; with
-    how the devices share the node's cores where they do (sharing)."""
+    """Seconds per action and bytes held per microbatch on one device of each stage, for the simulator (on a CPU
+    the actions that launch collectives off the compute path also pay those collectives' CPU time,
+    comm_cpu_times); with how the devices share the node's cores where they do (sharing)."""
     compute = compute_times(cfg, hw, sched)
-    return Costs(pass_times(cfg, hw, sched, compute), comm_times(cfg, hw, sched), held_bytes(cfg, hw, sched),
-                 sharing(cfg, hw, compute))
+    times = pass_times(cfg, hw, sched, compute)
+    for kind, cpu in comm_cpu_times(cfg, hw, sched).items():  # the action of that kind launches the instance
+        times[(kind, None)] = times.get((kind, None), 0.0) + cpu
+    return Costs(times, comm_times(cfg, hw, sched), held_bytes(cfg, hw, sched), sharing(cfg, hw, compute))
 
 
 def sharing(cfg: RunConfig, hw: Hardware, compute: dict) -> Sharing | None:

@@ -27,7 +27,8 @@ one rank of a run gets:
               (vp.cost.measure_passes);
   collectives seconds of all_reduce, broadcast, all_gather and reduce per group size and payload, and of a
               point-to-point message between two ranks (half a ping-pong), over gloo (CPU) or NCCL (GPU), each
-              the slowest rank's time, started together after a barrier;
+              the slowest rank's time, started together after a barrier; on a CPU also the CPU time a collective
+              costs its process where the runtime runs it, on a CommStream beside the passes (_cpu_off_path);
   wake        on a CPU, how long a rank woken by its peer waits for a core where ranks outnumber the cores
               (Hardware.wake_s: pairs computing between exchanges, four processes on two cores against two).
 The tables go into the profile as they are (vp.cost.tables reads them); nothing here knows about runs.
@@ -45,6 +46,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn.functional as F
+
+from vp.comm_stream import CommStream
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 OPS = ("all_reduce", "broadcast", "all_gather", "reduce")
@@ -212,6 +215,7 @@ def _collective_rank(rank: int, world: int, init: str, device_type: str, threads
         torch.cuda.set_device(device)
     dist.init_process_group("nccl" if device_type == "cuda" else "gloo", init_method=init, rank=rank,
                             world_size=world, **({"device_id": device} if device_type == "cuda" else {}))
+    stream = CommStream(device, "benchmark") if device_type == "cpu" and world <= CPU_MAX_WORLD else None
     try:
         rows = []
         for n in [n for n in groups if world % n == 0]:
@@ -227,10 +231,15 @@ def _collective_rank(rank: int, world: int, init: str, device_type: str, threads
                 if n == 2:
                     calls["p2p"] = lambda: _ping(t, rank % n, pg)  # its rank in the group
                 for op, call in calls.items():
-                    rows.append([op, n, nbytes, _slowest(call, device, reps) / (2 if op == "p2p" else 1), world])
+                    row = [op, n, nbytes, _slowest(call, device, reps) / (2 if op == "p2p" else 1), world]
+                    if stream is not None and op != "p2p" and nbytes <= CPU_MAX_BYTES:
+                        row.append(_cpu_off_path(call, rank, world, stream))
+                    rows.append(row)
         if rank == 0:
             queue.put(rows)
     finally:
+        if stream is not None:
+            stream.close(wait=False)
         dist.barrier()
         dist.destroy_process_group()
 
@@ -266,10 +275,41 @@ def _slowest(call, device: torch.device, reps: int, budget_s: float = 0.25, min_
     return statistics.fmean(samples)
 
 
+CPU_COMPUTE_S = 0.002  # seconds a rank of the CPU-time benchmark computes while its collective runs (x1 or x2)
+# the CPU-time benchmark's worlds and payloads (vp.cost.tables extrapolates beyond them): a vocabulary-parallel run's
+# collectives on this many processes carry a microbatch's activations (256 KiB in the smoke sweep); worlds of 8
+# processes each computing beside its collectives on 2 cores took 20 s more
+CPU_MAX_WORLD, CPU_MAX_BYTES, CPU_REPS = 4, 2**20, 12
+
+
+def _cpu_off_path(call, rank: int, world: int, stream) -> float:
+    """CPU seconds one call costs its process where the runtime runs it off the compute path: submitted to a
+    CommStream (vp.comm_stream: a worker thread on CPU) while this thread computes (GEMMs for CPU_COMPUTE_S, twice
+    that on odd ranks, so the ranks enter at different times as a pipeline's do), then waited for. gloo's threads
+    and the worker move and sum the payload on the cores the passes use: the process's CPU time less this thread's,
+    over CPU_REPS calls, the mean over the world's ranks. (With every core busy on purpose: on idle cores gloo's
+    threads also poll while they wait, about twice the CPU time on 2 cores, which takes nothing from a pass.)"""
+    a = torch.randn(256, 256)
+    busy_s = CPU_COMPUTE_S * (1 + rank % 2)
+    stream.submit(call).wait()
+    dist.barrier()
+    c0, t0 = time.process_time(), time.thread_time()
+    for _ in range(CPU_REPS):
+        handle = stream.submit(call)
+        end = time.thread_time() + busy_s
+        while time.thread_time() < end:
+            a @ a
+        handle.wait()
+    mean = torch.tensor([max(0.0, (time.process_time() - c0) - (time.thread_time() - t0)) / CPU_REPS])
+    dist.all_reduce(mean)
+    return float(mean.item()) / world
+
+
 def collectives(device_type: str, worlds: list[int], groups: list[int], sizes: list[int], reps: int = 10,
                 threads: int = 1, timeout_s: float = 600.0) -> list[list]:
-    """[op, group size n, payload bytes, seconds, world] for every op and payload, and [p2p, 2, bytes, s, world],
-    with `world` processes at work in world / n groups at once, for each world and each group size dividing it:
+    """[op, group size n, payload bytes, seconds, world(, CPU seconds: on a CPU)] for every op and payload, and
+    [p2p, 2, bytes, s, world], with `world` processes at work in world / n groups at once, for each world and each
+    group size dividing it:
     how a run's tensor-parallel groups (a 2-D grid's rows and columns), pipeline pairs and replicas communicate
     together. One set of processes per world (in_world)."""
     return [row for world in worlds

@@ -91,6 +91,15 @@ class Network:
                 + 2 * nbytes / bandwidth)
         return min(ring, tree)
 
+    def collective_cpu(self, op: Op, ranks, nbytes: float) -> float:
+        """CPU seconds one collective over `ranks` costs each member where the profile measured it (a CPU node,
+        vp.cost.tables.Tables.collective_cpu_s), else 0: a GPU's collectives run on the network and copy engines
+        beside the compute, and across nodes nothing was measured."""
+        n = len(ranks)
+        if n < 2 or len({self.node(r) for r in ranks}) > 1:
+            return 0.0
+        return self.tables.collective_cpu_s(op.name, n, nbytes, self.busy) or 0.0
+
 
 @cache
 def groups(mesh: Mesh, axis: str) -> tuple[tuple[int, ...], ...]:

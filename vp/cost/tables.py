@@ -33,7 +33,10 @@ by the cost model where they cover a question; None elsewhere, and the analytica
                a question about a run with `busy` ranks on the node reads the smallest world measured at or
                above max(busy, n), else the largest. On 2 CPU cores an all-reduce of 256 B between two
                processes took 1.4 ms with 2 processes at work and 4.6 ms with 8 (four pairs at once); rows
-               without a world (older profiles) were measured with their group alone (world = n).
+               without a world (older profiles) were measured with their group alone (world = n). On a CPU a
+               row also holds the CPU seconds the collective cost each member's process while it computed beside
+               it (collective_cpu_s, read the same way): what a collective run off the compute path takes from a
+               run's passes (vp.cost.costs.comm_cpu_times).
 """
 import math
 from dataclasses import dataclass, field
@@ -60,6 +63,7 @@ class Tables:
     tp_layers: dict = field(default_factory=dict)
     # tp_vocab_key -> {"wall": {IF, IB, S, T: seconds}, "cpu": {...}} of a tensor-parallel stage's vocabulary layers
     tp_vocab: dict = field(default_factory=dict)
+    collectives_cpu: dict = field(default_factory=dict)  # as collectives, CPU seconds per member (CPU profiles)
 
     @classmethod
     def of(cls, measured: dict | None) -> "Tables":
@@ -70,11 +74,13 @@ class Tables:
         attention = {}
         for bh, s, d, fwd, bwd in sorted(measured.get("attention") or []):
             attention.setdefault((int(s), int(d)), []).append((bh, fwd, bwd))
-        collectives = {}  # a row: op, n, bytes, seconds[, world]
-        for r in sorted(measured.get("collectives") or [], key=lambda r: (r[0], r[1], r[4:], r[2])):
+        collectives, collectives_cpu = {}, {}  # a row: op, n, bytes, seconds[, world[, CPU seconds]]
+        for r in sorted(measured.get("collectives") or [], key=lambda r: (r[0], r[1], r[4:5], r[2])):
             op, n, nbytes, seconds = r[:4]
             world = int(r[4]) if len(r) > 4 else int(n)
             collectives.setdefault((op, int(n)), {}).setdefault(world, []).append((nbytes, seconds))
+            if len(r) > 5:
+                collectives_cpu.setdefault((op, int(n)), {}).setdefault(world, []).append((nbytes, float(r[5])))
         # [bytes moved, seconds in place, seconds out of place] of x + y: three tensors of moved / 3 bytes each
         elementwise = np.array(sorted([math.log2(r[0] / 3), math.log2(r[0] / r[1]),
                                        max(0.0, r[2] - r[1]) / (r[0] / 3) if len(r) > 2 else 0.0]
@@ -97,10 +103,8 @@ class Tables:
                     for r in measured.get("tp_vocab") or []}
         return cls(gemm, gemm_accumulate,
                    {k: tuple(np.array(c, dtype=float) for c in zip(*v)) for k, v in attention.items()},
-                   {k: {w: tuple(np.array(c, dtype=float) for c in zip(*pts)) for w, pts in sorted(v.items())}
-                    for k, v in collectives.items()},
-                   elementwise.reshape(-1, 3), optimizer.reshape(-1, 2), activation.reshape(-1, 3), sets, layers, output,
-                   tp_layers, tp_vocab)
+                   _curves(collectives), elementwise.reshape(-1, 3), optimizer.reshape(-1, 2),
+                   activation.reshape(-1, 3), sets, layers, output, tp_layers, tp_vocab, _curves(collectives_cpu))
 
     def gemm_s(self, m: int, n: int, k: int, accumulate: bool = False) -> float | None:
         """Seconds of one [m, k] x [k, n] GEMM (accumulate: added into an existing [m, n]) from the measured shapes
@@ -156,24 +160,40 @@ class Tables:
     def collective_s(self, op: str, n: int, nbytes: float, busy: int = 0) -> float | None:
         """Seconds of one collective (or 'p2p', n = 2) among n ranks of one machine on which `busy` ranks of the
         run communicate (0: the group alone), or None."""
-        worlds = self.collectives.get((op, int(n)))
-        if not worlds:
-            return None
-        want = max(int(busy), int(n))
-        xs, ys = worlds[next((w for w in worlds if w >= want), max(worlds))]
-        if nbytes <= xs[0]:
-            return float(ys[0])
-        if nbytes > xs[-1]:  # latency + bytes / bandwidth through the two largest payloads measured
-            if len(xs) < 2:
-                return None
-            slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])
-            return float(ys[-1] + (slope if slope > 0 else ys[-1] / xs[-1]) * (nbytes - xs[-1]))
-        return float(2.0 ** np.interp(math.log2(nbytes), np.log2(xs), np.log2(ys)))
+        return _along(self.collectives.get((op, int(n))), n, nbytes, busy)
+
+    def collective_cpu_s(self, op: str, n: int, nbytes: float, busy: int = 0) -> float | None:
+        """CPU seconds one collective among n ranks of a CPU costs each member's process where the runtime runs it,
+        off the compute path beside the passes (vp.cost.measure._cpu_off_path), read as collective_s reads the
+        seconds, or None (not measured: a GPU profile, or one measured before)."""
+        return _along(self.collectives_cpu.get((op, int(n))), n, nbytes, busy)
 
     def __bool__(self) -> bool:
         return bool(len(self.gemm) or len(self.gemm_accumulate) or self.attention or self.collectives
                     or len(self.elementwise) or len(self.optimizer) or len(self.activation) or self.optimizer_sets
                     or self.layers or self.output or self.tp_layers or self.tp_vocab)
+
+
+def _curves(table: dict) -> dict:
+    """(op, n) -> {world: [(bytes, value), ...]} as (op, n) -> {world: (bytes[], values[])}, worlds in order."""
+    return {k: {w: tuple(np.array(c, dtype=float) for c in zip(*pts)) for w, pts in sorted(v.items())}
+            for k, v in table.items()}
+
+
+def _along(worlds: dict | None, n: int, nbytes: float, busy: int) -> float | None:
+    """A collective's value at nbytes from its curves per world (Tables.collectives' docstring says how), or None."""
+    if not worlds:
+        return None
+    want = max(int(busy), int(n))
+    xs, ys = worlds[next((w for w in worlds if w >= want), max(worlds))]
+    if nbytes <= xs[0]:
+        return float(ys[0])
+    if nbytes > xs[-1]:  # latency + bytes / bandwidth through the two largest payloads measured
+        if len(xs) < 2:
+            return None
+        slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])
+        return float(ys[-1] + (slope if slope > 0 else ys[-1] / xs[-1]) * (nbytes - xs[-1]))
+    return float(2.0 ** np.interp(math.log2(nbytes), np.log2(xs), np.log2(ys)))
 
 
 def _near_rate(table: np.ndarray, m: int, n: int, k: int) -> float | None:

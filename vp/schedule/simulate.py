@@ -55,7 +55,8 @@ class ScheduleError(ValueError):
 class Costs:
     """Durations and memory of actions.
 
-    compute[(kind, stage)] for F/B/W and compute[(kind, None)] for S/T/IF/IB (per rank);
+    compute[(kind, stage)] for F/B/W and compute[(kind, None)] for S/T/IF/IB (per rank), and for a collective
+    action (C0, C1, C2) what launching its instance keeps its rank busy (0 by default: done at once);
     comm[kind] for the collective instances (C0, C1, C2, IF, IB, and S/T of the naive algorithm),
     comm[("P2P", src, dst)] per transfer between two ranks and 'P2P' for any pair not named;
     memory[(kind, stage)] is what F (or S) holds until its B or W (or T) releases it; where W is split,
@@ -314,10 +315,11 @@ def simulate(s: Schedule, costs: Costs | None = None, strict: bool = False,
                     done = start
                 if done is None:
                     break
-                if is_coll:  # a collective action: launched, done at once
+                if is_coll:  # a collective action: launched, done when its launch is (Costs.compute of its kind)
+                    finish = start + dur[d]  # not scaled by processor sharing: what gloo does on a CPU, measured so
                     started(start)
-                    ended(start)
-                    t_clock = start
+                    ended(finish)
+                    t_clock = finish
                     i += 1
                     continue
                 d = dur[d] if own is None else own[i]
