@@ -177,6 +177,9 @@ def test_on_a_cpu_a_collective_off_the_compute_path_costs_its_ranks_the_cpu_time
     assert cpu["C1"] != cpu["C2"] and comm_cpu_times(cfg, older, s) == {}
     charged, plain = pass_costs(cfg, hw, s), pass_costs(cfg, older, s)
     assert charged.compute[("C0", None)] == pytest.approx(cpu["C0"]) and ("C0", None) not in plain.compute
+    from vp.plan.search import skeleton  # the planner prices a schedule's shape, without its actions
+    assert comm_cpu_times(cfg, hw, skeleton(cfg)) == cpu
+    assert comm_cpu_times(replace(cfg, method="baseline"), hw, build("baseline", 2, 4)) == {}
     assert charged.compute[("IF", None)] == pytest.approx(plain.compute[("IF", None)] + cpu["IF"])
     assert charged.compute[("F", 0)] == plain.compute[("F", 0)]
     assert simulate(s, charged).makespan > simulate(s, plain).makespan

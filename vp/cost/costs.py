@@ -59,7 +59,8 @@ def comm_cpu_times(cfg: RunConfig, hw: Hardware, sched: Schedule) -> dict:
     sizes = payloads(cfg, sched)
     where = groups(cfg.mesh, "pp")[0]
     axis = {kind: where if kind in ROOTED_KINDS else groups(cfg.mesh, "vocab")[0] for kind in OFF_PATH_KINDS}
-    launched = {a.kind for rank in sched.ranks for a in rank} & set(OFF_PATH_KINDS)
+    # a vocabulary-parallel schedule's instances (from its shape alone: the planner prices skeletons without actions)
+    launched = ("C0", "IF", "IB") + sched.vocab.collectives if sched.vocab_parallel else ()
     out = {kind: sum(net.collective_cpu(OPS[op], axis[kind], nbytes) for op, nbytes in sizes[kind])
            for kind in launched}
     return {kind: s for kind, s in out.items() if s > 0}
