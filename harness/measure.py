@@ -24,6 +24,7 @@ from vp.cost import PROFILES, GiB, Hardware, fit_link, pass_work
 from vp.cost.costs import vocab_tensors
 from vp.cost.memory import rank_params
 from vp.cost import measure as M
+from vp.cost import measure_comm as C
 from vp.cost import measure_passes as P
 from vp.cost.gemm import Gemm, alignment, quantization
 from vp.cost.tables import Tables, as_text, layer_key, optimizer_key, rows, tp_layer_key, tp_vocab_key
@@ -43,12 +44,12 @@ CLOCK = {"cpu": "thread_time", "cuda": "cuda_events"}
 # how the caches stand when GEMMs are timed (vp.cost.measure.Timer's cold): a profile timed otherwise is measured again
 CACHES = "gemm cold; weight gradients in place"
 COLLECTIVE_SIZES = [256, 16384, 2**20, 2**24]  # payload bytes (all_gather up to 64 MiB gathered)
-# how collectives are timed (vp.cost.measure.collectives): a profile timed otherwise is measured again
+# how collectives are timed (vp.cost.measure_comm.collectives): a profile timed otherwise is measured again
 COLLECTIVES = "groups side by side in worlds of 2-8 processes; mean of 10"
-# and on a CPU their CPU time off the compute path (vp.cost.measure._cpu_off_path): a CPU profile without it is
+# and on a CPU their CPU time off the compute path (vp.cost.measure_comm._cpu_off_path): a CPU profile without it is
 # measured again
 COLLECTIVES_CPU = "CPU time on a CommStream beside computing ranks, worlds of 2-4"
-# how a woken rank's wait for a core is timed on a CPU (vp.cost.measure.wake): a CPU profile timed otherwise (or
+# how a woken rank's wait for a core is timed on a CPU (vp.cost.measure_comm.wake): a CPU profile timed otherwise (or
 # without it) is measured again
 WAKE = "pairs computing 10 ms between exchanges, 4 processes against 2 on 2 cores"
 # which passes are timed as the runtime runs them (vp.cost.measure_passes): a profile without them is measured again
@@ -225,14 +226,14 @@ def measure_profile(name: str, device_type: str, dtype: str, experiments: list[s
     ranks = torch.cuda.device_count() if device_type == "cuda" else max(GROUPS)
     groups = [n for n in GROUPS if n <= ranks]
     worlds = [ranks] if device_type == "cuda" else groups
-    collective_rows = M.collectives(device_type, worlds, groups, COLLECTIVE_SIZES) if groups else []
+    collective_rows = C.collectives(device_type, worlds, groups, COLLECTIVE_SIZES) if groups else []
     log(f"  {len(collective_rows)} collective and point-to-point timings over group sizes {groups} "
         f"in worlds of {worlds} processes, "
         f"{time.perf_counter() - start:.0f} s")
     wake_s = 0.0  # a GPU rank has a device of its own
     if device_type == "cpu":
         try:
-            wake_s = M.wake(here["cores"])
+            wake_s = C.wake(here["cores"])
             log(f"  a rank woken by its peer waits {wake_s * 1e3:.2f} ms for a core where ranks outnumber the "
                 f"cores, {time.perf_counter() - start:.0f} s")
         except RuntimeError as err:  # optional: without it the simulator shares the cores at once

@@ -14,6 +14,7 @@ from harness.calibrate import main as calibrate_main
 from vp.config import RunConfig
 from vp.cost import PROFILES, Hardware, pass_costs, pass_times, pass_work
 from vp.cost import measure as M
+from vp.cost import measure_comm as C
 from vp.cost.gemm import Gemm, elementwise_time, gemm_time
 from vp.cost.network import ALL_REDUCE, BROADCAST, Network
 from vp.cost.passes import compute_times
@@ -295,7 +296,7 @@ def test_calibrate_measure_writes_a_profile_that_sim_reads_and_reuses_it(quick, 
 
 
 def test_a_woken_ranks_wait_for_a_core_is_half_the_round_trip_it_adds(monkeypatch):
-    """vp.cost.measure.wake: (round trip with 4 processes on 2 cores - with 2) / 2, from one world of each; 0 on
+    """vp.cost.measure_comm.wake: (round trip with 4 processes on 2 cores - with 2) / 2, from one world of each; 0 on
     one core, where no pair has a core each."""
     worlds = []
 
@@ -303,10 +304,10 @@ def test_a_woken_ranks_wait_for_a_core_is_half_the_round_trip_it_adds(monkeypatc
         worlds.append((world, target, args[0]))
         return {2: 0.0004, 4: 0.0084}[world]
 
-    monkeypatch.setattr(M, "in_world", in_world)
-    assert M.wake(8) == pytest.approx(0.004)
-    assert worlds == [(2, M._wake_rank, 2), (4, M._wake_rank, 2)]  # held to 2 cores whatever the machine has
-    assert M.wake(1) == 0.0 and len(worlds) == 2
+    monkeypatch.setattr(C, "in_world", in_world)
+    assert C.wake(8) == pytest.approx(0.004)
+    assert worlds == [(2, C._wake_rank, 2), (4, C._wake_rank, 2)]  # held to 2 cores whatever the machine has
+    assert C.wake(1) == 0.0 and len(worlds) == 2
 
 
 def test_calibrate_measure_refuses_a_builtin_name_and_a_missing_gpu(capsys, tmp_path):
@@ -389,12 +390,12 @@ def test_a_measured_cpu_profile_counts_no_nccl_buffers(monkeypatch):
 def test_a_collective_benchmark_without_a_result_in_time_is_stopped_not_waited_for():
     """Ranks that are alive but never answer (a hung collective) end the benchmark at its deadline, killed."""
     with pytest.raises(RuntimeError, match="gave no result within 0.3 s"):
-        M.collectives("cpu", [2], [2], [1 << 20], reps=1000, timeout_s=0.3)
+        C.collectives("cpu", [2], [2], [1 << 20], reps=1000, timeout_s=0.3)
 
 
 def test_collectives_are_measured_with_the_worlds_groups_side_by_side():
     """World 4 in groups of 2: both pairs at once (the second pair's ranks 2 and 3 address each other by group
     rank), every op and the point-to-point message, each row tagged with its world."""
-    got = M.collectives("cpu", [4], [2, 4], [256], reps=2)
-    assert {(r[0], r[1], r[4]) for r in got} == {(op, n, 4) for op in M.OPS for n in (2, 4)} | {("p2p", 2, 4)}
+    got = C.collectives("cpu", [4], [2, 4], [256], reps=2)
+    assert {(r[0], r[1], r[4]) for r in got} == {(op, n, 4) for op in C.OPS for n in (2, 4)} | {("p2p", 2, 4)}
     assert all(r[2] == 256 and r[3] > 0 for r in got)

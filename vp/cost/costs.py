@@ -28,7 +28,7 @@ def comm_times(cfg: RunConfig, hw: Hardware, sched: Schedule) -> dict:
     net = Network.of(hw, cfg.world)
     sizes = payloads(cfg, sched)
     where = groups(cfg.mesh, "pp")[0]  # global rank of each pipeline rank
-    axis = {kind: where if kind in ROOTED_KINDS else groups(cfg.mesh, "vocab")[0] for kind in COLLECTIVE_KINDS}
+    axis = _collective_ranks(cfg)
     out = {kind: sum(net.collective(OPS[op], axis[kind], nbytes) for op, nbytes in sizes[kind])
            for kind in COLLECTIVE_KINDS}
     if cfg.tp > 1 and sched.vocab_parallel:
@@ -45,7 +45,11 @@ def comm_times(cfg: RunConfig, hw: Hardware, sched: Schedule) -> dict:
     return out
 
 
-OFF_PATH_KINDS = ("C0", "C1", "C2", "IF", "IB")  # run by a CommStream (vp.runtime.executor.launch), not in a pass
+def _collective_ranks(cfg: RunConfig) -> dict:
+    """{kind: global ranks} a collective step of that kind spans: C0, IF and IB the first replica's pipeline (tp
+    offset 0), the others its first vocabulary group (pipeline ranks x grid columns)."""
+    pipeline, vocab = groups(cfg.mesh, "pp")[0], groups(cfg.mesh, "vocab")[0]
+    return {kind: pipeline if kind in ROOTED_KINDS else vocab for kind in COLLECTIVE_KINDS}
 
 
 def comm_cpu_times(cfg: RunConfig, hw: Hardware, sched: Schedule) -> dict:
@@ -55,10 +59,7 @@ def comm_cpu_times(cfg: RunConfig, hw: Hardware, sched: Schedule) -> dict:
     and the CommStream's thread move and sum the payload on the cores the passes use, so the simulator charges it to
     the action that launches the instance (vp.schedule.simulate). The steps a grid's C0, IF and IB take inside a
     stage's tensor-parallel group are not counted."""
-    net = Network.of(hw, cfg.world)
-    sizes = payloads(cfg, sched)
-    where = groups(cfg.mesh, "pp")[0]
-    axis = {kind: where if kind in ROOTED_KINDS else groups(cfg.mesh, "vocab")[0] for kind in OFF_PATH_KINDS}
+    net, sizes, axis = Network.of(hw, cfg.world), payloads(cfg, sched), _collective_ranks(cfg)
     # a vocabulary-parallel schedule's instances (from its shape alone: the planner prices skeletons without actions)
     launched = ("C0", "IF", "IB") + sched.vocab.collectives if sched.vocab_parallel else ()
     out = {kind: sum(net.collective_cpu(OPS[op], axis[kind], nbytes) for op, nbytes in sizes[kind])

@@ -11,7 +11,8 @@ import time
 import torch
 import torch.distributed as dist
 
-from vp.cost.measure import Timer, in_world, or_exit
+from vp.cost.measure import Timer
+from vp.cost.measure_comm import in_world, or_exit
 from vp.cost.tables import LAYER_PASSES, VOCAB_PARTS
 
 IN_FLIGHT = 4  # microbatches whose layer activations a layers row holds, as a pipeline stage holds several

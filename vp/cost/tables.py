@@ -34,9 +34,9 @@ by the cost model where they cover a question; None elsewhere, and the analytica
                above max(busy, n), else the largest. On 2 CPU cores an all-reduce of 256 B between two
                processes took 1.4 ms with 2 processes at work and 4.6 ms with 8 (four pairs at once); rows
                without a world (older profiles) were measured with their group alone (world = n). On a CPU a
-               row also holds the CPU seconds the collective cost each member's process while it computed beside
-               it (collective_cpu_s, read the same way): what a collective run off the compute path takes from a
-               run's passes (vp.cost.costs.comm_cpu_times).
+               row also holds the CPU seconds the collective cost each member's process where the runtime runs it,
+               on a CommStream beside the passes (collective_cpu_s, read the same way): what a collective run off
+               the compute path takes from a run's passes (vp.cost.costs.comm_cpu_times).
 """
 import math
 from dataclasses import dataclass, field
@@ -164,7 +164,7 @@ class Tables:
 
     def collective_cpu_s(self, op: str, n: int, nbytes: float, busy: int = 0) -> float | None:
         """CPU seconds one collective among n ranks of a CPU costs each member's process where the runtime runs it,
-        off the compute path beside the passes (vp.cost.measure._cpu_off_path), read as collective_s reads the
+        off the compute path beside the passes (vp.cost.measure_comm._cpu_off_path), read as collective_s reads the
         seconds, or None (not measured: a GPU profile, or one measured before)."""
         return _along(self.collectives_cpu.get((op, int(n))), n, nbytes, busy)
 
