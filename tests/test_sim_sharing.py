@@ -136,7 +136,9 @@ def test_after_the_flush_every_device_shares_the_cores():
 
 def test_a_collective_action_keeps_its_rank_busy_for_what_its_costs_say():
     """A collective action (C0, C1, C2) is done at once unless Costs.compute prices it: then its rank moves on
-    that much later, also where processor sharing sets the passes' durations (it is not scaled)."""
+    that much later. Where ranks share cores it takes no core unless the sharing names its kind (the CPU time of a
+    collective run off the compute path): then it competes for cores as a pass does, slowed by the passes beside
+    it and slowing them."""
     s = build("vocab-1", 2, 4)
     base = unit_costs(s)
     charged = replace(base, compute={**base.compute, ("C1", None): 0.25})
@@ -144,9 +146,13 @@ def test_a_collective_action_keeps_its_rank_busy_for_what_its_costs_say():
     assert all(spans) and all(d == pytest.approx(0.25) for row in spans for d in row)
     assert all(e == t for tl in simulate(s, base).timeline for a, t, e in tl if a.kind == "C1")
     assert simulate(s, charged).makespan > simulate(s, base).makespan
-    shared = replace(charged, sharing=Sharing(1.0, 1.0))
-    assert all(e - t == pytest.approx(0.25) for tl in simulate(s, shared).timeline for a, t, e in tl
+    aside = replace(charged, sharing=Sharing(1.0, 1.0))  # one core, C1 not named: it takes none
+    assert all(e - t == pytest.approx(0.25) for tl in simulate(s, aside).timeline for a, t, e in tl
                if a.kind == "C1")
+    competing = replace(charged, sharing=Sharing(1.0, 1.0, {("C1", None): 0.25}))
+    spans = [e - t for tl in simulate(s, competing).timeline for a, t, e in tl if a.kind == "C1"]
+    assert min(spans) >= 0.25 * (1 - 1e-9) and max(spans) > 0.3  # beside the other rank's passes on one core
+    assert simulate(s, competing).makespan > simulate(s, aside).makespan
 
 
 def test_on_a_cpu_a_collective_off_the_compute_path_costs_its_ranks_the_cpu_time_measured():
@@ -183,6 +189,12 @@ def test_on_a_cpu_a_collective_off_the_compute_path_costs_its_ranks_the_cpu_time
     assert charged.compute[("IF", None)] == pytest.approx(plain.compute[("IF", None)] + cpu["IF"])
     assert charged.compute[("F", 0)] == plain.compute[("F", 0)]
     assert simulate(s, charged).makespan > simulate(s, plain).makespan
+    crowded = replace(hw, cores=1)  # two devices on one core: the CPU time competes for it as the passes' work
+    work = pass_costs(cfg, crowded, s).sharing.cpu
+    assert work[("C1", None)] == pytest.approx(cpu["C1"]) and ("C1", None) not in pass_costs(cfg, replace(
+        older, cores=1), s).sharing.cpu
+    assert work[("IF", None)] == pytest.approx(pass_costs(cfg, replace(older, cores=1), s).sharing.cpu[("IF", None)]
+                                               + cpu["IF"])
     naive = replace(cfg, method="interlaced")
     si = build("interlaced", 2, 4)
     assert payloads(naive, si)["S"] and set(comm_cpu_times(naive, hw, si)) == {"C0", "IF", "IB"}

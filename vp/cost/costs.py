@@ -131,20 +131,24 @@ def dp_allreduce_per_rank(cfg: RunConfig, hw: Hardware, sched: Schedule) -> list
 def pass_costs(cfg: RunConfig, hw: Hardware, sched: Schedule) -> Costs:
     """Seconds per action and bytes held per microbatch on one device of each stage, for the simulator (on a CPU
     the actions that launch collectives off the compute path also pay those collectives' CPU time,
-    comm_cpu_times); with how the devices share the node's cores where they do (sharing)."""
+    comm_cpu_times); with how the devices share the node's cores where they do (sharing: that CPU time competes
+    for them as the passes' work does, since gloo's threads run on the same cores)."""
     compute = compute_times(cfg, hw, sched)
     times = pass_times(cfg, hw, sched, compute)
+    work = dict(compute)  # what competes for cores where devices share them: the passes' work and that CPU time
     for kind, cpu in comm_cpu_times(cfg, hw, sched).items():  # the action of that kind launches the instance
         times[(kind, None)] = times.get((kind, None), 0.0) + cpu
-    return Costs(times, comm_times(cfg, hw, sched), held_bytes(cfg, hw, sched), sharing(cfg, hw, compute))
+        work[(kind, None)] = work.get((kind, None), 0.0) + cpu
+    return Costs(times, comm_times(cfg, hw, sched), held_bytes(cfg, hw, sched), sharing(cfg, hw, work))
 
 
 def sharing(cfg: RunConfig, hw: Hardware, compute: dict) -> Sharing | None:
     """How a run's devices share the node's cores (a profile with `cores`, a CPU one, and more devices on a node
     than cores), for the simulator's processor sharing (vp.schedule.sharing): each pipeline rank stands for the
     devices of the node that run its passes at the same time, its data-parallel replicas and tensor-parallel peers
-    (min(world, gpus_per_node) / pp: the node's share where a run spans several); the passes' own work competes for
-    cores, their tensor-parallel collectives do not. None where no device waits for a core."""
+    (min(world, gpus_per_node) / pp: the node's share where a run spans several); the passes' own work (`compute`,
+    with the CPU time of collectives run off the compute path under their launching kinds) competes for cores,
+    their tensor-parallel collectives do not. None where no device waits for a core."""
     here = min(cfg.world, hw.gpus_per_node)
     if hw.cores <= 0 or here <= hw.cores:
         return None

@@ -23,7 +23,7 @@ its rank and starts while more devices compute than there are cores takes wake_s
 from bisect import bisect_right
 from dataclasses import dataclass, field
 
-from vp.schedule.actions import COMPUTE
+from vp.schedule.actions import COLLECTIVES, COMPUTE
 
 TOLERANCE = 1e-3  # relative change of the makespan at which the fixed point stops
 MAX_ROUNDS = 40
@@ -36,7 +36,9 @@ class Sharing:
 
     cores: the node's compute units; devices: devices of the node each pipeline rank of the schedule stands for;
     cpu[(kind, stage)] (keys as Costs.compute): the seconds of a pass that compete for cores, by default all of it
-    (a stage's tensor-parallel collectives wait on other processes and run at their own speed); wake_s: what a
+    (a stage's tensor-parallel collectives wait on other processes and run at their own speed); a collective
+    action (C0, C1, C2) competes where cpu names its kind (the CPU time of a collective run off the compute path,
+    vp.cost.costs.comm_cpu_times), else it takes no core; wake_s: what a
     pass pays on top where its rank waited for a peer before it and more devices compute than there are cores
     (Hardware.wake_s: a scheduler hands cores over in time slices, not at once as the fluid sharing above)."""
     cores: float
@@ -46,6 +48,10 @@ class Sharing:
 
     def __post_init__(self):
         assert self.cores > 0 and self.devices > 0, (self.cores, self.devices)
+
+    def computes(self, kind: str) -> bool:
+        """Whether an action of this kind takes a core: a pass, or a collective action with CPU time."""
+        return kind in COMPUTE or (kind in COLLECTIVES and (kind, None) in self.cpu)
 
 
 def processor_sharing(s, costs, simulate_with, tolerance: float = TOLERANCE, max_rounds: int = MAX_ROUNDS):
@@ -57,14 +63,14 @@ def processor_sharing(s, costs, simulate_with, tolerance: float = TOLERANCE, max
     for r, timeline in enumerate(result.timeline):
         a_r, c_r = [], []
         for a, _, _ in timeline:
-            if a.kind in COMPUTE:
+            if share.computes(a.kind):
                 stage = s.stage(r, a.chunk) if a.kind in ("F", "B", "W") else None
                 d = costs.time(a.kind, stage)
                 c = share.cpu.get((a.kind, stage), share.cpu.get((a.kind, None), d))
                 a_r.append(d)
                 c_r.append(min(c, d))
-            else:
-                a_r.append(0.0)
+            else:  # a collective action keeps what its costs give it (launching, at once by default), a transfer 0
+                a_r.append(costs.time(a.kind, None) if a.kind in COLLECTIVES else 0.0)
                 c_r.append(0.0)
         alone.append(a_r)
         cpu.append(c_r)
@@ -85,18 +91,18 @@ def stretched(timeline, alone, cpu, share: Sharing) -> list[list[float]]:
     compute as they do there (processor sharing); the part of it that does not compete for cores is added as is.
     With share.wake_s, an action that follows a wait of its rank and starts in a crowded moment first waits
     wake_s for a core, in which it takes no share of the cores from the others."""
-    times, busy, spans = _computing(timeline)
+    times, busy, spans = _computing(timeline, share)
     woken = set()
     if share.wake_s:
         for r, tl in enumerate(timeline):
             last_end = 0.0  # the end of the rank's last compute action (the iteration starts at 0)
             for i, (a, t0, t1) in enumerate(tl):
-                if a.kind in COMPUTE and t1 > t0:
+                if share.computes(a.kind) and t1 > t0:
                     if cpu[r][i] > 0 and t0 > last_end * (1 + 1e-12) and _crowded(t0, times, busy, share):
                         woken.add((r, i))  # it waited for a peer; now it waits for a core
                     last_end = t1
         if woken:
-            times, busy, spans = _computing(timeline, {k: share.wake_s for k in woken})
+            times, busy, spans = _computing(timeline, share, {k: share.wake_s for k in woken})
     out = []
     for r, tl in enumerate(timeline):
         starts, ends = spans[r]
@@ -112,7 +118,7 @@ def stretched(timeline, alone, cpu, share: Sharing) -> list[list[float]]:
     return out
 
 
-def _computing(timeline, waits: dict | None = None) -> tuple[list, list, list]:
+def _computing(timeline, share: Sharing, waits: dict | None = None) -> tuple[list, list, list]:
     """(times, busy, spans): busy[j] the ranks computing in [times[j], times[j + 1]); per rank the starts and ends of
     its compute actions (disjoint, in order), each begun after its wait for a core where `waits` has one."""
     deltas: dict = {}
@@ -120,7 +126,7 @@ def _computing(timeline, waits: dict | None = None) -> tuple[list, list, list]:
     for r, tl in enumerate(timeline):
         starts, ends = [], []
         for i, (a, t0, t1) in enumerate(tl):
-            if a.kind in COMPUTE and t1 > t0:
+            if share.computes(a.kind) and t1 > t0:
                 t0 = min(t1, t0 + waits.get((r, i), 0.0))
                 starts.append(t0)
                 ends.append(t1)

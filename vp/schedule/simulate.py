@@ -316,7 +316,7 @@ def simulate(s: Schedule, costs: Costs | None = None, strict: bool = False,
                 if done is None:
                     break
                 if is_coll:  # a collective action: launched, done when its launch is (Costs.compute of its kind)
-                    finish = start + dur[d]  # not scaled by processor sharing: what gloo does on a CPU, measured so
+                    finish = start + (dur[d] if own is None else own[i])  # its CPU time, shared as a pass's
                     started(start)
                     ended(finish)
                     t_clock = finish
