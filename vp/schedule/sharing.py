@@ -38,9 +38,9 @@ class Sharing:
     cpu[(kind, stage)] (keys as Costs.compute): the seconds of a pass that compete for cores, by default all of it
     (a stage's tensor-parallel collectives wait on other processes and run at their own speed); a collective
     action (C0, C1, C2) competes where cpu names its kind (the CPU time of a collective run off the compute path,
-    vp.cost.costs.comm_cpu_times), else it takes no core; wake_s: what a
-    pass pays on top where its rank waited for a peer before it and more devices compute than there are cores
-    (Hardware.wake_s: a scheduler hands cores over in time slices, not at once as the fluid sharing above)."""
+    vp.cost.costs.comm_cpu_times), else it takes no core; wake_s: what a pass pays on top where its rank waited
+    for a peer before it and more devices compute than there are cores (Hardware.wake_s: a scheduler hands cores
+    over in time slices, not at once as the fluid sharing above)."""
     cores: float
     devices: float = 1.0
     cpu: dict = field(default_factory=dict)
