@@ -59,9 +59,11 @@ def comm_cpu_times(cfg: RunConfig, hw: Hardware, sched: Schedule) -> dict:
     and the CommStream's thread move and sum the payload on the cores the passes use, so the simulator charges it to
     the action that launches the instance (vp.schedule.simulate). The steps a grid's C0, IF and IB take inside a
     stage's tensor-parallel group are not counted."""
+    if not sched.vocab_parallel or not hw.tables.collectives_cpu:  # nothing launched, or nothing measured
+        return {}
     net, sizes, axis = Network.of(hw, cfg.world), payloads(cfg, sched), _collective_ranks(cfg)
     # a vocabulary-parallel schedule's instances (from its shape alone: the planner prices skeletons without actions)
-    launched = ("C0", "IF", "IB") + sched.vocab.collectives if sched.vocab_parallel else ()
+    launched = ("C0", "IF", "IB") + sched.vocab.collectives
     out = {kind: sum(net.collective_cpu(OPS[op], axis[kind], nbytes) for op, nbytes in sizes[kind])
            for kind in launched}
     return {kind: s for kind, s in out.items() if s > 0}
