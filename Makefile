@@ -10,7 +10,7 @@ ARGS ?=
 # one stamp per requested torch: asking for another build makes it out of date
 TORCH_STAMP := $(VENV)/.torch-$(shell printf '%s' '$(TORCH)' | cksum | cut -d' ' -f1)
 
-.PHONY: help venv test sweep report paper-tables paper-artifact calibrate-paper plan-check bench gpu-check slurm-up slurm-down clean
+.PHONY: help venv test sweep report paper-tables paper-artifact calibrate-paper plan-check model-check bench gpu-check slurm-up slurm-down clean
 
 help:  ## this list
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z-]+:.*## / {printf "  make %-13s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -79,6 +79,10 @@ calibrate-paper: venv  ## refit conf/hardware/a100_paper.yaml to the published a
 PLAN_HW ?=
 plan-check: venv  ## plan a small GPT on 4 CPU processes, run the top 5 and bottom 2 for real, print Spearman (PLAN_HW=profile)
 	$(PY) -m harness.plancheck $(if $(PLAN_HW),--hardware $(PLAN_HW)) $(ARGS)
+
+model-check: venv  ## the cost model against this machine: smoke, tp_smoke and dp 2 x pp 2 measured and predicted, errors against the targets (ARGS="--rounds 3")
+	profile=$$($(PY) -m harness.calibrate --measure --reuse --print-name) && \
+	$(PY) -m harness.modelcheck --hardware $$profile $(ARGS)
 
 bench: venv  ## vocabulary-layer and pipeline benchmarks (printed, never asserted)
 	$(PY) -m vp.bench vocab

@@ -20,6 +20,14 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
+@pytest.fixture
+def user_conf(tmp_path, monkeypatch):
+    """A user's profile folder of their own (VP_HARNESS_CONFIG), empty, and tmp_path as the working directory."""
+    monkeypatch.setenv("VP_HARNESS_CONFIG", str(tmp_path / "conf"))
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
 @pytest.fixture(scope="session")
 def pools(tmp_path_factory):
     """pools(world) -> a DistPool of that many gloo processes, shared by every test of the session."""

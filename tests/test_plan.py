@@ -100,13 +100,6 @@ def test_fixed_axes_are_kept():
     assert plan.rows and all(r.run.method == "vocab-2" and r.run.tp == 2 for r in plan.rows)
 
 
-@pytest.fixture
-def user_conf(tmp_path, monkeypatch):
-    monkeypatch.setenv("VP_HARNESS_CONFIG", str(tmp_path / "conf"))
-    monkeypatch.chdir(tmp_path)
-    return tmp_path
-
-
 def test_plan_writes_an_experiment_that_the_sweep_reproduces(user_conf, capsys):
     """plan.json=true prints the summary; the experiment file's jobs, through harness.sweep backend=sim, are the
     plan's RunConfigs and reproduce its tokens/s."""

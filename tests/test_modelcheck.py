@@ -1,0 +1,110 @@
+"""The model check (harness.modelcheck, make model-check): the cost model against this machine's real runs, each run's
+repeats over rounds, the errors against the targets."""
+import json
+
+import pytest
+
+from harness_util import TINY, fixture_records
+
+
+def test_model_check_says_which_profile_and_sets_it_needs(user_conf, capsys):
+    from harness import modelcheck
+
+    assert modelcheck.main([]) == 2
+    assert "calibrate --measure" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        modelcheck.main(["--rounds", "0"])
+    assert "--rounds 0: every run goes at least once" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        modelcheck.main(["--sets", "smoke", "dp4"])
+    assert "--sets dp4: no such set; the sets are smoke, tp_smoke, dp2_pp2" in capsys.readouterr().err
+    assert modelcheck.main(["--hardware", "nosuchbox", "--sets", "smoke"]) == 2  # the sweep refuses it, says why
+    assert "Could not find 'hardware/nosuchbox'" in capsys.readouterr().err
+    assert not (user_conf / "results").exists()  # nothing ran
+
+
+def _write(folder, rec):
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{rec['run_id']}.json").write_text(json.dumps(rec))
+
+
+def test_each_run_is_judged_by_the_median_of_its_rounds(tmp_path, monkeypatch):
+    """Round 2 measured every run 1.5x slower: the error reads against the median over both rounds, the least-most
+    spans them; a run failed in round 2 keeps its round-1 measurement; a run never measured ok is left out."""
+    from harness import modelcheck
+
+    monkeypatch.setitem(modelcheck.SETS, "mini", ("the fixture records", []))
+    sim = next(s for s in fixture_records("sim") if s["status"] == "ok")
+    [real] = [r for r in fixture_records("real") if r["config"] == sim["config"]]
+    pairs = []
+    for i in range(3):  # three configs apart by their seed, measured 1, 2 and 3 times the fixture's time
+        r, s = json.loads(json.dumps(real)), json.loads(json.dumps(sim))
+        for rec, tag in ((r, "a"), (s, "b")):
+            rec["config"]["seed"], rec["run_id"] = 1000 + i, f"{tag}{i:011d}"
+        r["metrics"]["iteration_time_s"] *= i + 1
+        pairs.append((r, s))
+    (first, _), (second, _), (never, _) = pairs
+    for real, sim in pairs:
+        _write(tmp_path / "sim" / "mini" / "mini", sim)
+        if real is never:
+            real = {**real, "status": "failed", "metrics": None, "error": "killed"}
+        _write(tmp_path / "round1" / "mini" / "mini", real)
+        slower = json.loads(json.dumps(real))
+        if slower["status"] == "ok":
+            slower["metrics"]["iteration_time_s"] *= 1.5
+        if real is second:
+            slower["status"], slower["metrics"] = "failed", None
+        _write(tmp_path / "round2" / "mini" / "mini", slower)
+
+    rows = modelcheck.gather(tmp_path, ["mini"], 2)
+    assert len(rows) == 2
+    by_time = {r["measured"][0]: r for r in rows}
+    t = first["metrics"]["iteration_time_s"]
+    row = by_time[t]
+    assert row["measured"] == [t, 1.5 * t] and row["median"] == pytest.approx(1.25 * t)
+    sim_t = next(s for r, s in pairs if r is first)["metrics"]["iteration_time_s"]
+    assert row["err_time"] == pytest.approx(sim_t / (1.25 * t) - 1)
+    assert by_time[second["metrics"]["iteration_time_s"]]["measured"] == [second["metrics"]["iteration_time_s"]]
+    assert modelcheck._missing(tmp_path, ["mini"], rows) == 1  # `never` was predicted but not measured ok
+
+    text = modelcheck.render(rows, ["mini"], "a100_80g", 2)
+    assert f"| {t:.4g}-{1.5 * t:.4g} |" in text
+    assert "- mini (the fixture records): " in text and "a run's rounds apart by 50.0 % (median" in text
+    assert "Targets: iteration time median |error| at most 10.0 %: " in text
+    assert "NOT met" in text  # a100_80g against CPU runs: far off
+
+
+def test_verdict_names_each_target_met_or_not():
+    from harness.modelcheck import verdict
+
+    def rows(*errors, memory=0.01):
+        return [{"err_time": e, "err_memory": memory} for e in errors]
+
+    assert verdict(rows(0.05, -0.08, 0.2)) == (
+        "Targets: iteration time median |error| at most 10.0 %: met; largest at most 25.0 %: met; "
+        "peak memory median |error| at most 10.0 %: met.")
+    assert "median |error| at most 10.0 %: NOT met; largest at most 25.0 %: NOT met" in verdict(rows(0.12, -0.3, 0.2))
+    assert verdict(rows(0.05, 0.05, 0.3)).count("NOT met") == 1
+    assert "peak memory median |error| at most 10.0 %: NOT met" in verdict(rows(0.0, memory=-0.2))
+
+
+def test_model_check_runs_predicts_and_reuses_through_the_sweep(user_conf, monkeypatch, capsys):
+    """One tiny job in two rounds: measured twice, predicted once, the README written; run again, nothing reruns."""
+    from harness import modelcheck
+
+    monkeypatch.setattr(modelcheck, "SETS", {"tiny": ("one tiny run", ["experiment=smoke", *TINY,
+                                                                        "grid.product.vocab=[2k]",
+                                                                        "grid.product.method=[vocab-1]"])})
+    argv = ["--hardware", "a100_80g", "--rounds", "2", "--extra", "run.iterations=2", "run.warmup=1"]
+    assert modelcheck.main(argv) == 0
+    out = capsys.readouterr().out
+    folder = user_conf / "results" / "model_check_a100_80g"
+    readme = (folder / "README.md").read_text()
+    assert readme in out
+    assert "| tiny | 1x2x1 | vocab-1 | 2k |" in readme and "--rounds 2" in readme
+    assert "Every run measured in 2 rounds, 20" in readme  # when: the first start to the last end
+    for part in ("sim", "round1", "round2"):
+        assert len(list((folder / part / "tiny" / "smoke").glob("????????????.json"))) == 1
+    assert modelcheck.main(argv) == 0
+    assert out.count("0 done, 1 to run") == 3  # the prediction and the two rounds, the first time
+    assert capsys.readouterr().out.count("1 done, 0 to run") == 3  # reused
