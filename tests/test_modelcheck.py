@@ -29,8 +29,9 @@ def _write(folder, rec):
 
 
 def test_each_run_is_judged_by_the_median_of_its_rounds(tmp_path, monkeypatch):
-    """Round 2 measured every run 1.5x slower: the error reads against the median over both rounds, the least-most
-    spans them; a run failed in round 2 keeps its round-1 measurement; a run never measured ok is left out."""
+    """Rounds 2 and 3 measured every run 1.5x and 4x slower: the error reads against the median of the rounds
+    (not their mean), the least-most spans them; a run failed in round 2 keeps its other rounds; a run never
+    measured ok is left out and counted missing."""
     from harness import modelcheck
 
     monkeypatch.setitem(modelcheck.SETS, "mini", ("the fixture records", []))
@@ -43,33 +44,30 @@ def test_each_run_is_judged_by_the_median_of_its_rounds(tmp_path, monkeypatch):
             rec["config"]["seed"], rec["run_id"] = 1000 + i, f"{tag}{i:011d}"
         r["metrics"]["iteration_time_s"] *= i + 1
         pairs.append((r, s))
-    (first, _), (second, _), (never, _) = pairs
+    (first, first_sim), (second, _), (never, _) = pairs
     for real, sim in pairs:
         _write(tmp_path / "sim" / "mini" / "mini", sim)
-        if real is never:
-            real = {**real, "status": "failed", "metrics": None, "error": "killed"}
-        _write(tmp_path / "round1" / "mini" / "mini", real)
-        slower = json.loads(json.dumps(real))
-        if slower["status"] == "ok":
-            slower["metrics"]["iteration_time_s"] *= 1.5
-        if real is second:
-            slower["status"], slower["metrics"] = "failed", None
-        _write(tmp_path / "round2" / "mini" / "mini", slower)
+        for r, slower in ((1, 1.0), (2, 1.5), (3, 4.0)):
+            rec = json.loads(json.dumps(real))
+            if real is never or (real is second and r == 2):
+                rec["status"], rec["metrics"], rec["error"] = "failed", None, "killed"
+            else:
+                rec["metrics"]["iteration_time_s"] *= slower
+            _write(tmp_path / f"round{r}" / "mini" / "mini", rec)
 
-    rows = modelcheck.gather(tmp_path, ["mini"], 2)
+    rows = modelcheck.gather(tmp_path, ["mini"], 3)
     assert len(rows) == 2
     by_time = {r["measured"][0]: r for r in rows}
-    t = first["metrics"]["iteration_time_s"]
-    row = by_time[t]
-    assert row["measured"] == [t, 1.5 * t] and row["median"] == pytest.approx(1.25 * t)
-    sim_t = next(s for r, s in pairs if r is first)["metrics"]["iteration_time_s"]
-    assert row["err_time"] == pytest.approx(sim_t / (1.25 * t) - 1)
-    assert by_time[second["metrics"]["iteration_time_s"]]["measured"] == [second["metrics"]["iteration_time_s"]]
+    t, t2 = first["metrics"]["iteration_time_s"], second["metrics"]["iteration_time_s"]
+    assert by_time[t]["measured"] == [t, 1.5 * t, 4 * t] and by_time[t]["median"] == pytest.approx(1.5 * t)
+    assert by_time[t]["err_time"] == pytest.approx(first_sim["metrics"]["iteration_time_s"] / (1.5 * t) - 1)
+    assert by_time[t2]["measured"] == [t2, 4 * t2] and by_time[t2]["median"] == pytest.approx(2.5 * t2)
     assert modelcheck._missing(tmp_path, ["mini"], rows) == 1  # `never` was predicted but not measured ok
+    assert len(modelcheck.gather(tmp_path, ["mini"], 1)) == 2  # round 1 alone
 
-    text = modelcheck.render(rows, ["mini"], "a100_80g", 2)
-    assert f"| {t:.4g}-{1.5 * t:.4g} |" in text
-    assert "- mini (the fixture records): " in text and "a run's rounds apart by 50.0 % (median" in text
+    text = modelcheck.render(rows, ["mini"], "a100_80g", 3)
+    assert f"| {1.5 * t:.4g} | {t:.4g}-{4 * t:.4g} |" in text
+    assert "- mini (the fixture records): 2 runs" in text and "a run's rounds apart by 300.0 % (median" in text
     assert "Targets: iteration time median |error| at most 10.0 %: " in text
     assert "NOT met" in text  # a100_80g against CPU runs: far off
 
