@@ -12,7 +12,11 @@ time and the median |error| of peak memory (the rank with the largest), against 
 at most 10 % and largest at most 25 %, peak memory median at most 10 %.
 Rounds spread each run's repeats over the check, so that the machine's speed drifting within minutes falls on every
 run alike; with 2 or more rounds each run's least-most says how far the machine moved, which an error reads
-against. Runs already in the folder are reused (delete it to measure again).
+against. On a measured CPU profile the check also times the calibration's own passes again (a stage's layers and
+the output layer's parts at the profile's shapes, harness.measure.pass_round) before and after every round, and
+gives beside each error the error at that round's speed (the prediction times how much slower those passes ran
+than in the profile): what is left of an error once the machine's drift since the calibration is taken out. The
+targets are judged on the plain error. Runs already in the folder are reused (delete it to measure again).
 Exit code 2 when no profile is found (the message says how to make one) or a sweep refused its overrides, 1 when a
 run failed in every round, 130 when interrupted (the same command resumes).
 """
@@ -32,12 +36,74 @@ SETS = {  # name: (what it runs, the sweep's overrides)
                 ["experiment=smoke", "run.dp=2", "grid.product.method=[baseline,vocab-2]"]),
 }
 TARGETS = {"time_median": 0.10, "time_largest": 0.25, "memory_median": 0.10}  # |predicted / measured - 1|
+SPEED = "speed.json"  # in each round's folder: the calibration's passes timed again before and after the round
+
+
+def speed_now(profile: dict) -> float | None:
+    """How much slower the machine runs now than when the profile was measured: the calibration's passes (the
+    profile's `layers` and `output` rows: a stage's layers and the output layer's parts, as the runtime runs them)
+    timed again with the same code and timer (harness.measure.pass_round), each row's time over the profile's, the
+    median over rows and passes. None for a profile without those rows (built-in, published) or of a GPU."""
+    import torch
+
+    from harness.measure import pass_round
+    from vp.cost import measure as M
+    from vp.cost.tables import rows
+
+    measured = profile.get("measured") or {}
+    if (profile.get("machine") or {}).get("device", "cpu") != "cpu":
+        return None
+    then = {"layers": {tuple(int(x) for x in r[:5]): r[5:] for r in rows(measured.get("layers") or [])},
+            "output": {(*(int(x) for x in r[:3]), str(r[3])): r[4:] for r in rows(measured.get("output") or [])}}
+    if not any(then.values()):
+        return None
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # one rank's thread, as the calibration timed them
+    try:
+        cpu = torch.device("cpu")
+        dtype = M.DTYPES[(profile.get("machine") or {}).get("dtype", "fp32")]
+        now = pass_round({table: list(keys) for table, keys in then.items()}, cpu, dtype, M.Timer(cpu))
+    finally:
+        torch.set_num_threads(threads)
+    ratios = []
+    for table, width in (("layers", 5), ("output", 4)):
+        for row in now[table]:
+            key = tuple(x if isinstance(x, str) else int(x) for x in row[:width])
+            ratios += [new / old for new, old in zip(row[width:], then[table][key]) if old > 0]
+    return statistics.median(ratios) if ratios else None
+
+
+def round_speed(folder: Path, when: str, profile: dict | None) -> None:
+    """Time the machine's speed (speed_now) into folder/speed.json under `when` (before, after), unless there."""
+    import json
+
+    from vp.files import write_text_atomic
+
+    path = folder / SPEED
+    got = json.loads(path.read_text()) if path.exists() else {}
+    if when in got or profile is None:
+        return
+    ratio = speed_now(profile)
+    if ratio is not None:
+        folder.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(path, json.dumps({**got, when: ratio}))
+        print(f"  the calibration's passes {when} the round: x{ratio:.2f} their profile's time", flush=True)
+
+
+def read_speed(folder: Path) -> float | None:
+    """A round's speed: the mean of its before and after timings (None where none was taken)."""
+    import json
+
+    path = folder / SPEED
+    got = json.loads(path.read_text()) if path.exists() else {}
+    return statistics.fmean(got.values()) if got else None
 
 
 def gather(folder: Path, names: list[str], rounds: int) -> list[dict]:
     """One row per run of each set that ended ok measured (in at least one round) and predicted: its set, mesh,
     method and vocabulary, the measured iteration times of its rounds, the prediction, the error against their
-    median, and the peak memory's error (the rank with the largest, the median over the rounds)."""
+    median, the peak memory's error (the rank with the largest, the median over the rounds), and where the rounds'
+    speed was timed, the error at each round's speed (the median over the rounds; None where none was timed)."""
     from harness.records import load
     from harness.report.frame import records_frame
     from harness.report.predicted import pairs
@@ -47,10 +113,14 @@ def gather(folder: Path, names: list[str], rounds: int) -> list[dict]:
         sims = load(folder / "sim" / name)
         runs: dict = {}
         for r in range(1, rounds + 1):
+            speed = read_speed(folder / f"round{r}")
             for row in pairs(records_frame(load(folder / f"round{r}" / name) + sims)).to_dict("records"):
                 if row["status"] == "ok" and row["status_sim"] == "ok":
-                    run = runs.setdefault(row["config_key"], {"set": name, "row": row, "measured": [], "memory": []})
+                    run = runs.setdefault(row["config_key"], {"set": name, "row": row, "measured": [], "memory": [],
+                                                              "at_speed": []})
                     run["measured"].append(row["iteration_time_s"])
+                    if speed is not None:
+                        run["at_speed"].append(row["iteration_time_s_sim"] * speed / row["iteration_time_s"] - 1)
                     run["memory"].append(row["err_memory"])
                     env = row["record"].get("env") or {}
                     run.setdefault("when", []).extend(t for t in (env.get("start"), env.get("end")) if t)
@@ -60,7 +130,8 @@ def gather(folder: Path, names: list[str], rounds: int) -> list[dict]:
             out.append({**run, "mesh": row["mesh"], "method": row["method"], "vocab": row["vocab"],
                         "hardware": row["hardware_sim"], "predicted": row["iteration_time_s_sim"],
                         "median": median, "err_time": row["iteration_time_s_sim"] / median - 1,
-                        "err_memory": statistics.median(run["memory"]), "pair": row})
+                        "err_memory": statistics.median(run["memory"]), "pair": row,
+                        "err_at_speed": statistics.median(run["at_speed"]) if run["at_speed"] else None})
     return out
 
 
@@ -94,8 +165,9 @@ def verdict(rows: list[dict]) -> str:
     return "Targets: " + "; ".join(f"{text}: {'met' if ok else 'NOT met'}" for text, ok in checks) + "."
 
 
-def render(rows: list[dict], names: list[str], hardware: str, rounds: int) -> str:
-    """The check as markdown: a table of every run, then a line per set, one over every run, the targets."""
+def render(rows: list[dict], names: list[str], hardware: str, rounds: int, speeds: dict | None = None) -> str:
+    """The check as markdown: a table of every run, then a line per set, one over every run, the targets, and
+    where the rounds' speed was timed (`speeds`: {round: speed}), what the error is at that speed."""
     from harness.report.predicted import drift_line
     import pandas as pd
 
@@ -106,17 +178,25 @@ def render(rows: list[dict], names: list[str], hardware: str, rounds: int) -> st
              f"--hardware {hardware} --rounds {rounds}`), and predicted by the cost model with the profile "
              f"{hardware}; error = predicted / measured - 1, the measured iteration time the median over the rounds.",
              "", "| Set | Mesh | Method | Vocab | Iteration time (s) measured | least-most | predicted | error (%) | "
-             "Peak memory error (%) |", "|:--|:--|:--|:--|--:|:--|--:|--:|--:|"]
+             "error at the round's speed (%) | Peak memory error (%) |", "|:--|:--|:--|:--|--:|:--|--:|--:|--:|--:|"]
     for r in rows:
+        at = "" if r["err_at_speed"] is None else f"{100 * r['err_at_speed']:+.1f}"
         lines.append(f"| {r['set']} | {r['mesh']} | {r['method']} | {r['vocab']} | {r['median']:.4g} | "
                      f"{min(r['measured']):.4g}-{max(r['measured']):.4g} | {r['predicted']:.4g} | "
-                     f"{100 * r['err_time']:+.1f} | {100 * r['err_memory']:+.1f} |")
+                     f"{100 * r['err_time']:+.1f} | {at} | {100 * r['err_memory']:+.1f} |")
     lines.append("")
     for name in names:
         mine = [r for r in rows if r["set"] == name]
         if mine:
             lines += [f"- {summary(mine, f'{name} ({SETS[name][0]})')}"]
     lines += [f"- {summary(rows, 'every run')}", "", verdict(rows)]
+    if speeds:
+        at = [abs(r["err_at_speed"]) for r in rows if r["err_at_speed"] is not None]
+        lines += ["", "The calibration's own passes, timed again before and after each round, took " +
+                  ", ".join(f"x{v:.2f} (round {r})" for r, v in speeds.items()) + " their profile's time: the "
+                  f"machine's speed against the calibration's. At each round's speed (the prediction times that) the error is "
+                  f"median |error| {_pct(statistics.median(at))}, largest {_pct(max(at))}: what is the model's once "
+                  "the machine's drift is taken out. The targets are judged on the plain error."]
     drift = drift_line(pd.DataFrame([r["pair"] for r in rows]))
     if drift:
         lines += ["", drift.strip()]
@@ -159,7 +239,9 @@ def main(argv=None) -> int:
                           *common])
         if code:  # 2: refused (the sweep said why), 130: interrupted
             return code
+    profile = measured_profile(hardware)
     for r in range(1, args.rounds + 1):
+        round_speed(folder / f"round{r}", "before", profile)
         for name in args.sets:
             print(f"round {r} of {args.rounds}: {name}", flush=True)
             with initialize_config_dir(str(CONF), version_base="1.3"):
@@ -167,11 +249,13 @@ def main(argv=None) -> int:
                               f"results_dir={folder}/round{r}/{name}", *common])
             if code:  # a failed run is left out of its round (a run failed in every round fails the check)
                 return code
+        round_speed(folder / f"round{r}", "after", profile)
     rows = gather(folder, args.sets, args.rounds)
     if not rows:
         print(f"model-check: no run ended ok both measured and predicted (records in {folder})", file=sys.stderr)
         return 1
-    text = render(rows, args.sets, hardware, args.rounds)
+    speeds = {r: read_speed(folder / f"round{r}") for r in range(1, args.rounds + 1)}
+    text = render(rows, args.sets, hardware, args.rounds, {r: v for r, v in speeds.items() if v is not None})
     write_text_atomic(folder / "README.md", text)
     print(text + f"\nwritten to {folder / 'README.md'}")
     missing = _missing(folder, args.sets, rows)
@@ -179,6 +263,20 @@ def main(argv=None) -> int:
         print(f"model-check: {missing} run(s) failed in every round (records in {folder}/round*/)", file=sys.stderr)
         return 1
     return 0
+
+
+def measured_profile(name: str) -> dict | None:
+    """The profile `name` from the user's profile folder (a measured one: what `harness.calibrate --measure`
+    writes), None for a built-in profile or one not found there."""
+    import yaml
+
+    from harness.profiles import user_conf_dir
+
+    path = user_conf_dir() / "hardware" / f"{name}.yaml"
+    if not path.exists():
+        return None
+    data = yaml.safe_load(path.read_text()) or {}
+    return data.get("profile") or data
 
 
 def _missing(folder: Path, names: list[str], rows: list[dict]) -> int:

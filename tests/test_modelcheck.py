@@ -55,6 +55,9 @@ def test_each_run_is_judged_by_the_median_of_its_rounds(tmp_path, monkeypatch):
                 rec["metrics"]["iteration_time_s"] *= slower
             _write(tmp_path / f"round{r}" / "mini" / "mini", rec)
 
+    for r, slower in ((1, 1.0), (3, 4.0)):  # the rounds' speed timed, as slow as the runs; round 2 has none
+        (tmp_path / f"round{r}" / modelcheck.SPEED).write_text(json.dumps({"before": slower, "after": slower}))
+
     rows = modelcheck.gather(tmp_path, ["mini"], 3)
     assert len(rows) == 2
     by_time = {r["measured"][0]: r for r in rows}
@@ -62,14 +65,49 @@ def test_each_run_is_judged_by_the_median_of_its_rounds(tmp_path, monkeypatch):
     assert by_time[t]["measured"] == [t, 1.5 * t, 4 * t] and by_time[t]["median"] == pytest.approx(1.5 * t)
     assert by_time[t]["err_time"] == pytest.approx(first_sim["metrics"]["iteration_time_s"] / (1.5 * t) - 1)
     assert by_time[t2]["measured"] == [t2, 4 * t2] and by_time[t2]["median"] == pytest.approx(2.5 * t2)
+    # at each round's own speed the slowdown is taken out: rounds 1 and 3 give round 1's error, round 2 none
+    assert by_time[t]["err_at_speed"] == pytest.approx(first_sim["metrics"]["iteration_time_s"] / t - 1)
+    assert modelcheck.read_speed(tmp_path / "round3") == 4.0 and modelcheck.read_speed(tmp_path / "round2") is None
     assert modelcheck._missing(tmp_path, ["mini"], rows) == 1  # `never` was predicted but not measured ok
     assert len(modelcheck.gather(tmp_path, ["mini"], 1)) == 2  # round 1 alone
 
-    text = modelcheck.render(rows, ["mini"], "a100_80g", 3)
+    assert "speed" not in modelcheck.render(rows, ["mini"], "a100_80g", 3).split("Targets:")[1]
+    text = modelcheck.render(rows, ["mini"], "a100_80g", 3, {1: 1.0, 3: 4.0})
+    assert "took x1.00 (round 1), x4.00 (round 3) their profile's time" in text
+    assert "At each round's speed (the prediction times that) the error is median |error| " in text
     assert f"| {1.5 * t:.4g} | {t:.4g}-{4 * t:.4g} |" in text
     assert "- mini (the fixture records): 2 runs" in text and "a run's rounds apart by 300.0 % (median" in text
     assert "Targets: iteration time median |error| at most 10.0 %: " in text
     assert "NOT met" in text  # a100_80g against CPU runs: far off
+
+
+def test_the_machines_speed_is_the_calibrations_passes_timed_again():
+    """speed_now times the profile's own pass rows again and divides: a profile that claims a tiny time reads as a
+    machine far slower now, one that claims a huge time as far faster; no rows, or a GPU's, give no speed."""
+    from harness.modelcheck import speed_now
+
+    def profile(seconds, device="cpu"):
+        return {"machine": {"device": device, "dtype": "fp32"},
+                "measured": {"layers": f"1 16 32 2 64 {seconds} {seconds} {seconds} {seconds}",
+                             "output": f"16 64 32 alg1 {seconds} {seconds}"}}
+
+    assert speed_now(profile(1e-9)) > 1e3
+    assert speed_now(profile(1e3)) < 1e-3
+    assert speed_now(profile(1e-9, device="cuda")) is None
+    assert speed_now({"machine": {"device": "cpu"}, "measured": {}}) is None
+
+
+def test_a_rounds_speed_is_timed_once_before_and_once_after(tmp_path, monkeypatch):
+    from harness import modelcheck
+
+    timed = iter([1.2, 1.4])
+    monkeypatch.setattr(modelcheck, "speed_now", lambda profile: next(timed))
+    modelcheck.round_speed(tmp_path / "round1", "before", None)  # a built-in profile: nothing timed or written
+    assert not (tmp_path / "round1").exists()
+    for when in ("before", "before", "after", "after"):  # a resumed check keeps what it timed
+        modelcheck.round_speed(tmp_path / "round1", when, {"measured": {}})
+    assert json.loads((tmp_path / "round1" / modelcheck.SPEED).read_text()) == {"before": 1.2, "after": 1.4}
+    assert modelcheck.read_speed(tmp_path / "round1") == pytest.approx(1.3)
 
 
 def test_verdict_names_each_target_met_or_not():
