@@ -50,8 +50,8 @@ def speed_now(profile: dict) -> float | None:
     from vp.cost import measure as M
     from vp.cost.tables import rows
 
-    measured = profile.get("measured") or {}
-    if (profile.get("machine") or {}).get("device", "cpu") != "cpu":
+    measured, machine = profile.get("measured") or {}, profile.get("machine") or {}
+    if machine.get("device", "cpu") != "cpu":
         return None
     then = {"layers": {tuple(int(x) for x in r[:5]): r[5:] for r in rows(measured.get("layers") or [])},
             "output": {(*(int(x) for x in r[:3]), str(r[3])): r[4:] for r in rows(measured.get("output") or [])}}
@@ -61,7 +61,7 @@ def speed_now(profile: dict) -> float | None:
     torch.set_num_threads(1)  # one rank's thread, as the calibration timed them
     try:
         cpu = torch.device("cpu")
-        dtype = M.DTYPES[(profile.get("machine") or {}).get("dtype", "fp32")]
+        dtype = M.DTYPES[machine.get("dtype", "fp32")]
         now = pass_round({table: list(keys) for table, keys in then.items()}, cpu, dtype, M.Timer(cpu))
     finally:
         torch.set_num_threads(threads)
@@ -73,29 +73,33 @@ def speed_now(profile: dict) -> float | None:
     return statistics.median(ratios) if ratios else None
 
 
+def _timings(folder: Path) -> dict:
+    """{before, after: speed} of a round as speed.json holds them ({} where none was taken)."""
+    import json
+
+    path = folder / SPEED
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
 def round_speed(folder: Path, when: str, profile: dict | None) -> None:
     """Time the machine's speed (speed_now) into folder/speed.json under `when` (before, after), unless there."""
     import json
 
     from vp.files import write_text_atomic
 
-    path = folder / SPEED
-    got = json.loads(path.read_text()) if path.exists() else {}
+    got = _timings(folder)
     if when in got or profile is None:
         return
     ratio = speed_now(profile)
     if ratio is not None:
         folder.mkdir(parents=True, exist_ok=True)
-        write_text_atomic(path, json.dumps({**got, when: ratio}))
+        write_text_atomic(folder / SPEED, json.dumps({**got, when: ratio}))
         print(f"  the calibration's passes {when} the round: x{ratio:.2f} their profile's time", flush=True)
 
 
 def read_speed(folder: Path) -> float | None:
     """A round's speed: the mean of its before and after timings (None where none was taken)."""
-    import json
-
-    path = folder / SPEED
-    got = json.loads(path.read_text()) if path.exists() else {}
+    got = _timings(folder)
     return statistics.fmean(got.values()) if got else None
 
 
@@ -109,21 +113,21 @@ def gather(folder: Path, names: list[str], rounds: int) -> list[dict]:
     from harness.report.predicted import pairs
 
     out = []
+    speeds = {r: read_speed(folder / f"round{r}") for r in range(1, rounds + 1)}
     for name in names:
         sims = load(folder / "sim" / name)
         runs: dict = {}
-        for r in range(1, rounds + 1):
-            speed = read_speed(folder / f"round{r}")
+        for r, speed in speeds.items():
             for row in pairs(records_frame(load(folder / f"round{r}" / name) + sims)).to_dict("records"):
                 if row["status"] == "ok" and row["status_sim"] == "ok":
                     run = runs.setdefault(row["config_key"], {"set": name, "row": row, "measured": [], "memory": [],
-                                                              "at_speed": []})
+                                                              "at_speed": [], "when": []})
                     run["measured"].append(row["iteration_time_s"])
                     if speed is not None:
                         run["at_speed"].append(row["iteration_time_s_sim"] * speed / row["iteration_time_s"] - 1)
                     run["memory"].append(row["err_memory"])
                     env = row["record"].get("env") or {}
-                    run.setdefault("when", []).extend(t for t in (env.get("start"), env.get("end")) if t)
+                    run["when"] += [t for t in (env.get("start"), env.get("end")) if t]
         for run in runs.values():
             row = run.pop("row")
             median = statistics.median(run["measured"])
@@ -171,7 +175,7 @@ def render(rows: list[dict], names: list[str], hardware: str, rounds: int, speed
     from harness.report.predicted import drift_line
     import pandas as pd
 
-    when = sorted(t for r in rows for t in r.get("when", []))
+    when = sorted(t for r in rows for t in r["when"])
     span = f", {when[0]} to {when[-1]}" if when else ""
     lines = [f"# Model check: {hardware}", "",
              f"Every run measured in {rounds} round{'s' if rounds > 1 else ''}{span} (`python -m harness.modelcheck "
@@ -194,9 +198,9 @@ def render(rows: list[dict], names: list[str], hardware: str, rounds: int, speed
         at = [abs(r["err_at_speed"]) for r in rows if r["err_at_speed"] is not None]
         lines += ["", "The calibration's own passes, timed again before and after each round, took " +
                   ", ".join(f"x{v:.2f} (round {r})" for r, v in speeds.items()) + " their profile's time: the "
-                  f"machine's speed against the calibration's. At each round's speed (the prediction times that) the error is "
-                  f"median |error| {_pct(statistics.median(at))}, largest {_pct(max(at))}: what is the model's once "
-                  "the machine's drift is taken out. The targets are judged on the plain error."]
+                  "machine's speed against the calibration's. At each round's speed (the prediction times that) the "
+                  f"error is median |error| {_pct(statistics.median(at))}, largest {_pct(max(at))}: what is the "
+                  "model's once the machine's drift is taken out. The targets are judged on the plain error."]
     drift = drift_line(pd.DataFrame([r["pair"] for r in rows]))
     if drift:
         lines += ["", drift.strip()]
