@@ -82,13 +82,17 @@ def _timings(folder: Path) -> dict:
 
 
 def round_speed(folder: Path, when: str, profile: dict | None) -> None:
-    """Time the machine's speed (speed_now) into folder/speed.json under `when` (before, after), unless there."""
+    """Time the machine's speed (speed_now) into folder/speed.json under `when` (before, after), unless there.
+    Only around the round's own runs: "before" where the round has not begun (its folder absent), "after" where
+    "before" was timed; a round run without a timing (by an earlier check) gets none, since a timing taken now
+    would not be its speed."""
     import json
 
     from vp.files import write_text_atomic
 
     got = _timings(folder)
-    if when in got or profile is None:
+    begun = folder.exists() if when == "before" else "before" not in got
+    if when in got or profile is None or begun:
         return
     ratio = speed_now(profile)
     if ratio is not None:

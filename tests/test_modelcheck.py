@@ -110,6 +110,19 @@ def test_a_rounds_speed_is_timed_once_before_and_once_after(tmp_path, monkeypatc
     assert modelcheck.read_speed(tmp_path / "round1") == pytest.approx(1.3)
 
 
+def test_a_round_run_without_a_timing_gets_none_afterwards(tmp_path, monkeypatch):
+    """Rounds 1 and 2 of an earlier check ran without the speed timed; a later `--rounds 3` must not time them now."""
+    from harness import modelcheck
+
+    monkeypatch.setattr(modelcheck, "speed_now", lambda profile: 1.0)
+    (tmp_path / "round1" / "smoke").mkdir(parents=True)  # its runs are there, its speed is not
+    for when in ("before", "after"):
+        modelcheck.round_speed(tmp_path / "round1", when, {"measured": {}})
+    assert modelcheck.read_speed(tmp_path / "round1") is None
+    modelcheck.round_speed(tmp_path / "round3", "after", {"measured": {}})  # an "after" without its "before"
+    assert not (tmp_path / "round3").exists()
+
+
 def test_verdict_names_each_target_met_or_not():
     from harness.modelcheck import verdict
 
