@@ -1,5 +1,6 @@
 """Processor sharing (vp.schedule.sharing): devices of a CPU node that compute at once share its cores, found as a
-fixed point of the one simulator; profiles without `cores` are untouched."""
+fixed point of the one simulator; where the devices hold every core, a message waits for one (comm_wake_s); profiles
+without `cores` are untouched."""
 from dataclasses import replace
 
 import pytest
@@ -118,6 +119,30 @@ def test_sharing_only_where_a_node_has_more_devices_than_cores():
     gpu = replace(cfg, device="cuda", dtype="bf16")
     for name in ("a100_80g", "h100", "h200"):
         assert pass_costs(gpu, PROFILES[name], s).sharing is None
+
+
+def test_a_message_waits_for_a_core_where_the_devices_hold_every_core():
+    """vp.cost.costs.comm_wake_s: each pipeline transfer and each step of a vocabulary collective takes the
+    profile's wake_s longer where the run's devices on a node are at least its cores (2 ranks on 2 cores, 4 on 2),
+    never with fewer devices than cores, without cores (a GPU) or without a measured wait."""
+    from vp.cost import comm_times
+    from vp.cost.costs import comm_wake_s
+    from vp.cost.traffic import payloads
+
+    cfg = RunConfig(method="vocab-2", pp=2, layers=4, hidden=64, heads=4, seq_len=32, vocab_size=2000,
+                    microbatches=4, device="cpu", dtype="fp32")
+    s = build("vocab-2", 2, 4)
+    waits = replace(CPU, wake_s=0.002)
+    plain, woken = comm_times(cfg, CPU, s), comm_times(cfg, waits, s)
+    steps = payloads(cfg, s)
+    assert comm_wake_s(cfg, waits) == 0.002 and comm_wake_s(replace(cfg, dp=2), waits) == 0.002
+    assert woken[("P2P", 0, 1)] == pytest.approx(plain[("P2P", 0, 1)] + 0.002) and woken["P2P"] > plain["P2P"]
+    for kind in ("C0", "C1", "C2", "IF", "IB"):  # per step of the kind (an instance may take several)
+        assert steps[kind] and woken[kind] == pytest.approx(plain[kind] + 0.002 * len(steps[kind]))
+    assert comm_times(cfg, replace(waits, cores=4), s) == plain  # 2 ranks on 4 cores: a core is free
+    assert comm_times(cfg, replace(waits, cores=0), s) == plain
+    assert comm_wake_s(replace(cfg, device="cuda", dtype="bf16"), PROFILES["h100"]) == 0.0
+    assert simulate(s, pass_costs(cfg, waits, s)).makespan > simulate(s, pass_costs(cfg, CPU, s)).makespan
 
 
 def test_after_the_flush_every_device_shares_the_cores():

@@ -24,12 +24,14 @@ def comm_times(cfg: RunConfig, hw: Hardware, sched: Schedule) -> dict:
     pass activations; "P2P" alone is the slowest such pair. Message sizes come from payloads(), ranks sit on
     nodes as the mesh places them (vp.channels.mesh_channels): C0, IF and IB along the first replica's pipeline (tp
     offset 0), the others over its first vocabulary group (pipeline ranks x grid columns); with tp > 1 C0, IF
-    and IB include their root's step inside its stage's tp group (vp.cost.tensor.vocab_row_steps)."""
+    and IB include their root's step inside its stage's tp group (vp.cost.tensor.vocab_row_steps). Each step
+    and transfer also waits comm_wake_s for a core where the run's devices hold every core of the node."""
     net = Network.of(hw, cfg.world)
     sizes = payloads(cfg, sched)
     where = groups(cfg.mesh, "pp")[0]  # global rank of each pipeline rank
     axis = _collective_ranks(cfg)
-    out = {kind: sum(net.collective(OPS[op], axis[kind], nbytes) for op, nbytes in sizes[kind])
+    wake = comm_wake_s(cfg, hw)
+    out = {kind: sum(net.collective(OPS[op], axis[kind], nbytes) + wake for op, nbytes in sizes[kind])
            for kind in COLLECTIVE_KINDS}
     if cfg.tp > 1 and sched.vocab_parallel:
         for kind in ROOTED_KINDS:
@@ -40,9 +42,23 @@ def comm_times(cfg: RunConfig, hw: Hardware, sched: Schedule) -> dict:
     for st in range(sched.n_stages - 1):
         a, b = sched.where(st)[0], sched.where(st + 1)[0]
         if a != b:
-            out[("P2P", a, b)] = out[("P2P", b, a)] = net.p2p(where[a], where[b], send[1])
+            out[("P2P", a, b)] = out[("P2P", b, a)] = net.p2p(where[a], where[b], send[1]) + wake
     out["P2P"] = max((t for k, t in out.items() if isinstance(k, tuple)), default=0.0)
     return out
+
+
+def comm_wake_s(cfg: RunConfig, hw: Hardware) -> float:
+    """Seconds each pipeline transfer and each step of a vocabulary collective waits for a core on top of its
+    table time: the profile's wake_s (a CPU profile's measured wait of a woken process for a core) where the run
+    puts at least as many devices on a node as it has cores, else 0 (every GPU and built-in profile). gloo moves
+    a message on threads of both processes; with every core held by a computing rank, the thread woken to move it
+    waits for one, as the calibration's exchanging pairs waited beside computing ones (vp.cost.measure_comm.wake).
+    The tables time the steps between processes that do nothing else. On this project's 2-core CPU interlaced's
+    synchronous steps took 2.1-2.7 ms from the later rank's arrival in runs, against about 1 ms in the table and
+    1.45-2.1 ms of wake_s (docs/cost-model.md)."""
+    if hw.cores <= 0 or min(cfg.world, hw.gpus_per_node) < hw.cores:
+        return 0.0
+    return hw.wake_s
 
 
 def _collective_ranks(cfg: RunConfig) -> dict:

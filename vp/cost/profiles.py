@@ -54,7 +54,8 @@ class Hardware:
     kernel_s: float = 0.0  # fixed cost of each operation a pass issues (dispatch, launch; measured profiles)
     cores: int = 0  # compute units the devices of a node share (CPU cores; 0: every device has its own)
     # seconds a rank that waited for a peer then waits for a core, where more devices compute than there are cores
-    # (measured on CPU: vp.cost.measure_comm.wake; vp.schedule.sharing); 0: the cores are shared at once
+    # (measured on CPU: vp.cost.measure_comm.wake; vp.schedule.sharing), and a transfer or collective step waits
+    # for one where the devices hold every core (vp.cost.costs.comm_wake_s); 0: the cores are shared at once
     wake_s: float = 0.0
     optimizer_s_per_param: float = 0.0  # the optimizer step per parameter a device holds (measured; 0: not modelled)
     # network: gpus_per_node devices on NVLink, nodes on InfiniBand (vp.cost.network)
