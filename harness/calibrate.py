@@ -34,8 +34,6 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from omegaconf import OmegaConf
-
 from harness import profiles
 from harness.records import load
 from vp.config import RunConfig
@@ -195,7 +193,7 @@ def measure_main(args) -> int:
         if args.budget_s <= 0:
             raise ValueError(f"--budget-s {args.budget_s}: give a positive number of seconds")
         if args.reuse and out.is_file():
-            have = OmegaConf.to_container(OmegaConf.load(out)).get("profile") or {}
+            have = profiles.read_profile(out)
             if same_machine(have, args.device, dtype):
                 print(f"reusing {out} (measured {have['machine'].get('date')} on this host, device, torch and "
                       f"dtype)", file=sys.stderr)

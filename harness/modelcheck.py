@@ -276,15 +276,10 @@ def main(argv=None) -> int:
 def measured_profile(name: str) -> dict | None:
     """The profile `name` from the user's profile folder (a measured one: what `harness.calibrate --measure`
     writes), None for a built-in profile or one not found there."""
-    import yaml
-
-    from harness.profiles import user_conf_dir
+    from harness.profiles import read_profile, user_conf_dir
 
     path = user_conf_dir() / "hardware" / f"{name}.yaml"
-    if not path.exists():
-        return None
-    data = yaml.safe_load(path.read_text()) or {}
-    return data.get("profile") or data
+    return read_profile(path) if path.exists() else None
 
 
 def _missing(folder: Path, names: list[str], rows: list[dict]) -> int:

@@ -69,6 +69,11 @@ def usage(path: Path, name: str) -> str:
             f"python -m harness.sweep backend=sim hardware={name} ...")
 
 
+def read_profile(path: Path) -> dict:
+    """The `profile` mapping of a profile file as write_profile writes it ({} where the file holds none)."""
+    return OmegaConf.to_container(OmegaConf.load(path)).get("profile") or {}
+
+
 def write_profile(hw: Hardware, path: Path, source: str) -> Path:
     """The profile as a config of the hardware group, written whole (vp.cost.profiles.write_profile)."""
     return cost_profiles.write_profile(hw, path, f"Calibrated by `python -m harness.calibrate` from {source}.\n"
