@@ -148,12 +148,16 @@ def _pct(x: float) -> str:
 
 
 def summary(rows: list[dict], what: str) -> str:
-    """'<what>: N runs, iteration time median |error| x %, largest y % (run); peak memory median |error| z %'
-    (and how far the rounds of a run were apart, where there were several)."""
+    """'<what>: N runs, iteration time median |error| x %, largest y % (run), mean error +-b %; peak memory median
+    |error| z %' (and how far the rounds of a run were apart, where there were several). The mean error keeps its
+    sign: a bias (the model too fast or too slow for most runs) against errors that scatter both ways."""
     times = [abs(r["err_time"]) for r in rows]
     worst = max(rows, key=lambda r: abs(r["err_time"]))
+    bias = statistics.fmean(r["err_time"] for r in rows)
     line = (f"{what}: {len(rows)} runs, iteration time median |error| {_pct(statistics.median(times))}, largest "
-            f"{_pct(max(times))} ({worst['method']} {worst['mesh']} {worst['vocab']}); peak memory median |error| "
+            f"{_pct(max(times))} ({worst['method']} {worst['mesh']} {worst['vocab']}), mean error {100 * bias:+.1f} % "
+            f"({'predicted faster than measured' if bias < 0 else 'predicted slower than measured'} on average); "
+            f"peak memory median |error| "
             f"{_pct(statistics.median(abs(r['err_memory']) for r in rows))}")
     spread = [max(r["measured"]) / min(r["measured"]) - 1 for r in rows if len(r["measured"]) > 1]
     if spread:

@@ -123,6 +123,21 @@ def test_a_round_run_without_a_timing_gets_none_afterwards(tmp_path, monkeypatch
     assert not (tmp_path / "round3").exists()
 
 
+def test_a_sets_line_gives_the_mean_error_with_its_sign():
+    """Errors of -10, -20 and +5 %: median |error| 10 %, largest 20 %, and a mean of -8.3 %, the model too fast on
+    average (a bias that the median of |error| hides)."""
+    from harness.modelcheck import summary
+
+    def rows(*errors):
+        return [{"err_time": e, "err_memory": 0.0, "measured": [1.0], "method": "vocab-1", "mesh": "1x2x1",
+                 "vocab": "8k"} for e in errors]
+
+    line = summary(rows(-0.1, -0.2, 0.05), "smoke")
+    assert line.startswith("smoke: 3 runs, iteration time median |error| 10.0 %, largest 20.0 % (vocab-1 1x2x1 8k), "
+                           "mean error -8.3 % (predicted faster than measured on average); peak memory median")
+    assert "mean error +10.0 % (predicted slower than measured on average)" in summary(rows(0.1, 0.1), "x")
+
+
 def test_verdict_names_each_target_met_or_not():
     from harness.modelcheck import verdict
 

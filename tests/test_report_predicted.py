@@ -17,5 +17,9 @@ def test_the_error_line_says_how_far_a_measured_profiles_rounds_disagreed():
     sim["env"]["hardware"]["machine"] = {"rounds": {"layers": 0.498, "output": 0.155}}
     line = predicted.errors_line(predicted.pairs(records_frame([real, sim])))
     assert line.startswith("Over 1 runs predicted with a100_80g: iteration time median |error| ")
+    pair = predicted.pairs(records_frame([real, sim])).iloc[0]
+    e = pair["err_time"]  # one run: its error is the median, the largest and, with its sign, the mean
+    assert f"iteration time median |error| {abs(e) * 100:.1f} %, largest {abs(e) * 100:.1f} %, " \
+           f"mean error {e * 100:+.1f} %; tokens/s" in line
     assert ("The calibration of a100_80g timed the same passes in rounds spread over it, which differed by "
             "50 % (layers) and 16 % (output) (largest round over smallest") in line

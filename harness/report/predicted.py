@@ -159,15 +159,17 @@ def _ranks(values, scale: float) -> str:
 
 
 def errors_line(p: pd.DataFrame) -> str:
-    """'Over N runs: iteration time median |error| x %, largest y %; ...' of the ok pairs."""
+    """'Over N runs: iteration time median |error| x %, largest y %, mean error +-b %; ...' of the ok pairs (the mean
+    with its sign: a bias of the model, where the median of |error| does not say which way it errs)."""
     ok = p.dropna(subset=["err_time"])
     if ok.empty:
         return "No run ended ok both measured and predicted, so no error is given."
     parts = []
     for col, what in (("err_time", "iteration time"), ("err_tokens", "tokens/s"), ("err_memory", "peak memory")):
-        e = ok[col].dropna().abs()
+        e = ok[col].dropna()
         if len(e):
-            parts.append(f"{what} median |error| {e.median() * 100:.1f} %, largest {e.max() * 100:.1f} %")
+            parts.append(f"{what} median |error| {e.abs().median() * 100:.1f} %, largest {e.abs().max() * 100:.1f} %"
+                         + (f", mean error {e.mean() * 100:+.1f} %" if col == "err_time" else ""))
     profiles = ", ".join(sorted(set(ok["hardware_sim"])))
     return f"Over {len(ok)} runs predicted with {profiles}: " + "; ".join(parts) + "." + drift_line(ok)
 
