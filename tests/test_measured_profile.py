@@ -200,6 +200,25 @@ def test_passes_timed_in_rounds_keep_each_rows_mean_and_say_how_far_the_rounds_d
         HM.mean_rows([rounds[0], rounds[1][::-1]])
 
 
+def test_crowding_is_the_slowest_process_at_once_over_a_process_alone():
+    """gated_slowdown: per shape and pass, the mean over bursts of the slower process at once over the mean of both
+    processes alone; the median over shapes and passes."""
+    a, b = (16, 64, 32, "alg1"), (1, 16, 32, 2, 64)
+    first = {(a, "alone"): [[1.0, 2.0]], (a, "together"): [[1.0, 2.4], [1.2, 2.0]],
+             (b, "alone"): [[4.0]], (b, "together"): [[4.4]]}
+    second = {(a, "alone"): [[1.0, 2.0]], (a, "together"): [[1.4, 2.0], [1.0, 2.2]],
+              (b, "alone"): [[4.0]], (b, "together"): [[4.0]]}
+    # a's first pass: slower of each burst 1.4 and 1.2, mean 1.3 over 1.0; its second: 2.4 and 2.2 over 2.0 (1.15);
+    # b: 4.4 over 4.0
+    assert HM.gated_slowdown([first, second]) == pytest.approx(1.15)
+    assert HM.gated_slowdown([{}]) == 1.0
+    jobs = {"layers": {b}, "output": {a}}
+    assert HM.crowding(jobs, torch.float32, 1) == 1.0  # one core: no one beside
+    assert HM.crowding({"layers": set(), "output": set()}, torch.float32, 2) == 1.0  # nothing to time
+    # two processes of this machine, tiny shapes: a factor, whatever the machine's moment
+    assert 0.3 < HM.crowding(jobs, torch.float32, 2, repeats=1) < 5.0
+
+
 def test_calibrate_measure_writes_a_profile_that_sim_reads_and_reuses_it(quick, tmp_path, capsys, monkeypatch):
     out = tmp_path / "hardware" / "box.yaml"
     out.parent.mkdir()
@@ -236,10 +255,12 @@ def test_calibrate_measure_writes_a_profile_that_sim_reads_and_reuses_it(quick, 
     assert all(hw.tables.optimizer_set_s(n, large) > 0 for n, large in jobs["ranks"])
     assert hw.machine["collectives"] == HM.COLLECTIVES and hw.machine["passes"] == HM.PASSES
     assert 0 <= hw.wake_s < 1 and "wake_s" in body["profile"]  # measured on this 2-core machine (cores >= 2)
+    assert hw.crowding == 1.0 and "crowding" in body["profile"]  # tp_smoke has no layers or output row to time
     # three rounds spread over the calibration, each row their mean, and how far they disagreed
     assert len(taken) == 3 and rows(hw.measured["layers"]) == [[1, 32, 64, 4, 256] + [pytest.approx(0.002)] * 4]
     assert hw.machine["rounds"] == {"layers": 2.0}  # an empty table (no output rows here) says nothing
     assert hw.machine["wake"] == HM.WAKE  # a CPU profile says how the wait for a core was timed
+    assert hw.machine["crowding"] == HM.CROWDING  # and the slowdown of ranks computing at once
     # the jobs' tensor-parallel layers in worlds of their groups, those of the group sizes measured (2 here)
     assert set(hw.tables.tp_layers) == {k for k in jobs["tp_layers"] if k[1] == 2} == {("1d", 2, 1, 4, 32, 64, 4, 256)}
     assert set(hw.tables.tp_vocab) == {k for k in jobs["tp_vocab"] if k[1] == 2} == {("1d", 2, 1, 4, 32, 64, 2000)}

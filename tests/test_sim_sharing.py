@@ -121,6 +121,44 @@ def test_sharing_only_where_a_node_has_more_devices_than_cores():
         assert pass_costs(gpu, PROFILES[name], s).sharing is None
 
 
+def test_passes_at_once_go_slower_by_the_crowding_measured():
+    """Hardware.crowding: a pass goes 1 / crowding as fast while every core computes (the slowest of the ranks at
+    once, measured), in proportion to the cores at work; and processor sharing on top where devices outnumber
+    cores."""
+    share = Sharing(4.0, crowding=1.3)
+    assert share.rate(1) == 1.0  # alone
+    assert share.rate(2) == pytest.approx(1 / 1.1) and share.rate(4) == pytest.approx(1 / 1.3)  # 1 and 3 cores more
+    assert share.rate(8) == pytest.approx(0.5 / 1.3)  # 8 devices on 4 cores: half a core each, every core at work
+    assert Sharing(2.0).rate(2) == 1.0 and Sharing(2.0, crowding=1.2).rate(3) == pytest.approx(2 / 3 / 1.2)
+    with pytest.raises(AssertionError):
+        Sharing(2.0, crowding=0.9)
+    # two ranks from t = 0 on 2 cores, 1 s and 3 s alone, crowding 1.25: both at 1 / 1.25 until rank 0 ends at
+    # 1.25 (1 s of work each); rank 1 alone does its last 2 s at full speed, ending at 3.25
+    s, costs, sim = independent([1.0, 3.0])
+    result, _ = processor_sharing(s, replace(costs, sharing=Sharing(2.0, crowding=1.25)), sim, tolerance=1e-12,
+                                  max_rounds=500)
+    assert [tl[0][2] for tl in result.timeline] == pytest.approx([1.25, 3.25], rel=1e-6)
+
+
+def test_crowding_slows_a_run_whose_devices_have_a_core_each_but_not_a_tensor_parallel_one():
+    """Two pipeline ranks on 2 cores share nothing, yet with a measured crowding the simulator slows the passes they
+    run at once; a tensor-parallel stage's rows were timed with its group at work (crowding inside them), a single
+    device has no one beside it: neither gets it."""
+    cfg = RunConfig(method="vocab-1", pp=2, layers=4, hidden=64, heads=4, seq_len=32, vocab_size=2000,
+                    microbatches=4, device="cpu", dtype="fp32")
+    s = build("vocab-1", 2, 4)
+    assert pass_costs(cfg, CPU, s).sharing is None  # crowding 1: as before
+    crowded = replace(CPU, crowding=1.2)
+    got = pass_costs(cfg, crowded, s).sharing
+    assert got == Sharing(2.0, 1.0, got.cpu, 0.0, 1.2)
+    assert simulate(s, pass_costs(cfg, crowded, s)).makespan > 1.1 * simulate(s, pass_costs(cfg, CPU, s)).makespan
+    tp = replace(cfg, method="baseline", pp=1, tp=2, tp_mode="1d")
+    assert pass_costs(tp, crowded, build("baseline", 1, 4)).sharing is None
+    one = replace(cfg, method="baseline", pp=1)
+    assert pass_costs(one, crowded, build("baseline", 1, 4)).sharing is None
+    assert pass_costs(replace(cfg, dp=2), crowded, s).sharing.crowding == 1.2  # 4 devices on 2 cores: shared too
+
+
 def test_a_message_waits_for_a_core_where_the_devices_hold_every_core():
     """vp.cost.costs.comm_wake_s: each pipeline transfer and each step of a vocabulary collective takes the
     profile's wake_s longer where the run's devices on a node are at least its cores (2 ranks on 2 cores, 4 on 2),

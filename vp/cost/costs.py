@@ -161,16 +161,20 @@ def pass_costs(cfg: RunConfig, hw: Hardware, sched: Schedule) -> Costs:
 
 
 def sharing(cfg: RunConfig, hw: Hardware, compute: dict) -> Sharing | None:
-    """How a run's devices share the node's cores (a profile with `cores`, a CPU one, and more devices on a node
-    than cores), for the simulator's processor sharing (vp.schedule.sharing): each pipeline rank stands for the
-    devices of the node that run its passes at the same time, its data-parallel replicas and tensor-parallel peers
-    (min(world, gpus_per_node) / pp: the node's share where a run spans several); the passes' own work (`compute`,
-    with the CPU time of collectives run off the compute path under their launching kinds) competes for cores,
-    their tensor-parallel collectives do not. None where no device waits for a core."""
+    """How a run's devices share the node's cores (a profile with `cores`, a CPU one), for the simulator's
+    processor sharing (vp.schedule.sharing): each pipeline rank stands for the devices of the node that run its
+    passes at the same time, its data-parallel replicas and tensor-parallel peers (min(world, gpus_per_node) / pp:
+    the node's share where a run spans several); the passes' own work (`compute`, with the CPU time of collectives
+    run off the compute path under their launching kinds) competes for cores, their tensor-parallel collectives do
+    not. Where the devices have a core each, they still slow each other by the profile's measured crowding, which
+    the passes' rows (timed alone) lack; a tensor-parallel stage's rows were timed with its group at work together
+    (vp.cost.measure_passes.tp_passes), crowding included, so it gets none. None where no device waits for a core
+    or is slowed by its neighbours."""
     here = min(cfg.world, hw.gpus_per_node)
-    if hw.cores <= 0 or here <= hw.cores:
+    crowding = hw.crowding if cfg.tp == 1 and here > 1 else 1.0
+    if hw.cores <= 0 or (here <= hw.cores and crowding <= 1.0):
         return None
-    return Sharing(float(hw.cores), here / cfg.pp, dict(compute), hw.wake_s)
+    return Sharing(float(hw.cores), here / cfg.pp, dict(compute), hw.wake_s, crowding)
 
 
 def record_costs(record: dict) -> tuple[Schedule, Costs]:

@@ -57,6 +57,11 @@ class Hardware:
     # (measured on CPU: vp.cost.measure_comm.wake; vp.schedule.sharing), and a transfer or collective step waits
     # for one where the devices hold every core (vp.cost.costs.comm_wake_s); 0: the cores are shared at once
     wake_s: float = 0.0
+    # how much slower the slowest of the ranks goes while every core of the node computes than a pass alone (the
+    # cores share the last-level cache and the memory bus and do not keep one speed; measured on CPU:
+    # harness.measure.crowding); the simulator's sharing goes from 1 with one core at work to this with all of them
+    # (vp.schedule.sharing); 1: passes do not slow each other
+    crowding: float = 1.0
     optimizer_s_per_param: float = 0.0  # the optimizer step per parameter a device holds (measured; 0: not modelled)
     # network: gpus_per_node devices on NVLink, nodes on InfiniBand (vp.cost.network)
     gpus_per_node: int = 8

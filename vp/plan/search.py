@@ -203,7 +203,7 @@ def memory_rejection(c: _Priced, hw: Hardware, exact: bool) -> Rejection:
 def _costs_key(costs) -> tuple:
     share = getattr(costs, "sharing", None)  # CPU ranks sharing cores (vp.schedule.sharing): part of the result
     shared = None if share is None else (share.cores, share.devices, tuple(sorted(share.cpu.items(), key=repr)),
-                                         share.wake_s)
+                                         share.wake_s, share.crowding)
     return tuple(tuple(sorted(d.items(), key=repr)) for d in (costs.compute, costs.comm, costs.memory)) + (shared,)
 
 

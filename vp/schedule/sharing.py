@@ -3,13 +3,17 @@
 A CPU run with more processes than cores (each pass timed alone, vp.cost.measure) does not slow every pass by
 processes / cores: a pass slows only while other processes compute beside it. A pass progresses at the rate
 
-    min(1, cores / n(t)),   n(t) = devices x (pipeline ranks computing at t),
+    min(1, cores / n(t)) / crowd(n(t)),   n(t) = devices x (pipeline ranks computing at t),
 
 where `devices` is how many devices of the node each simulated pipeline rank stands for (its data-parallel replicas
-and tensor-parallel peers run the same passes at the same time). The simulator runs each rank ahead until it
-blocks, not in global time order, so n(t) is not known while it runs. It is found as a fixed point instead:
-simulate; for each compute action, take n(t) of the other ranks from that timeline and solve for its end e with
-integral over [start, e] of min(1, cores / n(t)) dt = its time alone (the part of it that competes for cores);
+and tensor-parallel peers run the same passes at the same time), and crowd(n) = 1 + (crowding - 1) (min(n, cores)
+- 1) / (cores - 1): cores computing at once take from each other what they share (the last-level cache, the memory
+bus) and do not keep one speed, and ranks that meet wait for the slowest, so a pass beside peers goes slower than
+alone even with a core of its own; `crowding` is the profile's measured slowdown of the slowest of the cores at work
+(Hardware.crowding; 1 where not measured). The simulator runs each rank
+ahead until it blocks, not in global time order, so n(t) is not known while it runs. It is found as a fixed point
+instead: simulate; for each compute action, take n(t) of the other ranks from that timeline and solve for its end e
+with integral over [start, e] of that rate dt = its time alone (the part of it that competes for cores);
 simulate again with those durations; repeat until the makespan moves by less than `tolerance` (relative). From
 the fourth round on the new durations are averaged with the last ones, which stops two ranks that alternate
 between overlapping and not from oscillating. A duration never falls below its time alone, so the makespan never
@@ -40,14 +44,26 @@ class Sharing:
     action (C0, C1, C2) competes where cpu names its kind (the CPU time of a collective run off the compute path,
     vp.cost.costs.comm_cpu_times), else it takes no core; wake_s: what a pass pays on top where its rank waited
     for a peer before it and more devices compute than there are cores (Hardware.wake_s: a scheduler hands cores
-    over in time slices, not at once as the fluid sharing above)."""
+    over in time slices, not at once as the fluid sharing above); crowding: how much slower a pass runs with every
+    core computing than alone (Hardware.crowding)."""
     cores: float
     devices: float = 1.0
     cpu: dict = field(default_factory=dict)
     wake_s: float = 0.0
+    crowding: float = 1.0
 
     def __post_init__(self):
-        assert self.cores > 0 and self.devices > 0, (self.cores, self.devices)
+        assert self.cores > 0 and self.devices > 0 and self.crowding >= 1.0, (self.cores, self.devices,
+                                                                               self.crowding)
+
+    def rate(self, n: float) -> float:
+        """How fast a pass progresses (1: as timed alone) while n devices compute on the node, itself among them:
+        its share of the cores, min(1, cores / n), slowed by the company of the other cores at work (shared caches
+        and memory, uneven speeds): from 1 with one core at work to `crowding` with all of them, in proportion to
+        the cores at work."""
+        busy = min(n, self.cores)
+        crowd = 1.0 + (self.crowding - 1.0) * (busy - 1.0) / (self.cores - 1.0) if self.cores > 1 and busy > 1 else 1.0
+        return min(1.0, self.cores / n) / crowd
 
     def computes(self, kind: str) -> bool:
         """Whether an action of this kind takes a core: a pass, or a collective action with CPU time."""
@@ -149,7 +165,7 @@ def _crowded(t: float, times: list, busy: list, share: Sharing) -> bool:
 
 
 def _finish(t: float, work: float, times: list, busy: list, starts: list, ends: list, share: Sharing) -> float:
-    """The end e of `work` seconds of computing from t: integral over [t, e] of min(1, cores / n) = work, where n
+    """The end e of `work` seconds of computing from t: integral over [t, e] of share.rate(n) = work, where n
     counts this rank and the others computing (busy, less this rank's own spans)."""
     j = bisect_right(times, t) - 1  # segment of the step function holding t (-1: before any)
     q = bisect_right(starts, t) - 1  # this rank's last span starting at or before t
@@ -158,7 +174,7 @@ def _finish(t: float, work: float, times: list, busy: list, starts: list, ends: 
         total = busy[j] if j >= 0 else 0
         inside = q >= 0 and t < ends[q]
         others = total - 1 if inside else total
-        rate = min(1.0, share.cores / (share.devices * (1 + others)))
+        rate = share.rate(share.devices * (1 + others))
         nxt = times[j + 1] if j + 1 < len(times) else inf
         own_edge = ends[q] if inside else (starts[q + 1] if q + 1 < len(starts) else inf)
         edge = min(nxt, own_edge)
