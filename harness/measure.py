@@ -292,18 +292,19 @@ def pass_round(jobs: dict, device: torch.device, dtype: torch.dtype, timer) -> d
 
 
 def crowding(jobs: dict, dtype: torch.dtype, cores: int, repeats: int = CROWDING_REPEATS,
-             timeout_s: float = 600.0) -> float:
+             cycles: int = CROWDING_CYCLES, timeout_s: float = 600.0) -> float:
     """How much slower the ranks' passes go while every core computes than a pass alone (Hardware.crowding):
     min(cores, CROWDING_PROCESSES) processes of one thread each take the shapes of a round of the passes
-    (pass_round) one by one and time each in short bursts: each process alone in turn (the others wait asleep),
-    then all at once; `repeats` times, the order reversed every other time (a drift of the machine's speed falls
-    on both alike). Per shape and pass: the slowest process's time at once (the mean over bursts) over a process's
-    time alone (the mean over every process's bursts); the median over shapes and passes. Two things make it
-    more than 1: the cores share the last-level cache and the memory bus, and they do not run at one speed, while
-    ranks that meet every microbatch wait for the slowest of them. The profile's rows are timed alone; the
-    simulator slows passes by this where the ranks compute together (vp.schedule.sharing). On this project's
-    2-core CPU it came out 1.07-1.14 in seven measurements (docs/cost-model.md). 1 on one core or without passes to
-    time."""
+    (pass_round) one by one and time each in short bursts (`cycles` passes of each kind): each process alone in
+    turn (the others wait asleep), then all at once; `repeats` times, the order reversed every other time (a drift
+    of the machine's speed falls on both alike). Per shape and pass: the slowest process's time at once (the mean
+    over bursts) over a process's time alone (the mean over every process's bursts); the median over shapes and
+    passes. Two things make it more than 1: the cores share the last-level cache and the memory bus, and they do
+    not run at one speed, while ranks that meet every microbatch wait for the slowest of them. The profile's rows
+    are timed alone; the simulator slows passes by this where the ranks compute together (vp.schedule.sharing). On
+    this project's 2-core CPU it came out 1.04-1.14 in fourteen measurements (docs/cost-model.md); with bursts of
+    one pass, or without the reversed second time, it came out lower and looser (0.97-1.10). 1 on one core or
+    without passes to time."""
     world = min(cores, CROWDING_PROCESSES)
     if world < 2 or not (jobs["layers"] or jobs["output"]):
         return 1.0
@@ -311,15 +312,15 @@ def crowding(jobs: dict, dtype: torch.dtype, cores: int, repeats: int = CROWDING
 
     ctx = mp.get_context("forkserver")
     gate, timings = ctx.Barrier(world), ctx.Queue()  # asleep while they wait, unlike a gloo barrier's threads
-    return C.in_world(world, _crowding_rank, (jobs, dtype, repeats, gate, timings), timeout_s, "crowding")
+    return C.in_world(world, _crowding_rank, (jobs, dtype, repeats, cycles, gate, timings), timeout_s, "crowding")
 
 
-def _crowding_rank(rank: int, world: int, init: str, jobs: dict, dtype: torch.dtype, repeats: int, gate, timings,
-                   queue):
+def _crowding_rank(rank: int, world: int, init: str, jobs: dict, dtype: torch.dtype, repeats: int, cycles: int, gate,
+                   timings, queue):
     torch.set_num_threads(1)
     device, timer = torch.device("cpu"), M.Timer(torch.device("cpu"))
-    burst = {"layers": lambda shape: P.layers([shape], device, dtype, timer, cycles=CROWDING_CYCLES)[0][5:],
-             "output": lambda shape: P.output_passes([shape], device, dtype, timer, cycles=CROWDING_CYCLES)[0][4:]}
+    burst = {"layers": lambda shape: P.layers([shape], device, dtype, timer, cycles=cycles)[0][5:],
+             "output": lambda shape: P.output_passes([shape], device, dtype, timer, cycles=cycles)[0][4:]}
     shapes = [(table, shape) for table in ("layers", "output") for shape in sorted(jobs[table])]
     for table, shape in shapes:  # a first burst of each shape at once, untimed: first calls pay for fresh memory
         gate.wait()

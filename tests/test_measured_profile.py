@@ -216,7 +216,7 @@ def test_crowding_is_the_slowest_process_at_once_over_a_process_alone():
     assert HM.crowding(jobs, torch.float32, 1) == 1.0  # one core: no one beside
     assert HM.crowding({"layers": set(), "output": set()}, torch.float32, 2) == 1.0  # nothing to time
     # two processes of this machine, tiny shapes: a factor, whatever the machine's moment
-    assert 0.3 < HM.crowding(jobs, torch.float32, 2, repeats=1) < 5.0
+    assert 0.3 < HM.crowding(jobs, torch.float32, 2, repeats=1, cycles=1) < 5.0
 
 
 def test_calibrate_measure_writes_a_profile_that_sim_reads_and_reuses_it(quick, tmp_path, capsys, monkeypatch):
