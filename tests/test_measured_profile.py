@@ -14,6 +14,7 @@ from harness.calibrate import main as calibrate_main
 from vp.config import RunConfig
 from vp.cost import PROFILES, Hardware, pass_costs, pass_times, pass_work
 from vp.cost import measure as M
+from vp.cost import measure_crowding as MC
 from vp.cost.gemm import Gemm, elementwise_time, gemm_time
 from vp.cost.network import ALL_REDUCE, Network
 from vp.cost.passes import compute_times
@@ -210,13 +211,13 @@ def test_crowding_is_the_slowest_process_at_once_over_a_process_alone():
               (b, "alone"): [[4.0]], (b, "together"): [[4.0]]}
     # a's first pass: slower of each burst 1.4 and 1.2, mean 1.3 over 1.0; its second: 2.4 and 2.2 over 2.0 (1.15);
     # b: 4.4 over 4.0
-    assert HM.gated_slowdown([first, second]) == pytest.approx(1.15)
-    assert HM.gated_slowdown([{}]) == 1.0
+    assert MC.gated_slowdown([first, second]) == pytest.approx(1.15)
+    assert MC.gated_slowdown([{}]) == 1.0
     jobs = {"layers": {b}, "output": {a}}
-    assert HM.crowding(jobs, torch.float32, 1) == 1.0  # one core: no one beside
-    assert HM.crowding({"layers": set(), "output": set()}, torch.float32, 2) == 1.0  # nothing to time
+    assert MC.crowding(jobs, torch.float32, 1) == 1.0  # one core: no one beside
+    assert MC.crowding({"layers": set(), "output": set()}, torch.float32, 2) == 1.0  # nothing to time
     # two processes of this machine, tiny shapes: a factor, whatever the machine's moment
-    assert 0.3 < HM.crowding(jobs, torch.float32, 2, repeats=1, cycles=1) < 5.0
+    assert 0.3 < MC.crowding(jobs, torch.float32, 2, repeats=1, cycles=1) < 5.0
 
 
 def test_calibrate_measure_writes_a_profile_that_sim_reads_and_reuses_it(quick, tmp_path, capsys, monkeypatch):

@@ -31,7 +31,9 @@ one rank of a run gets:
               costs its process where the runtime runs it, on a CommStream beside the passes
               (vp.cost.measure_comm, as wake);
   wake        on a CPU, how long a rank woken by its peer waits for a core where ranks outnumber the cores
-              (Hardware.wake_s: pairs computing between exchanges, four processes on two cores against two).
+              (Hardware.wake_s: pairs computing between exchanges, four processes on two cores against two);
+  crowding    on a CPU, how much slower the slowest of the ranks goes while every core computes than a pass alone
+              (Hardware.crowding, vp.cost.measure_crowding).
 The tables go into the profile as they are (vp.cost.tables reads them); nothing here knows about runs.
 """
 import statistics

@@ -59,7 +59,7 @@ class Hardware:
     wake_s: float = 0.0
     # how much slower the slowest of the ranks goes while every core of the node computes than a pass alone (the
     # cores share the last-level cache and the memory bus and do not keep one speed; measured on CPU:
-    # harness.measure.crowding); the simulator's sharing goes from 1 with one core at work to this with all of them
+    # vp.cost.measure_crowding); the simulator's sharing goes from 1 with one core at work to this with all of them
     # (vp.schedule.sharing); 1: passes do not slow each other
     crowding: float = 1.0
     optimizer_s_per_param: float = 0.0  # the optimizer step per parameter a device holds (measured; 0: not modelled)
