@@ -33,11 +33,12 @@ def crowding(jobs: dict, dtype: torch.dtype, cores: int, repeats: int = CROWDING
         return 1.0
     ctx = mp.get_context("forkserver")
     gate, timings = ctx.Barrier(world), ctx.Queue()  # asleep while they wait, unlike a gloo barrier's threads
-    return C.in_world(world, _crowding_rank, (jobs, dtype, repeats, cycles, gate, timings), timeout_s, "crowding")
+    return C.in_world(world, _crowding_rank, (jobs, dtype, repeats, cycles, gate, timings, timeout_s), timeout_s,
+                      "crowding")
 
 
 def _crowding_rank(rank: int, world: int, init: str, jobs: dict, dtype: torch.dtype, repeats: int, cycles: int, gate,
-                   timings, queue):
+                   timings, timeout_s: float, queue):
     torch.set_num_threads(1)
     device, timer = torch.device("cpu"), M.Timer(torch.device("cpu"))
     burst = {"layers": lambda shape: P.layers([shape], device, dtype, timer, cycles=cycles)[0][5:],
@@ -58,7 +59,7 @@ def _crowding_rank(rank: int, world: int, init: str, jobs: dict, dtype: torch.dt
     if rank:
         timings.put(timed)
     else:
-        queue.put(gated_slowdown([timed] + [timings.get(timeout=600) for _ in range(world - 1)]))
+        queue.put(gated_slowdown([timed] + [timings.get(timeout=timeout_s) for _ in range(world - 1)]))
 
 
 def gated_slowdown(every: list[dict]) -> float:
