@@ -9,6 +9,7 @@ from vp.metrics import replica_sum
 from vp.reference import train_reference
 from vp.run import train_rank
 from vp.cost import rank_params, traffic
+from vp.cost.tensor import rank_tp_collectives
 from vp.schedule import build
 from vp.schedule.methods import METHODS
 
@@ -30,6 +31,31 @@ def run_mesh(rank, world, cfg):
         return train_rank(cfg, rank, comm, torch.device("cpu"))
     finally:
         comm.close()
+
+
+def run_mesh_counting(rank, world, cfg):
+    """run_mesh, and the calls per iteration this rank's Comm made on the grid's once-per-iteration channels."""
+    comm = Comm(make_groups(channels(cfg), rank), torch.device("cpu"))
+    try:
+        measured = train_rank(cfg, rank, comm, torch.device("cpu"))
+        return measured, {ch: n / cfg.iterations for (ch, _), n in comm.calls.items() if ch in ONCE}
+    finally:
+        comm.close()
+
+
+ONCE = ("dep", "batch")  # a grid's channels used once per iteration: replicated gradients, the loss
+
+
+def assert_once_per_iteration_calls(counted, cfg):
+    """The cost model's calls on those channels are the runtime's: every stage's replicated gradients of a channel
+    in one flat buffer, the vocabulary shards' in another, the loss once (vp.cost.tensor.rank_tp_collectives)."""
+    sched = build(cfg.method, cfg.pp, cfg.microbatches, cfg.n_chunks)
+    for (measured, calls) in counted:
+        model: dict = {}
+        for c in rank_tp_collectives(cfg, sched, cfg.mesh.coords(measured.rank).p):
+            if c.channel in ONCE:
+                model[c.channel] = model.get(c.channel, 0) + c.calls
+        assert calls == model, (measured.rank, calls, model)
 
 
 def assert_reference_losses(results, cfg):
@@ -69,18 +95,22 @@ def test_every_method_on_dp2_x_pp2(pools, method):
 def test_pp2_x_2d_grid(pools, method):
     """SUMMA stages on [2, 2, 1]: the micro-batch split over grid rows, the vocabulary over pp x grid columns."""
     cfg = mesh_cfg(method, tp=4, tp_mode="2d", micro_batch_size=2)
-    results = pools(8).run(run_mesh, cfg)
+    counted = pools(8).run(run_mesh_counting, cfg)
+    results = [measured for measured, _ in counted]
     assert_reference_losses(results, cfg)
     assert_cost_model_counts(results, cfg)
+    assert_once_per_iteration_calls(counted, cfg)
 
 
 def test_pp2_x_25d_grid_with_vocabulary_parallelism(pools):
     """16 processes: 2.5-D [2, 2, 2] stages (the batch split over 4 token blocks, weights reduced over depth)
     in a vocab-2 pipeline, vocabulary shards over pipeline ranks x grid columns."""
     cfg = mesh_cfg("vocab-2", tp=8, tp_mode="2.5d", tp_depth=2, micro_batch_size=4, microbatches=2)
-    results = pools(16).run(run_mesh, cfg)
+    counted = pools(16).run(run_mesh_counting, cfg)
+    results = [measured for measured, _ in counted]
     assert_reference_losses(results, cfg)
     assert_cost_model_counts(results, cfg)
+    assert_once_per_iteration_calls(counted, cfg)
 
 
 def test_vocabulary_shards_over_pp_x_tp_balance_memory(pools):

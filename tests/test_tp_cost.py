@@ -11,7 +11,7 @@ from vp.cost.network import Network
 from vp.cost.passes import pass_work
 from vp.cost.tensor import Split, _group, pass_comm_s, rank_tp_collectives
 from vp.schedule import build, simulate
-from vp.tp.traffic import ITERATION
+from vp.tp.traffic import ITERATION, LOGGED
 
 A100 = PROFILES["a100_80g"]
 
@@ -92,6 +92,10 @@ def test_tp_collectives_add_to_their_pass_and_grid_reductions_to_the_tail():
     assert pass_costs(cfg, A100, sched).compute[("F", 0)] > comm["F"]
     once = [c for c in rank_tp_collectives(cfg, sched, 0) if c.pass_kind == ITERATION]
     assert {c.channel for c in once} == {"batch"} and tail_s(cfg, A100, sched) > 0  # [4,4,1]: no depth
+    assert len(once) == 1  # every stage's replicated gradients in one flat buffer, as vp.tp.grads sends them
+    # the loss summed for the log, after the runtime's timed step: counted, never timed
+    logged = [c for r in range(2) for c in rank_tp_collectives(cfg, sched, r) if c.pass_kind == LOGGED]
+    assert [(c.channel, c.calls) for c in logged] == [("batch", 1)]
     deep = gpt(8, "2.5d", 2, method="vhalf", pp=2, layers=8)
     assert {c.channel for c in rank_tp_collectives(deep, sched, 0) if c.pass_kind == ITERATION} == {"dep", "batch"}
     assert tail_s(gpt(8), A100, build("baseline", 1, 4, 1)) == 0.0  # 1-D replicates nothing it must reduce

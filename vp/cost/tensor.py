@@ -24,7 +24,7 @@ from vp.cost.network import OPS, Network, groups
 from vp.mesh import Mesh
 from vp.schedule import Schedule
 from vp.tp.modes import TensorMode, get_mode
-from vp.tp.traffic import GRAD_ITEMSIZE, ITERATION, Collective, Shape, layer_collectives, stage_collectives
+from vp.tp.traffic import GRAD_ITEMSIZE, ITERATION, LOGGED, Collective, Shape, layer_collectives, stage_collectives
 
 SUMMA_OPS = ("broadcast", "reduce")  # a grid linear's per-step collectives (vp/tp/summa.py)
 COLUMN_PARALLEL = (True, False, True, False)  # qkv, proj, fc1, fc2 in 1-D: column-, row-, column-, row-parallel
@@ -120,19 +120,32 @@ def loss_rank(sched: Schedule) -> int:
 
 
 def rank_tp_collectives(cfg: RunConfig, sched: Schedule, rank: int) -> list[Collective]:
-    """Everything one device of pipeline rank `rank` sends on tensor-parallel channels per iteration: its stages,
-    the loss summed over token blocks, and with vocabulary parallelism the within-stage halves of C0, IF, IB
-    (channels C0.row, IF.row, IB.row, at their roots) and the gradient of the vocabulary shards a grid
-    replicates over its token blocks."""
+    """Everything one device of pipeline rank `rank` sends on tensor-parallel channels per iteration: its stages
+    (their once-per-iteration gradient sums as the runtime sends them: one flat buffer per channel over all the
+    rank's stages, vp.tp.grads.reduce_replicated), the loss summed over token blocks, and with vocabulary
+    parallelism the within-stage halves of C0, IF, IB (channels C0.row, IF.row, IB.row, at their roots) and the
+    gradient of the vocabulary shards a grid replicates over its token blocks."""
     if cfg.tp < 2:
         return []
     shape, split = tp_shape(cfg), Split.of(cfg)
-    cols = [c for st in range(sched.n_stages) if sched.where(st)[0] == rank
-            for c in stage_tp_collectives(cfg, sched, st)]
+    stages = [c for st in range(sched.n_stages) if sched.where(st)[0] == rank
+              for c in stage_tp_collectives(cfg, sched, st)]
+    cols = [c for c in stages if c.pass_kind != ITERATION] + _one_buffer_each(
+        [c for c in stages if c.pass_kind == ITERATION])
     cols += stage_collectives(shape, first=False, last=False, vocab_layers=False, loss=rank == loss_rank(sched))
     if sched.vocab_parallel:
         cols += vocab_row_steps(cfg, sched, rank, split)
     return [c for c in cols if c.group > 1 and c.calls and c.elements]
+
+
+def _one_buffer_each(cols: list[Collective]) -> list[Collective]:
+    """Collectives of one channel and op as one call of all their elements (the same bytes, one latency)."""
+    merged: dict[tuple, float] = {}
+    for c in cols:
+        key = (c.channel, c.op, c.group, c.itemsize, c.pass_kind)
+        merged[key] = merged.get(key, 0.0) + c.calls * c.elements
+    return [Collective(channel, op, group, elements, 1, itemsize, kind)
+            for (channel, op, group, itemsize, kind), elements in merged.items()]
 
 
 def vocab_row_steps(cfg: RunConfig, sched: Schedule, rank: int, split: Split) -> list[Collective]:
@@ -225,7 +238,7 @@ def per_pass(cols: list[Collective], net: Network, group_of, per: int, split_w: 
     1-D's all-reduces block the next GEMM: no credit."""
     out, summa = {"F": 0.0, "B": 0.0, "W": 0.0}, {"F": 0.0, "B": 0.0, "W": 0.0}
     for c in cols:
-        if c.pass_kind == ITERATION:
+        if c.pass_kind in (ITERATION, LOGGED):  # once per iteration: after the flush (tail_s) or not timed
             continue
         kind = c.pass_kind if split_w or c.pass_kind != "W" else "B"
         s = c.calls / per * net.collective(OPS[c.op], group_of(c.channel), c.elements * c.itemsize)

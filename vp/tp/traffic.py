@@ -19,8 +19,9 @@ Per transformer layer (n = micro-batch tokens, m = n/(dq) tokens per grid device
         vectors, (9h + ffn)/q elements
 Outside the layers (stage_collectives): the vocabulary layers, the final LayerNorm, the position embedding's and
 vocabulary shards' gradients, and the iteration loss summed over token blocks, placed on a pipeline's first and
-last stages. Each collective names the pass that issues it (the cost model times it inside that pass, blocking)
-or the iteration (once, after the flush).
+last stages. Each collective names the pass that issues it (the cost model times it inside that pass, blocking),
+the iteration (once, after the flush) or LOGGED (once, after the iteration's timed step: the loss summed for the
+log, which the runtime's iteration time leaves out, so the cost model counts its bytes and prices no time).
 """
 from dataclasses import dataclass
 
@@ -28,6 +29,7 @@ from vp.tp.modes import TensorMode
 
 OPS = ("all_reduce", "broadcast", "reduce", "all_gather", "reduce_scatter")
 ITERATION = "iteration"  # a collective issued once per iteration, after the pipeline's flush
+LOGGED = "logged"  # once per iteration, after its timed step (vp.runtime.loop: the loss summed for the log)
 GRAD_ITEMSIZE = 4  # gradients of the fp32 parameters (mixed precision computes in the run's dtype under autocast)
 
 
@@ -39,7 +41,7 @@ class Collective:
     elements: float  # what one call hands to Comm (all_gather: this device's part; reduce_scatter: the whole input)
     calls: float  # calls per device per iteration
     itemsize: int = 4
-    pass_kind: str = ITERATION  # the pass that issues it (F, B, W), or ITERATION: once, after the flush
+    pass_kind: str = ITERATION  # the pass that issues it (F, B, W), ITERATION (once, after the flush) or LOGGED
 
     def counted_bytes(self) -> float:
         """Bytes vp.comm.Comm counts on one device, per iteration."""
@@ -142,7 +144,7 @@ def stage_collectives(s: Shape, first: bool = True, last: bool = True, vocab_lay
         Collective("row", "all_reduce", q, 2 * n, mb * last, size, "B"),  # final LayerNorm bwd
         Collective("batch", "all_reduce", q * d, (embed + output) * v * h / q + first * s.seq_len * h / q
                    + last * 2 * h / q, 1, GRAD_ITEMSIZE),  # vocabulary rows, position embedding, final LayerNorm
-        Collective("batch", "all_reduce", q * d, 1, int(loss), 8),  # the iteration loss (fp64)
+        Collective("batch", "all_reduce", q * d, 1, int(loss), 8, LOGGED),  # the iteration loss (fp64)
     ])
 
 
