@@ -25,7 +25,7 @@ from vp.cost.costs import vocab_tensors
 from vp.cost.memory import rank_params
 from vp.cost import measure as M
 from vp.cost import measure_comm as C
-from vp.cost.measure_crowding import CROWDING_CYCLES, CROWDING_PROCESSES, CROWDING_REPEATS, crowding
+from vp.cost.measure_crowding import CROWDING_CYCLES, CROWDING_PROCESSES, CROWDING_REPEATS, crowding, processes
 from vp.cost import measure_passes as P
 from vp.cost.gemm import Gemm, alignment, quantization
 from vp.cost.tables import Tables, as_text, layer_key, optimizer_key, rows, tp_layer_key, tp_vocab_key
@@ -261,7 +261,7 @@ def measure_profile(name: str, device_type: str, dtype: str, experiments: list[s
     if device_type == "cpu":
         try:
             crowd = crowding(jobs, torch_dtype, here["cores"])
-            log(f"  the slowest of {min(here['cores'], CROWDING_PROCESSES)} processes computing at once took "
+            log(f"  the slowest of {processes(here['cores'])} processes computing at once took "
                 f"x{crowd:.2f} a pass's time alone, {time.perf_counter() - start:.0f} s")
         except RuntimeError as err:  # optional: without it the ranks' passes go as fast together as alone
             log(f"  passes at once not measured ({err}); crowding 1")

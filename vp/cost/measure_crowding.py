@@ -14,6 +14,11 @@ CROWDING_CYCLES = 2  # timed passes of each kind in one burst
 CROWDING_PROCESSES = 8  # at most this many processes at once (a local run has at most 8 ranks)
 
 
+def processes(cores: int) -> int:
+    """How many processes the benchmark runs at once on a machine of `cores` cores."""
+    return min(cores, CROWDING_PROCESSES)
+
+
 def crowding(jobs: dict, dtype: torch.dtype, cores: int, repeats: int = CROWDING_REPEATS,
              cycles: int = CROWDING_CYCLES, timeout_s: float = 600.0) -> float:
     """How much slower the ranks' passes go while every core computes than a pass alone (Hardware.crowding):
@@ -28,7 +33,7 @@ def crowding(jobs: dict, dtype: torch.dtype, cores: int, repeats: int = CROWDING
     (vp.schedule.sharing). On this project's 2-core CPU it came out 1.03-1.14 in sixteen measurements
     (docs/cost-model.md); with bursts of one pass, or without the reversed second time, it came out lower and
     looser (0.97-1.10). 1 on one core or without passes to time."""
-    world = min(cores, CROWDING_PROCESSES)
+    world = processes(cores)
     if world < 2 or not (jobs["layers"] or jobs["output"]):
         return 1.0
     ctx = mp.get_context("forkserver")
