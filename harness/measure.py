@@ -221,10 +221,8 @@ def measure_profile(name: str, device_type: str, dtype: str, experiments: list[s
     activation_rows = M.activation(device, torch_dtype, timer, activation_sizes(jobs["gelu"]))
     step = [M.optimizer(device, timer)] + [M.optimizer(device, timer, n, 1) for n in sorted(jobs["vocab"])]
     step_sets = [M.optimizer_set(device, timer, n, large) for n, large in sorted(jobs["ranks"])]
-    rounds.append(pass_round(jobs, device, torch_dtype, timer))  # the second, half-way through
     log(f"  {len(attention_rows)} attention shapes, {len(element_rows)} elementwise and {len(activation_rows)} "
-        f"activation sizes, the optimizer step over {len(step_sets)} ranks' parameters; two rounds of "
-        f"{len(jobs['layers'])} layer and {len(jobs['output'])} output-layer shapes as the runtime runs them, "
+        f"activation sizes, the optimizer step over {len(step_sets)} ranks' parameters, "
         f"{time.perf_counter() - start:.0f} s")
     # worlds: on a GPU node every device at work (a job fills the node); on a CPU each process count a local run
     # has, which decides how long a process waits for a core to answer its peer
@@ -243,6 +241,12 @@ def measure_profile(name: str, device_type: str, dtype: str, experiments: list[s
                 f"cores, {time.perf_counter() - start:.0f} s")
         except RuntimeError as err:  # optional: without it the simulator shares the cores at once
             log(f"  a woken rank's wait for a core not measured ({err}); wake_s 0")
+    # the second round half-way through (on a CPU about 50 s in of 100): a slow first half-minute then weighs a third
+    # of the rows, not two thirds as when it followed the optimizer step, 25 s in (docs/cost-model.md, 15:13 check)
+    rounds.append(pass_round(jobs, device, torch_dtype, timer))
+    log(f"  the second of three rounds of {len(jobs['layers'])} layer and {len(jobs['output'])} output-layer shapes "
+        f"as the runtime runs them (the first before the GEMMs, the third at the end), "
+        f"{time.perf_counter() - start:.0f} s")
     # a tensor-parallel stage's layers and vocabulary layers in a world of its group (gloo; a GPU group would need
     # a device per rank)
     tp_shapes, tp_vocab_shapes = (sorted(k for k in jobs[table] if groups and k[1] <= max(groups))
