@@ -25,16 +25,12 @@ def mesh_cfg(method: str, **kw) -> RunConfig:
     return check_config(RunConfig(**{**base, **kw}))
 
 
-def run_mesh(rank, world, cfg):
-    comm = Comm(make_groups(channels(cfg), rank), torch.device("cpu"))
-    try:
-        return train_rank(cfg, rank, comm, torch.device("cpu"))
-    finally:
-        comm.close()
+ONCE = ("dep", "batch")  # a grid's channels used once per iteration: replicated gradients, the loss
 
 
 def run_mesh_counting(rank, world, cfg):
-    """run_mesh, and the calls per iteration this rank's Comm made on the grid's once-per-iteration channels."""
+    """This rank's measurements, and the calls per iteration its Comm made on the grid's once-per-iteration
+    channels."""
     comm = Comm(make_groups(channels(cfg), rank), torch.device("cpu"))
     try:
         measured = train_rank(cfg, rank, comm, torch.device("cpu"))
@@ -43,7 +39,8 @@ def run_mesh_counting(rank, world, cfg):
         comm.close()
 
 
-ONCE = ("dep", "batch")  # a grid's channels used once per iteration: replicated gradients, the loss
+def run_mesh(rank, world, cfg):
+    return run_mesh_counting(rank, world, cfg)[0]
 
 
 def assert_once_per_iteration_calls(counted, cfg):
