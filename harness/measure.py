@@ -242,7 +242,8 @@ def measure_profile(name: str, device_type: str, dtype: str, experiments: list[s
         except RuntimeError as err:  # optional: without it the simulator shares the cores at once
             log(f"  a woken rank's wait for a core not measured ({err}); wake_s 0")
     # the second round half-way through (on a CPU about 50 s in of 100): a slow first half-minute then weighs a third
-    # of the rows, not two thirds as when it followed the optimizer step, 25 s in (docs/cost-model.md, 15:13 check)
+    # of the rows, not two thirds as when it followed the optimizer step, 25 s in
+    # (docs/measurements/cost-model-cpu-2026-12-03.md)
     rounds.append(pass_round(jobs, device, torch_dtype, timer))
     log(f"  the second of three rounds of {len(jobs['layers'])} layer and {len(jobs['output'])} output-layer shapes "
         f"as the runtime runs them (the first before the GEMMs, the third at the end), "

@@ -9,9 +9,10 @@ and is not checked):
 - a **test tally**: a number of tests (`813 tests`, `777 passed`, `4 skipped`, `1 failed`) -- the suite says it
   itself;
 - a **measured run time**: a number of seconds, minutes or hours (`232 s`, `36-59 s`, `3.5 CPU seconds`,
-  `6-10 minutes`), unless the words just before it make it a setting or a bound the code enforces: `at most`,
+  `6-10 minutes`), unless the words just before it make it a setting or a bound the code enforces (`at most`,
   `up to`, `under`, `within`, `every`, `after`, `default`, `limit`, `timeout`, `grace`, `budget`, `target`, `=`,
-  `--` (a flag's value), or followed by `by default` -- or it is inside backticks (a command line, a config value). Milliseconds and
+  `--`), or `by default` follows it, or it is inside backticks (a command line, a config value), or in a fenced
+  block (commands and their usage). `34 s b h` is a formula (s the sequence length), not a time. Milliseconds and
   microseconds are not checked: they are the cost model's parameters and per-operation costs, each named with its
   source where it is stated.
 
@@ -78,8 +79,9 @@ def test_front_door_rule_catches_what_it_names_and_spares_settings():
         assert dated_facts(text), text
     spared = ["`C0:3` is a communication step", "cancelled after `cluster.pending_grace_s` (60 s)",
               "at most 8 minutes", "the progress every 30 s", "a timeout of 600 s", "`--timeout-s 120`",
-              "0.83 ms per pass", "480 s by default", "34 s b h bytes", "ffn 4h",
-              "see [the log](measurements/cost-model-2026-12-02.md)", "in the run's dtype (bf16: 2 bytes)", "a100_80g", "pp 4 x tp 2",
+              "0.83 ms per pass", "480 s by default", "34 s b h bytes", "ffn 4h", "16:9 is not a time",
+              "see [the log](measurements/cost-model-2026-12-02.md)", "in the run's dtype (bf16: 2 bytes)",
+              "a100_80g", "pp 4 x tp 2",
               "```bash\nscripts/gpu-check.sh   # 8 min\n```", "May be refused", "1.45x 2-D [8,8,1]"]
     for text in spared:
         assert not dated_facts(text), (text, dated_facts(text))

@@ -31,8 +31,8 @@ def crowding(jobs: dict, dtype: torch.dtype, cores: int, repeats: int = CROWDING
     bus, and they do not run at one speed, while ranks that meet every microbatch wait for the slowest of them. The
     profile's rows are timed alone; the simulator slows passes by this where the ranks compute together
     (vp.schedule.sharing). On this project's 2-core CPU it came out 1.03-1.14 in sixteen measurements
-    (docs/cost-model.md); with bursts of one pass, or without the reversed second time, it came out lower and
-    looser (0.97-1.10). 1 on one core or without passes to time."""
+    (docs/measurements/cost-model-cpu-2026-12-03.md); with bursts of one pass, or without the reversed second time,
+    it came out lower and looser (0.97-1.10). 1 on one core or without passes to time."""
     world = processes(cores)
     if world < 2 or not (jobs["layers"] or jobs["output"]):
         return 1.0
