@@ -100,13 +100,20 @@ def _relative_links(text: str) -> list[str]:
     return [t for t in targets if not re.match(r"[a-z][\w+.-]*:", t) and not t.startswith("#")]
 
 
-def test_front_door_links_of_readme_and_docs_point_at_files_that_exist():
+def _anchors(doc) -> set[str]:
+    """The anchors GitHub gives a Markdown file's headings: lower case, punctuation dropped, spaces to hyphens."""
+    headings = re.findall(r"^#{1,6} +(.+?) *$", re.sub(r"```.*?```", "", doc.read_text(), flags=re.S), re.M)
+    return {re.sub(r"[^\w\- ]", "", h.lower()).replace(" ", "-") for h in headings}
+
+
+def test_front_door_links_of_readme_and_docs_point_at_files_and_sections_that_exist():
     docs = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
     broken = []
     for doc in docs:
-        for target in _relative_links(doc.read_text()):
-            path = target.split("#", 1)[0]
-            if path and not (doc.parent / path).exists():
+        for target in re.findall(r"\]\((#[^)\s]+)\)", doc.read_text()) + _relative_links(doc.read_text()):
+            path, _, anchor = target.partition("#")
+            file = (doc.parent / path) if path else doc
+            if not file.exists() or (anchor and file.suffix == ".md" and anchor not in _anchors(file)):
                 broken.append(f"{doc.relative_to(ROOT)} -> {target}")
     assert not broken, broken
 
