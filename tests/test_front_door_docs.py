@@ -11,10 +11,10 @@ named by its date, `<topic>-YYYY-MM-DD.md`, are the history and are not checked)
 - a **measured run time**: a number of seconds, minutes or hours (`232 s`, `36-59 s`, `3.5 CPU seconds`,
   `6-10 minutes`), unless the words just before it make it a setting or a bound the code enforces (`at most`,
   `up to`, `under`, `within`, `every`, `after`, `default`, `limit`, `timeout`, `grace`, `budget`, `target`, `=`,
-  `--`), or `by default` follows it, or it is inside backticks (a command line, a config value), or in a fenced
-  block (commands and their usage). `34 s b h` is a formula (s the sequence length), not a time. Milliseconds and
-  microseconds are not checked: they are the cost model's parameters and per-operation costs, each named with its
-  source where it is stated.
+  `--`), or `by default`, `timeout`, `limit`, `budget`, `grace` or `cap` follows it, or it is inside backticks (a
+  command line, a config value), or in a fenced block (commands and their usage). `34 s b h` is a formula (s the
+  sequence length), not a time. Milliseconds and microseconds are not checked: they are the cost model's
+  parameters and per-operation costs, each named with its source where it is stated.
 
 A doc that needs a measured figure names the measurement file or the command that regenerates it.
 """
@@ -33,7 +33,7 @@ CLOCK = re.compile(r"(?<![\w:.])(?:[01]?\d|2[0-3]):[0-5]\d(?![\w:])")
 TALLY = re.compile(r"\b\d[\d,]* (?:passed|failed|skipped|errors?|xfailed|xpassed|tests?)\b")
 DURATION = re.compile(r"\b\d+(?:\.\d+)?(?:\s*[-–]\s*\d+(?:\.\d+)?)?\s*(?:CPU[ -])?"
                       r"(?:s|sec|secs|seconds?|min|mins|minutes?|hours?)\b(?![-/])"
-                      r"(?!\s[b-z]\b)(?! by default)")  # "34 s b h" is a formula (s the sequence length)
+                      r"(?!\s[b-z]\b)(?! (?:by default|timeout|limit|budget|grace|cap)\b)")  # "34 s b h": a formula
 BOUND = re.compile(r"(?:at most|up to|under|within|every|after|default|limit|timeout|grace|budget|target|=|--)"
                    r"[\s\w`.()-]{0,40}$", re.IGNORECASE)
 
@@ -81,7 +81,8 @@ def test_front_door_rule_catches_what_it_names_and_spares_settings():
         assert dated_facts(text), text
     spared = ["`C0:3` is a communication step", "cancelled after `cluster.pending_grace_s` (60 s)",
               "at most 8 minutes", "the progress every 30 s", "a timeout of 600 s", "`--timeout-s 120`",
-              "0.83 ms per pass", "480 s by default", "34 s b h bytes", "ffn 4h", "16:9 is not a time",
+              "0.83 ms per pass", "480 s by default", "a 10 s timeout", "34 s b h bytes", "ffn 4h",
+              "16:9 is not a time",
               "see [the log](measurements/cost-model-2026-12-02.md)", "in the run's dtype (bf16: 2 bytes)",
               "a100_80g", "pp 4 x tp 2",
               "```bash\nscripts/gpu-check.sh   # 8 min\n```", "May be refused", "1.45x 2-D [8,8,1]"]
