@@ -104,6 +104,9 @@ class SlurmCluster:
     setup: list[str] = field(default_factory=list)
     rendezvous: str = ranged(choices=("tcp", "file"), fix="tcp (the first node) or file (a shared file system)")
     wait: bool = True
+    detach: bool = False  # Ctrl-C leaves the submitted jobs running (else it cancels them)
+    check_shared_fs: bool = True  # a probe job checks that the nodes see the checkout and folders (harness.sharedfs)
+    probe_s: int = ranged(1, 3600, default=30, fix="seconds the shared file system probe may wait for the queue")
     folder: str = MISSING
 
 
