@@ -287,3 +287,33 @@ def test_cluster2_slurm_ctrl_c_cancels_the_submitted_jobs(tmp_path):
         assert _squeue_state(job_id) in ("CANCELLED", "")
     finally:
         subprocess.run(["scancel", job_id])
+
+
+# -- teardown by PID ------------------------------------------------------------------------------------------------
+def test_cluster2_teardown_stops_pids_it_started_never_by_name(tmp_path):
+    """scripts/slurm-pids.sh: a PID file counts only while its process has the daemon's name (a reused PID is not
+    ours), stop_pid ends just that process; the up/down scripts never kill by name."""
+    mine = subprocess.Popen(["sleep", "60"])
+    other = subprocess.Popen(["sleep", "60"])  # a process of the same name the scripts must leave alone
+    try:
+        pidfile = tmp_path / "d.pid"
+        pidfile.write_text(str(mine.pid))
+        lib = ROOT / "scripts" / "slurm-pids.sh"
+
+        def sh(line):
+            return subprocess.run(["bash", "-c", f". {lib}; {line}"], capture_output=True, text=True, timeout=30)
+
+        assert sh(f"alive {pidfile} sleep").stdout.strip() == str(mine.pid)
+        assert sh(f"alive {pidfile} slurmd").stdout.strip() == ""  # the PID is not a slurmd: not ours
+        assert sh(f"stop_pid {mine.pid} sleep").returncode == 0
+        assert mine.wait(timeout=15) is not None and other.poll() is None
+    finally:
+        for p in (mine, other):
+            p.kill()
+            p.wait()
+    for script in ("slurm-up.sh", "slurm-down.sh", "slurm-pids.sh"):
+        text = (ROOT / "scripts" / script).read_text()
+        assert "pkill" not in text and "killall" not in text and "pgrep -x" not in text, script
+    dry = subprocess.run(["bash", str(ROOT / "scripts" / "slurm-down.sh"), "--dry-run"], capture_output=True,
+                         text=True, timeout=30, env={**os.environ, "CONF": str(tmp_path / "none.conf")})
+    assert dry.returncode == 0 and "nothing of this project's to stop" in dry.stdout
