@@ -6,6 +6,7 @@ absent. Tests carry `cluster2` in their names."""
 import json
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -317,3 +318,40 @@ def test_cluster2_teardown_stops_pids_it_started_never_by_name(tmp_path):
     dry = subprocess.run(["bash", str(ROOT / "scripts" / "slurm-down.sh"), "--dry-run"], capture_output=True,
                          text=True, timeout=30, env={**os.environ, "CONF": str(tmp_path / "none.conf")})
     assert dry.returncode == 0 and "nothing of this project's to stop" in dry.stdout
+
+
+# -- CPU reports that agree with themselves -------------------------------------------------------------------------
+def _cpu_record(method: str, peak: float, seconds: list[float], kind: str = "Xeon x 2") -> dict:
+    from harness.calibrate import cpu_profile
+    from harness.sim import simulate_job
+    from vp.config import check_config
+    from vp.metrics import throughput
+
+    cfg = check_config(RunConfig(method=method, pp=2, layers=2, hidden=16, heads=2, seq_len=8, vocab_size=101,
+                                 microbatches=2, iterations=1 + len(seconds), warmup=1))
+    rec = simulate_job(cfg, cpu_profile("c", 1e10), "smoke", {"model": "tiny", "vocab": "101"})
+    t = statistics.mean(seconds)
+    rec["metrics"].update(iteration_time_s=t, iteration_times_s=seconds, **throughput(cfg, t, 2, peak))
+    rec.update(backend="real", env={"device": "cpu", "cpu_model": kind, "peak_flops_source": "probe:matmul"})
+    return rec
+
+
+def test_cluster2_report_uses_one_peak_per_node_kind_and_flags_noisy_runs(tmp_path):
+    """Two runs of one node kind that probed different peaks: the report's MFU ratio is their throughput ratio; a
+    run whose iterations spread 1.6x is listed as noisy; a run of another kind keeps its own peak."""
+    from harness.report.build import build_experiment
+    from harness.report.frame import records_frame
+
+    base = _cpu_record("baseline", 4e10, [1.0, 1.02])
+    vocab = _cpu_record("vocab-2", 2e10, [0.5, 0.8])  # a loaded node: half the probe, iterations spread 1.6x
+    other = _cpu_record("vocab-1", 9e10, [0.9, 0.91], kind="EPYC x 64")
+    df = records_frame([base, vocab, other]).set_index("method")
+    mfu_ratio = df.loc["vocab-2", "mfu"] / df.loc["baseline", "mfu"]
+    tps_ratio = df.loc["vocab-2", "tokens_per_s"] / df.loc["baseline", "tokens_per_s"]
+    assert mfu_ratio == pytest.approx(tps_ratio) and vocab["metrics"]["mfu"] / base["metrics"]["mfu"] != \
+        pytest.approx(tps_ratio)
+    assert df.loc["vocab-1", "mfu"] == pytest.approx(other["metrics"]["mfu"])  # alone of its kind
+    text = build_experiment("smoke", [base, vocab, other], tmp_path / "out", tmp_path).read_text()
+    assert "MFU of the real runs on `cpu Xeon x 2` uses one peak, 30.0 GFLOP/s" in text
+    assert f"**noisy**: `{vocab['run_id']}`" in text and "spread 1.60x" in text
+    assert f"`{base['run_id']}`" not in text.split("## How the CPU runs were measured")[1]
