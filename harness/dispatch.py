@@ -244,7 +244,7 @@ def _run_local(jobs, cfg, log, log_finished, now) -> dict:
     return counts
 
 
-def run_slurm(jobs, cfg, log=print, states=slurm.job_states, cancel=slurm.cancel) -> dict:
+def run_slurm(jobs, cfg, log=print, states=slurm.job_states, cancel=slurm.cancel_all) -> dict:
     """Submit every job, or attach to the job of an earlier command that is still queued or running for it
     (harness.inflight); with cluster.wait, follow them and record those that die without a record. Ctrl-C
     cancels the jobs this command submitted (scancel), unless cluster.detach=true leaves them running."""
@@ -294,7 +294,7 @@ def _interrupted(handles, submitted, cfg, log, cancel) -> None:
         log(f"stopped following (cluster.detach=true); the SLURM jobs go on and write their records (scancel {mine} "
             f"stops them){attached}. Rerun the same command to follow them again: it attaches, never resubmits")
     else:
-        cancel(mine)
+        cancel([str(h.job_id) for h in submitted])
         log(f"cancelled the {len(submitted)} SLURM job(s) this command submitted (scancel {mine}){attached}; "
             f"cluster.detach=true leaves them running instead")
 

@@ -370,3 +370,9 @@ def running_jobs(call=_call) -> int:
 
 def cancel(job_id: str, call=_call) -> None:
     call(["scancel", str(job_id)])
+
+
+def cancel_all(job_ids: list[str], call=_call) -> None:
+    """One scancel for every job of the list (Ctrl-C of a sweep: the jobs it submitted)."""
+    if job_ids:
+        call(["scancel", *map(str, job_ids)])

@@ -145,11 +145,11 @@ def test_cluster2_in_flight_reads_markers_of_the_same_record_only(tmp_path):
     assert inflight.in_flight({"a": (tmp_path / "a", rec_a)}, lambda ids: None) == {}  # squeue silent
 
 
-def test_cluster2_ctrl_c_cancels_what_this_command_submitted_unless_detached():
+def test_cluster2_ctrl_c_cancels_what_this_command_submitted_unless_detached(tmp_path):
     mine = [SimpleNamespace(job_id="21"), SimpleNamespace(job_id="22")]
     theirs = SimpleNamespace(job_id="5")
     handles = [(None, h, None) for h in [*mine, theirs]]
-    for detach, expect in ((False, ["21 22"]), (True, [])):
+    for detach, expect in ((False, [["21", "22"]]), (True, [])):
         cancelled, log = [], []
         cfg = OmegaConf.create({"cluster": {"detach": detach}})
         dispatch._interrupted(handles, mine, cfg, log.append, cancelled.append)
@@ -157,6 +157,9 @@ def test_cluster2_ctrl_c_cancels_what_this_command_submitted_unless_detached():
         assert ("cancelled the 2 SLURM job(s) this command submitted (scancel 21 22)" in log[0]) != detach, log
         assert "the 1 job(s) of an earlier command it followed go on (5: scancel 5 stops them)" in log[0]
         assert detach == ("cluster.detach=true); the SLURM jobs go on" in log[0])
+    calls = []
+    slurm.cancel_all(["21", "22"], call=lambda args: calls.append(args))
+    assert calls == [["scancel", "21", "22"]]  # one scancel, one argument per job
 
 
 def test_cluster2_interrupted_after_force_says_none_finished(tmp_path):
@@ -260,34 +263,38 @@ def test_cluster2_slurm_rerun_attaches_to_the_job_in_flight(tmp_path):
 
 @pytest.mark.slurm
 def test_cluster2_slurm_ctrl_c_cancels_the_submitted_jobs(tmp_path):
-    """SIGINT to a sweep following its SLURM job: the job is cancelled (scancel), the message says so."""
+    """SIGINT to a sweep following its two SLURM jobs: both are cancelled (one scancel), the message says which."""
     partition = _partition()
     cmd = [sys.executable, "-m", "harness.sweep", "cluster=slurm", f"cluster.partition={partition}", *TINY,
-           "grid.setups=[{run.pp: 2}]", "grid.product.vocab=[2k]", "grid.product.method=[baseline]",
+           "grid.setups=[{run.pp: 2}]", "grid.product.vocab=[2k]", "grid.product.method=[baseline,vocab-2]",
            "run.iterations=200", f"results_dir={tmp_path}/results", f"cluster.folder={tmp_path}/sub", "logger=off",
            "report=false"]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
-    job_id = None
+    ids = []
     deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and job_id is None:
-        line = proc.stdout.readline()
-        if line.startswith("submitted"):
-            job_id = line.split("SLURM job ")[1].split(":")[0]
-    assert job_id, "no job submitted"
-    time.sleep(1)
-    os.killpg(proc.pid, signal.SIGINT)
-    out, err = proc.communicate(timeout=60)
     try:
+        while time.monotonic() < deadline and len(ids) < 2:
+            line = proc.stdout.readline()
+            if line.startswith("submitted"):
+                ids.append(line.split("SLURM job ")[1].split(":")[0])
+            elif not line and proc.poll() is not None:
+                break
+        assert len(ids) == 2, ("jobs not submitted", proc.stderr.read() if proc.poll() is not None else "")
+        time.sleep(1)
+        os.killpg(proc.pid, signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
         assert proc.returncode == 130, (out, err)
-        assert f"cancelled the 1 SLURM job(s) this command submitted (scancel {job_id})" in out, (out, err)
+        assert f"cancelled the 2 SLURM job(s) this command submitted (scancel {' '.join(ids)})" in out, (out, err)
         for _ in range(30):
-            if _squeue_state(job_id) in ("CANCELLED", ""):
+            if all(_squeue_state(j) in ("CANCELLED", "") for j in ids):
                 break
             time.sleep(1)
-        assert _squeue_state(job_id) in ("CANCELLED", "")
+        assert all(_squeue_state(j) in ("CANCELLED", "") for j in ids), [_squeue_state(j) for j in ids]
     finally:
-        subprocess.run(["scancel", job_id])
+        proc.kill()
+        proc.wait()
+        subprocess.run(["scancel", *ids])
 
 
 # -- teardown by PID ------------------------------------------------------------------------------------------------

@@ -110,8 +110,8 @@ class Hardware:
 # fixed costs, byte counts). A profile is validated as a whole where it is read (Hardware.from_dict), so a NaN, a
 # negative latency or a corrupt table never reaches the planner, the simulator or a sweep.
 POSITIVE = ("peak_flops", "mem_bandwidth", "link_bandwidth", "ib_bandwidth", "gemm_efficiency",
-            "attention_efficiency", "mem_efficiency", "memory_bytes", "bytes_per_param")
-AT_LEAST_ONE = ("gpus_per_node", "act_bytes", "crowding", "tile_m", "tile_n")
+            "attention_efficiency", "mem_efficiency", "memory_bytes", "bytes_per_param", "crowding")
+AT_LEAST_ONE = ("gpus_per_node", "act_bytes", "tile_m", "tile_n")
 INTEGERS = ("sms", "tile_m", "tile_n", "tile_k_overhead", "cores", "gpus_per_node", "act_bytes")
 
 
@@ -176,6 +176,8 @@ def _check_tables(measured, where: str) -> None:
         if not isinstance(got, list):
             raise ValueError(f"{where}: measured.{key} must be rows of numbers, got {type(got).__name__}")
         for i, row in enumerate(got):
+            if _number(row):  # a bare value (the optimizer's [parameters, seconds] pair of older profiles)
+                continue
             if not isinstance(row, list) or not row or \
                     not all(_number(x) or (isinstance(x, str) and x) for x in row):
                 raise ValueError(f"{where}: measured.{key} row {i} ({row!r}) must be a list of finite numbers "
