@@ -182,7 +182,7 @@ def run(overrides: list[str], log=_print) -> int:
             log("  " + _partition_line(jobs[0].request.partition))
         width = max((len(j.name) for j in jobs), default=0)
         for j, state, ask in zip(jobs, states, requests):
-            log(f"  {j.index:>4}  {j.run_id}  {state:<5}  " + (f"{j.name:<{width}}  {ask}" if ask else j.name))
+            log(f"  {j.index:>4}  {j.run_id}  {state:<7}  " + (f"{j.name:<{width}}  {ask}" if ask else j.name))
         return 0
     began = time.time()
     try:
