@@ -264,10 +264,13 @@ def run_slurm(jobs, cfg, log=print, states=slurm.job_states, cancel=slurm.cancel
                 log(f"attached to SLURM job {job_id} of {job.name} (run {job.run_id}), {state.lower()} since an "
                     f"earlier command: not submitted again")
                 continue
-            handle = executor_for(job, cfg, folder).submit(run_task, spec)
-            submitted.append(handle)
-            inflight.mark(folder, handle.job_id, job.path)
-            handles.append((job, handle, before))
+            with _sigint_held() as interrupted:  # a Ctrl-C here waits until the job is known, so it is cancelled
+                handle = executor_for(job, cfg, folder).submit(run_task, spec)
+                submitted.append(handle)
+                handles.append((job, handle, before))
+                inflight.mark(folder, handle.job_id, job.path)
+            if interrupted:
+                raise KeyboardInterrupt
             log(f"submitted {job.name} (run {job.run_id}) as SLURM job {handle.job_id}: {job.request.describe()}")
         if not cfg.cluster.wait:
             log(f"{len(submitted)} jobs submitted" + (f", {len(handles) - len(submitted)} attached" if
@@ -277,26 +280,8 @@ def run_slurm(jobs, cfg, log=print, states=slurm.job_states, cancel=slurm.cancel
         with _wandb_logger(cfg, log) as log_finished:
             return _follow(handles, cfg, started, log, log_finished=log_finished)
     except KeyboardInterrupt:
-        _interrupted(handles, submitted, cfg, log, cancel)
+        inflight.interrupted(handles, submitted, cfg, log, cancel)
         raise
-
-
-def _interrupted(handles, submitted, cfg, log, cancel) -> None:
-    """Ctrl-C while submitting or following: cancel what this command submitted (one scancel for all of them),
-    unless cluster.detach=true; jobs of an earlier command this one attached to are left to run."""
-    mine = " ".join(str(h.job_id) for h in submitted)
-    theirs = " ".join(str(h.job_id) for _, h, _ in handles if h not in submitted)
-    attached = f"; the {len(theirs.split())} job(s) of an earlier command it followed go on ({theirs}: scancel " \
-               f"{theirs} stops them)" if theirs else ""
-    if not submitted:
-        log(f"stopped following; nothing was submitted by this command{attached}")
-    elif cfg.cluster.get("detach", False):
-        log(f"stopped following (cluster.detach=true); the SLURM jobs go on and write their records (scancel {mine} "
-            f"stops them){attached}. Rerun the same command to follow them again: it attaches, never resubmits")
-    else:
-        cancel([str(h.job_id) for h in submitted])
-        log(f"cancelled the {len(submitted)} SLURM job(s) this command submitted (scancel {mine}){attached}; "
-            f"cluster.detach=true leaves them running instead")
 
 
 def _follow(handles, cfg, started: str, log, poll=slurm.job_states, cancel=slurm.cancel,
@@ -307,8 +292,17 @@ def _follow(handles, cfg, started: str, log, poll=slurm.job_states, cancel=slurm
     reason is shown whenever it changes, a failed run with its log file. A reason that cannot clear by itself
     (harness.slurm.stuck) that still holds after cluster.pending_grace_s cancels the job, recorded failed with
     the reason."""
+    status = status or inflight.StatusLine(log, len(handles), tty=_terminal(log), clock=clock)
+    try:
+        return _poll_until_ended(handles, cfg, started, log, poll, cancel, running, nodes_up, clock, sleep,
+                                 log_finished, status)
+    finally:
+        status.end()  # a terminal's live line ends before anything else is printed (Ctrl-C's message)
+
+
+def _poll_until_ended(handles, cfg, started, log, poll, cancel, running, nodes_up, clock, sleep, log_finished,
+                      status) -> dict:
     counts, total = {}, len(handles)
-    status = status or inflight.StatusLine(log, total, tty=_terminal(log), clock=clock)
     pending, shown, stuck_since = list(handles), {}, {}
     grace = cfg.cluster.get("pending_grace_s", 60)
     while pending:

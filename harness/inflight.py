@@ -49,6 +49,24 @@ def in_flight(folders: dict[str, tuple[Path, Path]], job_states) -> dict[str, tu
             if job in states and states[job].state in ACTIVE}
 
 
+def interrupted(handles, submitted, cfg, log, cancel) -> None:
+    """Ctrl-C while submitting or following: cancel what this command submitted (one scancel for all of them),
+    unless cluster.detach=true; jobs of an earlier command this one attached to are left to run."""
+    mine = " ".join(str(h.job_id) for h in submitted)
+    theirs = " ".join(str(h.job_id) for _, h, _ in handles if h not in submitted)
+    attached = f"; the {len(theirs.split())} job(s) of an earlier command it followed go on ({theirs}: scancel " \
+               f"{theirs} stops them)" if theirs else ""
+    if not submitted:
+        log(f"stopped following; nothing was submitted by this command{attached}")
+    elif cfg.cluster.get("detach", False):
+        log(f"stopped following (cluster.detach=true); the SLURM jobs go on and write their records (scancel {mine} "
+            f"stops them){attached}. Rerun the same command to follow them again: it attaches, never resubmits")
+    else:
+        cancel([str(h.job_id) for h in submitted])
+        log(f"cancelled the {len(submitted)} SLURM job(s) this command submitted (scancel {mine}){attached}; "
+            f"cluster.detach=true leaves them running instead")
+
+
 def _duration(seconds: float) -> str:
     seconds = int(seconds)
     return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}" if seconds >= 3600 else \

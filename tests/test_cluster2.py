@@ -152,7 +152,7 @@ def test_cluster2_ctrl_c_cancels_what_this_command_submitted_unless_detached(tmp
     for detach, expect in ((False, [["21", "22"]]), (True, [])):
         cancelled, log = [], []
         cfg = OmegaConf.create({"cluster": {"detach": detach}})
-        dispatch._interrupted(handles, mine, cfg, log.append, cancelled.append)
+        inflight.interrupted(handles, mine, cfg, log.append, cancelled.append)
         assert cancelled == expect
         assert ("cancelled the 2 SLURM job(s) this command submitted (scancel 21 22)" in log[0]) != detach, log
         assert "the 1 job(s) of an earlier command it followed go on (5: scancel 5 stops them)" in log[0]
