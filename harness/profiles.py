@@ -76,7 +76,8 @@ def read_profile(path: Path) -> dict:
     import yaml
 
     try:
-        data = yaml.safe_load(Path(path).read_text())
+        with open(path) as f:  # the parser's marks then name the file
+            data = yaml.safe_load(f)
     except OSError as err:
         raise ValueError(f"{path}: cannot be read ({err.strerror})") from None
     except yaml.YAMLError as err:
