@@ -41,7 +41,7 @@ def check_shared(cfg, log, call=slurm._call, sleep=time.sleep, clock=time.monoto
     cl = cfg.cluster
     folder = Path(cl.folder).resolve()
     results = Path(cfg.results_dir).resolve()
-    results.mkdir(parents=True, exist_ok=True)  # checked writable before (harness.sweep.check_outputs); records go there
+    results.mkdir(parents=True, exist_ok=True)  # checked writable (harness.sweep.check_outputs)
     paths = {"python": Path(sys.executable), "checkout": ROOT / "harness" / "task.py", "results_dir": results}
     key = {"partition": cl.partition, "paths": {k: str(v) for k, v in paths.items()}, "folder": str(folder)}
     remembered = folder / "shared-fs.json"
