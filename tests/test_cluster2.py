@@ -362,3 +362,6 @@ def test_cluster2_report_uses_one_peak_per_node_kind_and_flags_noisy_runs(tmp_pa
     assert "MFU of the real runs on `cpu Xeon x 2` uses one peak, 30.0 GFLOP/s" in text
     assert f"**noisy**: `{vocab['run_id']}`" in text and "spread 1.60x" in text
     assert f"`{base['run_id']}`" not in text.split("## How the CPU runs were measured")[1]
+    slow = _cpu_record("interlaced", 1e10, [2.0, 2.02])  # evenly slow: no spread, but half its kind's median peak
+    text = build_experiment("smoke", [base, vocab, slow], tmp_path / "out2", tmp_path).read_text()
+    assert f"**noisy**: `{slow['run_id']}`" in text and "its peak probe found 50% of its node kind's median" in text

@@ -8,8 +8,9 @@ run's model FLOP/s by one peak per node kind: the median of the probes of that k
 env.device and env.cpu_model, the CPU's model name and logical CPUs; records without cpu_model count as one kind per
 device). GPU runs whose peak is the datasheet's (peak_flops_source table:...) and simulated runs keep their MFU.
 
-A run whose measured iterations spread more than SPREAD_LIMIT (slowest / fastest) was disturbed while it ran (other
-processes on the node): the README lists it, so a ratio drawn from it is not taken for a property of the method.
+A run whose measured iterations spread more than SPREAD_LIMIT (slowest / fastest), or whose own probe found its node
+more than SPREAD_LIMIT slower than its kind's median, was disturbed while it ran (other processes on the node): the
+README lists it, so a ratio drawn from it is not taken for a property of the method.
 """
 import statistics
 
@@ -59,13 +60,21 @@ def peak_notes(df: pd.DataFrame) -> list[str]:
 
 
 def noisy(df: pd.DataFrame, limit: float = SPREAD_LIMIT) -> list[str]:
-    """One line per ok real run whose iterations spread more than `limit`."""
+    """One line per ok real run whose iterations spread more than `limit`, or whose own peak probe found its node
+    slower than 1 / limit of its kind's median (busy while the run started: every iteration slow alike)."""
+    kinds, peaks, by_kind = _peaks(df)
+    common = {k: statistics.median(v) for k, v in by_kind.items()}
     out = []
-    for r in df[df["status"] == "ok"].to_dict("records"):
+    for r, kind, peak in zip(df.to_dict("records"), kinds, peaks):
+        if r["status"] != "ok":
+            continue
+        where = f"`{r['run_id']}` {r['setup']}, {r['method']}, vocabulary {r['vocab']}"
         s = spread(r["record"])
         if s is not None and s > limit:
             n = len(r["record"]["metrics"]["iteration_times_s"])
-            out.append(f"`{r['run_id']}` {r['setup']}, {r['method']}, vocabulary {r['vocab']}: its {n} measured "
-                       f"iterations spread {s:.2f}x (slowest / fastest, above {limit}x): the node was busy; rerun it "
-                       f"(force=true) before drawing a ratio from it")
+            out.append(f"{where}: its {n} measured iterations spread {s:.2f}x (slowest / fastest, above {limit}x): "
+                       f"the node was busy; rerun it (force=true) before drawing a ratio from it")
+        elif kind in common and peak and peak * limit < common[kind]:
+            out.append(f"{where}: its peak probe found {peak / common[kind]:.0%} of its node kind's median: the node "
+                       f"was busy when it started; rerun it (force=true) before drawing a ratio from it")
     return out
