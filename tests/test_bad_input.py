@@ -168,7 +168,11 @@ def test_bad_input_calibrate_reads_every_method(tmp_path):
             rec = simulate_job(cfg, hw, "x", {})
             rec.update(backend="real", env={"hosts": ["h"], "link_probe": [[8, 1e-5], [8e6, 2e-3]]})
             recs.append(rec)
-    fit = calibrate(recs, "fit")
+    one_stage = check_config(RunConfig(method="baseline", pp=1, tp=2, layers=2, hidden=64, heads=4, seq_len=32,
+                                       vocab_size=999, microbatches=4))  # tp_smoke's kind: rank 1 holds stage 0
+    rec = simulate_job(one_stage, hw, "x", {})
+    rec.update(backend="real", env={"hosts": ["h"], "link_probe": [[8, 1e-5], [8e6, 2e-3]]})
+    fit = calibrate(recs + [rec], "fit")
     assert set(fit.efficiency) == {"F", "B", "W", "S", "T"} and all(v > 0 for v in fit.efficiency.values())
 
 
