@@ -43,10 +43,16 @@ CLUSTER ?= local
 PARTITION ?=
 SLURM_SWEEP := $(filter slurm,$(CLUSTER))$(filter cluster=slurm,$(ARGS))
 EXPERIMENT ?= $(if $(SLURM_SWEEP),gpu,smoke)
+# refused before anything starts (the local sweep calibrates first): a cluster name that does not exist, and PARTITION
+# without CLUSTER=slurm (it would be ignored)
+SWEEP_REFUSAL := $(if $(filter-out local slurm,$(CLUSTER)),CLUSTER=$(CLUSTER) is not a cluster: use CLUSTER=local \
+  (the default) or CLUSTER=slurm PARTITION=NAME,$(if $(and $(PARTITION),$(if $(SLURM_SWEEP),,x)),PARTITION=$(PARTITION) \
+  applies to SLURM sweeps only: add CLUSTER=slurm or drop PARTITION))
 sweep: venv  ## the first sweep: experiment=smoke on CPU processes beside its prediction, then reports/smoke/; CLUSTER=slurm PARTITION=NAME: experiment=gpu
-ifneq ($(SLURM_SWEEP),)
-	$(PY) -m harness.sweep experiment=$(EXPERIMENT) cluster=$(CLUSTER) \
-	    $(if $(PARTITION),cluster.partition=$(PARTITION)) $(ARGS)
+ifneq ($(SWEEP_REFUSAL),)
+	@echo "make sweep refused, nothing was started: $(SWEEP_REFUSAL)" >&2; exit 2
+else ifneq ($(SLURM_SWEEP),)
+	$(PY) -m harness.sweep experiment=$(EXPERIMENT) cluster=$(CLUSTER) $(if $(PARTITION),cluster.partition=$(PARTITION)) $(ARGS)
 else
 	profile=$$($(PY) -m harness.calibrate --measure --reuse --print-name) && \
 	$(PY) -m harness.sweep experiment=$(EXPERIMENT) cluster=$(CLUSTER) backend=both hardware=$$profile $(ARGS)

@@ -66,11 +66,12 @@ def observations(records: list[dict], skeleton: Hardware) -> tuple[list[dict], l
             return observation(skeleton, parts)
 
         for kind, per_rank in (rec["metrics"].get("pass_time_s") or {}).items():
-            for rank, seconds in enumerate(per_rank):
-                if seconds is None or seconds <= 0:
+            for rank, seconds in enumerate(per_rank):  # every device of the world: dp x pp x tp
+                if seconds is None or seconds <= 0 or rank >= cfg.world:
                     continue
-                if kind in ("F", "B", "W"):  # a rank's mean pass: the mean over the stages it holds
-                    parts = [row_of(work[(kind, sched.stage(rank, c))]) for c in range(sched.chunks)]
+                if kind in ("F", "B", "W"):  # a rank's mean pass: the mean over the stages its pipeline rank holds
+                    p = cfg.mesh.coords(rank).p
+                    parts = [row_of(work.get((kind, sched.stage(p, c)), {})) for c in range(sched.chunks)]
                     row = {k: statistics.mean(p.get(k, 0.0) for p in parts) for k in (*EFF_KINDS, "bytes")}
                 else:
                     row = row_of(work.get((kind, None), {}))

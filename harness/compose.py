@@ -2,6 +2,8 @@
 fix) and JobComposer (a grid's jobs with Hydra composing once per option of each self-contained group)."""
 import re
 
+import yaml
+
 from hydra import compose
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -71,6 +73,9 @@ def compose_checked(overrides: list[str]) -> DictConfig:
         cfg = compose(config_name="config", overrides=overrides)
     except (HydraException, OmegaConfBaseException) as err:
         raise ValueError(_describe(err, overrides)) from None
+    except yaml.YAMLError as err:  # a config file (a hand-edited or truncated profile) that does not parse
+        raise ValueError(f"a config file is not valid YAML: {' '.join(str(err).split())}; fix or remove that "
+                         f"file") from None
     schema.check(cfg)
     return cfg
 
@@ -141,7 +146,7 @@ class JobComposer:
                     cfg[group] = self._compose(kept + _choices({**anchor, group: option}))[group]
             for o in values:
                 OmegaConf.update(cfg, o.key_or_group, o.value(), merge=True)
-        except (HydraException, OmegaConfBaseException):
+        except (HydraException, OmegaConfBaseException, yaml.YAMLError):
             return compose_checked(self.fixed + extra)
         schema.check(cfg)
         return cfg

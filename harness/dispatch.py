@@ -20,13 +20,25 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from harness import slurm
+from harness import inflight, slurm
 from harness.records import failure_record, finish_run, log_run, status_of, trace_path
 from harness.task import run_task
 
 
+def job_folder(job, cfg) -> Path:
+    """The run's submitit folder: its logs, the tracebacks of its ranks, harness.inflight's marker."""
+    return Path(cfg.cluster.folder).resolve() / cfg.experiment / job.run_id
+
+
+def in_flight(jobs, cfg, states=slurm.job_states) -> dict[str, tuple[str, str]]:
+    """run_id -> (SLURM job id, state) of the jobs' runs an earlier command submitted that are queued or running."""
+    if cfg.backend != "real" or cfg.cluster.name != "slurm" or not jobs or not slurm.slurm_here():
+        return {}
+    return inflight.in_flight({j.run_id: (job_folder(j, cfg), j.path) for j in jobs}, states)
+
+
 def _spec(job, cfg) -> dict:
-    folder = Path(cfg.cluster.folder).resolve() / cfg.experiment / job.run_id
+    folder = job_folder(job, cfg)
     return {"config": job.run.to_dict(), "path": str(job.path.resolve()), "experiment": cfg.experiment,
             "labels": job.labels, "folder": str(folder), "rendezvous": cfg.cluster.rendezvous,
             "logger": None if _driver_logs(cfg) else OmegaConf.to_container(cfg.logger, resolve=True),
@@ -137,7 +149,7 @@ def _first_line(text: str) -> str:
     return next((line.strip() for line in text.splitlines() if line.strip()), "")[:300]
 
 
-ACTIVE = ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED", "RESIZING")
+ACTIVE = inflight.ACTIVE
 
 
 def _tail(handle, lines: int = 30) -> str:
@@ -232,51 +244,81 @@ def _run_local(jobs, cfg, log, log_finished, now) -> dict:
     return counts
 
 
-def run_slurm(jobs, cfg, log=print) -> dict:
-    """Submit every job; with cluster.wait, follow them and record those that die without a record."""
+def run_slurm(jobs, cfg, log=print, states=slurm.job_states, cancel=slurm.cancel_all) -> dict:
+    """Submit every job, or attach to the job of an earlier command that is still queued or running for it
+    (harness.inflight); with cluster.wait, follow them and record those that die without a record. Ctrl-C
+    cancels the jobs this command submitted (scancel), unless cluster.detach=true leaves them running."""
+    import submitit
+
     from vp.record import now
 
-    started, handles = now(), []
-    for job in jobs:
-        spec, before = _spec(job, cfg), _signature(job.path)
-        handles.append((job, executor_for(job, cfg, Path(spec["folder"])).submit(run_task, spec), before))
-        log(f"submitted {job.name} (run {job.run_id}) as SLURM job {handles[-1][1].job_id}: "
-            f"{job.request.describe()}")
-    if not cfg.cluster.wait:
-        log(f"{len(handles)} jobs submitted; rerun the same command later to resume what did not finish")
-        return {"submitted": len(handles)}
+    started, handles, submitted = now(), [], []
+    flying = inflight.in_flight({job.run_id: (job_folder(job, cfg), job.path) for job in jobs}, states)
     try:
+        for job in jobs:
+            spec, before = _spec(job, cfg), _signature(job.path)
+            folder = Path(spec["folder"])
+            if job.run_id in flying:
+                job_id, state = flying[job.run_id]
+                handles.append((job, submitit.SlurmJob(folder=folder, job_id=job_id), before))
+                log(f"attached to SLURM job {job_id} of {job.name} (run {job.run_id}), {state.lower()} since an "
+                    f"earlier command: not submitted again")
+                continue
+            with _sigint_held() as interrupted:  # a Ctrl-C here waits until the job is known, so it is cancelled
+                handle = executor_for(job, cfg, folder).submit(run_task, spec)
+                submitted.append(handle)
+                handles.append((job, handle, before))
+                inflight.mark(folder, handle.job_id, job.path)
+            if interrupted:
+                raise KeyboardInterrupt
+            log(f"submitted {job.name} (run {job.run_id}) as SLURM job {handle.job_id}: {job.request.describe()}")
+        if not cfg.cluster.wait:
+            log(f"{len(submitted)} jobs submitted" + (f", {len(handles) - len(submitted)} attached" if
+                                                      len(handles) > len(submitted) else "") +
+                "; rerun the same command later to follow them and resume what did not finish")
+            return {"submitted": len(submitted)}
         with _wandb_logger(cfg, log) as log_finished:
             return _follow(handles, cfg, started, log, log_finished=log_finished)
     except KeyboardInterrupt:
-        ids = " ".join(str(h.job_id) for _, h, _ in handles)
-        log(f"stopped following; the SLURM jobs go on and write their records (scancel {ids} stops them). "
-            f"Rerun the same command once they ended: finished runs are skipped")
+        inflight.interrupted(handles, submitted, cfg, log, cancel)
         raise
 
 
 def _follow(handles, cfg, started: str, log, poll=slurm.job_states, cancel=slurm.cancel,
             running=slurm.running_jobs, nodes_up=slurm.nodes_up, clock=time.monotonic, sleep=time.sleep,
-            log_finished=lambda job: None) -> dict:
-    """Poll squeue until every job ended; record those that ended without a record. A pending job's reason is
-    shown whenever it changes; a reason that cannot clear by itself (harness.slurm.stuck) that still holds after
-    cluster.pending_grace_s cancels the job, recorded failed with the reason."""
-    counts, last, total = {}, None, len(handles)
+            log_finished=lambda job: None, status=None) -> dict:
+    """Poll squeue until every job ended; record those that ended without a record. One live status line
+    (harness.inflight.StatusLine) shows queued / running / done / failed, elapsed and an ETA; a pending job's
+    reason is shown whenever it changes, a failed run with its log file. A reason that cannot clear by itself
+    (harness.slurm.stuck) that still holds after cluster.pending_grace_s cancels the job, recorded failed with
+    the reason."""
+    status = status or inflight.StatusLine(log, len(handles), tty=_terminal(log), clock=clock)
+    try:
+        return _poll_until_ended(handles, cfg, started, log, poll, cancel, running, nodes_up, clock, sleep,
+                                 log_finished, status)
+    finally:
+        status.end()  # a terminal's live line ends before anything else is printed (Ctrl-C's message)
+
+
+def _poll_until_ended(handles, cfg, started, log, poll, cancel, running, nodes_up, clock, sleep, log_finished,
+                      status) -> dict:
+    counts, total = {}, len(handles)
     pending, shown, stuck_since = list(handles), {}, {}
     grace = cfg.cluster.get("pending_grace_s", 60)
     while pending:
         states = poll([h.job_id for _, h, _ in pending]) or {}
         why_stuck = _StuckReasons(cfg.cluster.partition, running, nodes_up)
-        still = []
+        still, queued = [], 0
         for job, handle, before in pending:
             key, st = handle.job_id, states.get(str(handle.job_id))
             if st is None or st.state in ACTIVE:
                 waiting = st is not None and st.state == "PENDING"
+                queued += st is None or waiting
                 why = why_stuck(st.reason) if waiting else None
                 if waiting and shown.get(key) != st.reason and st.reason not in ("None", ""):
                     shown[key] = st.reason
                     note = f" ({why}; cancelled in {grace} s unless it clears)" if why else ""
-                    log(f"    SLURM job {key} ({job.name}) pending: {st.reason}{note}")
+                    status.say(f"    SLURM job {key} ({job.name}) pending: {st.reason}{note}")
                 since = stuck_since.setdefault(key, clock()) if why else stuck_since.pop(key, None)
                 if why is None or clock() - since < grace:
                     still.append((job, handle, before))
@@ -285,23 +327,40 @@ def _follow(handles, cfg, started: str, log, poll=slurm.job_states, cancel=slurm
                 error = (f"SLURM job {key} never started: it pended with reason {st.reason} ({why}) for "
                          f"{clock() - since:.0f} s and was cancelled; fix the request or pick another partition "
                          f"(docs/harness.md, SLURM)")
-                status, _ = _record_failure_if_missing(job, cfg, handle, error, started, before)
-                log(f"    cancelled SLURM job {key} ({job.name}): recorded {status} with its reason, {job.path}")
+                result, _ = _record_failure_if_missing(job, cfg, handle, error, started, before)
+                status.say(f"    cancelled SLURM job {key} ({job.name}): recorded {result} with its reason, "
+                           f"{job.path}")
             else:
                 error = "" if st.state == "COMPLETED" else f"SLURM job {key} ended {st.state}: " + _tail(handle)
                 own = _wrote_own_record(job, before)
-                status, _ = _record_failure_if_missing(job, cfg, handle, error, started, before, st.state == "TIMEOUT")
+                result, _ = _record_failure_if_missing(job, cfg, handle, error, started, before,
+                                                       st.state == "TIMEOUT")
                 if own:
                     log_finished(job)
-            counts[status] = counts.get(status, 0) + 1
+                if result != "ok":
+                    status.say(f"    {result}: {job.name} (SLURM job {key}, ended {st.state}); record {job.path}, "
+                               f"log {_log_path(handle)}")
+            counts[result] = counts.get(result, 0) + 1
         pending = still
-        line = f"[{total - len(pending)}/{total} done] " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
-        if line != last:
-            log(line)
-            last = line
+        done = counts.get("ok", 0)
+        status.show(queued, len(pending) - queued, done, sum(counts.values()) - done)
         if pending:
             sleep(2)
+    status.end()
+    log(f"[{total}/{total} done] " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())))
     return counts
+
+
+def _log_path(handle) -> str:
+    try:
+        return str(handle.paths.stderr)
+    except Exception:  # noqa: BLE001 - a handle without submitit's paths (a test's fake)
+        return "(no log)"
+
+
+def _terminal(log) -> bool:
+    """Whether the status line may be rewritten in place: the log goes to stdout and stdout is a terminal."""
+    return log in (print, getattr(sys.modules.get("harness.sweep"), "_print", None)) and sys.stdout.isatty()
 
 
 class _StuckReasons:

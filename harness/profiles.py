@@ -70,8 +70,30 @@ def usage(path: Path, name: str) -> str:
 
 
 def read_profile(path: Path) -> dict:
-    """The `profile` mapping of a profile file as write_profile writes it ({} where the file holds none)."""
-    return OmegaConf.to_container(OmegaConf.load(path)).get("profile") or {}
+    """The `profile` mapping of a profile file as write_profile writes it ({} where the file holds none), validated
+    as a whole (vp.cost.profiles.check_profile); ValueError naming the file for YAML that does not parse, a file
+    that is not a mapping, or a profile with a bad field."""
+    import yaml
+
+    try:
+        with open(path) as f:  # the parser's marks then name the file
+            data = yaml.safe_load(f)
+    except OSError as err:
+        raise ValueError(f"{path}: cannot be read ({err.strerror})") from None
+    except yaml.YAMLError as err:
+        raise ValueError(f"{path}: not valid YAML ({' '.join(str(err).split())}); fix the file or measure the "
+                         f"profile again (python -m harness.calibrate --measure)") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: a profile file is a mapping (name, profile), not a {type(data).__name__}")
+    profile = data.get("profile") or {}
+    if profile:
+        try:
+            cost_profiles.check_profile(profile)
+        except ValueError as err:
+            raise ValueError(f"{path}: {err}") from None
+    return profile
 
 
 def write_profile(hw: Hardware, path: Path, source: str) -> Path:

@@ -4,6 +4,7 @@ results/<experiment>/<run_id>.json is a record (run_id: 12 hex digits); files be
 run's trace, `<run_id>.trace.json`) are not. A record file that cannot be read or lacks the design's fields is
 reported by name, never skipped silently."""
 import json
+import math
 import re
 import sys
 from pathlib import Path
@@ -67,6 +68,24 @@ def problem(rec) -> str | None:
         return f"`config` lacks {', '.join(missing)}"
     if not isinstance(rec.get("metrics") or {}, dict):
         return "`metrics` is not a mapping"
+    if rec["status"] == "ok":
+        if not rec.get("metrics"):
+            return "status ok but `metrics` is null or empty (an ok run has measured or predicted metrics)"
+        bad = _not_finite(rec["metrics"], "metrics")
+        if bad:
+            return f"status ok but `{bad}` is not a finite number (a diverged or broken run)"
+    return None
+
+
+def _not_finite(value, where: str) -> str | None:
+    """The first field under `where` holding NaN or an infinity (JSON's NaN/Infinity), or None."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return where
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, item in items:
+        found = _not_finite(item, f"{where}.{key}" if isinstance(value, dict) else f"{where}[{key}]")
+        if found:
+            return found
     return None
 
 

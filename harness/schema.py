@@ -15,7 +15,9 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
-from vp.checks import MAX_SCHEDULE_SIZE, MAX_TOKENS_PER_MICROBATCH
+import math
+
+from vp.checks import MAX_GLOBAL_BATCH, MAX_PLAN_GPUS, MAX_SCHEDULE_SIZE, MAX_TOKENS_PER_MICROBATCH
 from vp.config import RunConfig
 
 # RunConfig fields that come from the model, vocab and method groups, not from `run`
@@ -102,6 +104,9 @@ class SlurmCluster:
     setup: list[str] = field(default_factory=list)
     rendezvous: str = ranged(choices=("tcp", "file"), fix="tcp (the first node) or file (a shared file system)")
     wait: bool = True
+    detach: bool = False  # Ctrl-C leaves the submitted jobs running (else it cancels them)
+    check_shared_fs: bool = True  # a probe job checks that the nodes see the checkout and folders (harness.sharedfs)
+    probe_s: int = ranged(1, 3600, default=30, fix="seconds the shared file system probe may wait for the queue")
     folder: str = MISSING
 
 
@@ -123,8 +128,8 @@ class LimitsSchema:
 @dataclass
 class PlanSchema:
     """python -m harness.plan's settings (conf/plan/default.yaml; docs/planner.md)."""
-    gpus: int = ranged(1, fix="the devices of one kind the run may use (dp x pp x tp)")
-    global_batch: int = ranged(1, fix="sequences per iteration over all replicas (dp x microbatches x "
+    gpus: int = ranged(1, MAX_PLAN_GPUS, fix="the devices of one kind the run may use (dp x pp x tp)")
+    global_batch: int = ranged(1, MAX_GLOBAL_BATCH, fix="sequences per iteration over all replicas (dp x microbatches x "
                                       "micro_batch_size)")
     top: int = ranged(1, 1000, fix="how many of the best plans to list and write to the experiment file")
     name: str | None = None  # the experiment file is plan_<name>.yaml; null: from model, vocab, hardware, gpus
@@ -218,11 +223,12 @@ def check(cfg: DictConfig) -> None:
                 if f.default is MISSING and f.default_factory is DC_MISSING and not (path, name) in OPTIONAL_HERE:
                     raise ValueError(f"{path + '.' if path else ''}{name} is not set; give it on the command line")
                 continue
-            meta = f.metadata
-            if not meta:
-                continue
             value, where = node[name], f"{path}.{name}" if path else name
-            if value is None:
+            if isinstance(value, float) and not math.isfinite(value):  # nan, inf: no setting means "no limit"
+                raise ValueError(f"{where}={value} must be a finite number" +
+                                 (f" ({f.metadata['fix']})" if f.metadata.get("fix") else ""))
+            meta = f.metadata
+            if not meta or value is None:
                 continue
             if meta["choices"] and value not in meta["choices"]:
                 raise ValueError(f"{where}={value} is unknown; use one of {', '.join(meta['choices'])} "

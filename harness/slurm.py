@@ -194,13 +194,21 @@ def tasks_per_node(world: int, capacity: int, tp: int = 1) -> int:
 def plan_request(world: int, tp: int, cuda: bool, cl, part: Partition | None) -> Request:
     """The request of a run of `world` ranks from the cluster config `cl` (cluster.* values given win) and the
     partition's facts (None: not known here, a dry run without SLURM)."""
+    if not cuda and cl.gpus_per_node:
+        raise ValueError(f"cluster.gpus_per_node={cl.gpus_per_node} but run.device=cpu: a CPU run takes no GPUs; drop "
+                         f"cluster.gpus_per_node (or set it to 0), or run on GPUs with run.device=cuda")
     gpus_node = cl.gpus_per_node if cl.gpus_per_node is not None else part.typical("gpus") if part else \
         (8 if cuda else 0)
     if cuda and not gpus_node:
         where = "cluster.gpus_per_node=0" if cl.gpus_per_node is not None else \
             f"the nodes of partition {cl.partition} have no GPUs (no gpu in their Gres)"
-        raise ValueError(f"run.device=cuda but {where}; pick a GPU partition (sinfo -o '%P %G' lists them), set "
-                         f"cluster.gpus_per_node, or use run.device=cpu run.dtype=fp32")
+        raise ValueError(f"run.device=cuda but {where}; pick a GPU partition (sinfo -o '%P %G' lists them)" +
+                         (", set cluster.gpus_per_node" if part is None else "") + _cpu_hint(world, tp, cl, part))
+    if cuda and part is not None and cl.gpus_per_node and not part.typical("gpus") and \
+            not any(n.gpus for n in part.nodes):
+        raise ValueError(f"cluster.gpus_per_node={cl.gpus_per_node} but the nodes of partition {part.name} have no "
+                         f"GPUs (no gpu in their Gres); pick a GPU partition (sinfo -o '%P %G' lists them)"
+                         + _cpu_hint(world, tp, cl, part))
     cpus_node = None
     if part:
         cpus_node = part.typical("cpus")
@@ -214,6 +222,25 @@ def plan_request(world: int, tp: int, cuda: bool, cl, part: Partition | None) ->
         capacity = gpus_node if cuda else (cpus_node // (cpus or 1) if cpus_node else world)
         per_node = tasks_per_node(world, capacity, tp)
     return Request(world // per_node, per_node, per_node if cuda else 0, cpus, cl.mem_gb, cl.time_min, part)
+
+
+def _cpu_hint(world: int, tp: int, cl, part: Partition | None) -> str:
+    """`, or use run.device=cpu run.dtype=fp32` where this partition could run the job on CPUs; else where the
+    CPU runs are (the CPU experiments, or a prediction)."""
+    from omegaconf import OmegaConf
+
+    cpu = OmegaConf.merge(cl, {"gpus_per_node": None})
+    try:
+        req = plan_request(world, tp, False, cpu, part)
+        if part is not None:
+            check_request(req, part)
+    except ValueError:
+        return (f"; on CPUs these {world} ranks do not fit partition {cl.partition} either: run a CPU experiment "
+                f"(experiment=smoke), or predict this one with backend=sim")
+    fits = "" if part is None else \
+        f" for runs of at most {sum(n.cpus for n in part.nodes)} ranks (its CPUs; larger ones: backend=sim)"
+    return (", or use run.device=cpu run.dtype=fp32" + (" without cluster.gpus_per_node" if cl.gpus_per_node else "")
+            + fits)
 
 
 def check_request(req: Request, part: Partition) -> None:
@@ -238,7 +265,10 @@ def check_request(req: Request, part: Partition) -> None:
     if len(fit) < req.nodes:
         most = lambda attr: max((getattr(n, attr) for n in part.nodes), default=0)  # noqa: E731
         t = req.tasks_per_node
-        if req.gpus_per_node > most("gpus"):
+        if req.gpus_per_node and not most("gpus"):
+            fix = (f"its nodes have no GPUs; pick a GPU partition (sinfo -o '%P %G' lists them), or run on CPUs with "
+                   f"run.device=cpu and cluster.gpus_per_node null")
+        elif req.gpus_per_node > most("gpus"):
             fix = (f"{req.gpus_per_node} GPUs per node are more than its nodes have ({most('gpus')}); set "
                    f"cluster.tasks_per_node to at most {most('gpus')} (or null) and cluster.gpus_per_node to null")
         elif cpus_node > most("cpus"):
@@ -340,3 +370,9 @@ def running_jobs(call=_call) -> int:
 
 def cancel(job_id: str, call=_call) -> None:
     call(["scancel", str(job_id)])
+
+
+def cancel_all(job_ids: list[str], call=_call) -> None:
+    """One scancel for every job of the list (Ctrl-C of a sweep: the jobs it submitted)."""
+    if job_ids:
+        call(["scancel", *map(str, job_ids)])

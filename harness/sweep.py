@@ -10,6 +10,7 @@ import itertools
 import os
 import shutil
 import sys
+import time
 import warnings
 from pathlib import Path
 
@@ -156,8 +157,15 @@ def run(overrides: list[str], log=_print) -> int:
         cfg, jobs = plan(overrides, base)
         states = [j.status() for j in jobs]  # each reads the job's record
         todo = [j for j, state in zip(jobs, states) if cfg.force or state != "done"]  # todo and stale
+        flying = dispatch.in_flight(todo, cfg)  # SLURM jobs of an earlier command still queued or running
+        states = [flying[j.run_id][1].lower()[:7] if j.run_id in flying else s for j, s in zip(jobs, states)]
         if not cfg.dry_run:
             check_outputs(cfg, todo)
+            if cfg.backend == "real" and cfg.cluster.name == "slurm" and len(todo) > len(flying) and \
+                    cfg.cluster.check_shared_fs:
+                from harness.sharedfs import check_shared
+
+                check_shared(cfg, log)
     except ValueError as err:
         print(f"sweep refused, nothing was submitted: {err}", file=sys.stderr)
         return 2
@@ -165,6 +173,8 @@ def run(overrides: list[str], log=_print) -> int:
     where = f"cluster={cfg.cluster.name}" if cfg.backend == "real" else f"hardware={cfg.hardware.name}"
     log(f"experiment {cfg.experiment}: {len(jobs)} jobs, {done} done, {len(todo)} to run "
         f"(backend={cfg.backend}, {where})" +
+        (f"; {len(flying)} of them queued or running from an earlier command: followed, not submitted again"
+         if flying else "") +
         (f"; {stale} simulated by other code (cost model or schedules changed since) run again" if stale else ""))
     if cfg.dry_run:
         requests = [j.request.describe() if j.request else "" for j in jobs]
@@ -172,8 +182,9 @@ def run(overrides: list[str], log=_print) -> int:
             log("  " + _partition_line(jobs[0].request.partition))
         width = max((len(j.name) for j in jobs), default=0)
         for j, state, ask in zip(jobs, states, requests):
-            log(f"  {j.index:>4}  {j.run_id}  {state:<5}  " + (f"{j.name:<{width}}  {ask}" if ask else j.name))
+            log(f"  {j.index:>4}  {j.run_id}  {state:<7}  " + (f"{j.name:<{width}}  {ask}" if ask else j.name))
         return 0
+    began = time.time()
     try:
         if cfg.backend == "sim":
             simulate(todo, cfg, log)
@@ -181,9 +192,7 @@ def run(overrides: list[str], log=_print) -> int:
             runner = dispatch.run_local if cfg.cluster.name == "local" else dispatch.run_slurm
             runner(todo, cfg, log)
     except KeyboardInterrupt:
-        left = len([j for j in jobs if j.status() != "done"])
-        print(f"\ninterrupted: {len(jobs) - left} of {len(jobs)} runs done; rerun the same command to resume "
-              f"(runs already done are skipped)", file=sys.stderr)
+        print("\n" + interrupted_message(jobs, todo, cfg, began), file=sys.stderr)
         return 130
     if cfg.report:
         from harness.report import build_reports
@@ -191,6 +200,19 @@ def run(overrides: list[str], log=_print) -> int:
         for path in build_reports(Path(cfg.results_dir), cfg.reports_dir, [cfg.experiment], reuse=True, log=log):
             log(f"report: {path}")
     return 0
+
+
+def interrupted_message(jobs, todo, cfg, began: float) -> str:
+    """What Ctrl-C left: how many of this command's runs finished (a record written since it began), and what a
+    rerun does. A forced rerun skips nothing, so its earlier ok records do not count as done."""
+    now_done = sum(1 for j in todo if j.status() == "done" and j.path.stat().st_mtime >= began)
+    if cfg.force:
+        return (f"interrupted: {now_done} of the {len(todo)} forced runs finished again; the same command "
+                f"(force=true) starts all {len(todo)} again, without force=true every run with an ok record "
+                f"(earlier or new) is skipped")
+    left = len([j for j in jobs if j.status() != "done"])
+    return (f"interrupted: {len(jobs) - left} of {len(jobs)} runs done ({now_done} by this command); rerun the same "
+            f"command to resume (runs already done are skipped)")
 
 
 def _partition_line(partition) -> str:

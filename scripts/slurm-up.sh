@@ -30,14 +30,17 @@ CONF=/etc/slurm/slurm.conf
 ADDR=""; getent hosts "$NODE" >/dev/null 2>&1 || ADDR=127.0.0.1
 log() { echo "[slurm-up] $*"; }
 die() { echo "[slurm-up] ERROR: $*" >&2; exit 1; }
-running() { pgrep -x "$1" >/dev/null 2>&1; }
+# shellcheck source=scripts/slurm-pids.sh
+. "$(dirname "$0")/slurm-pids.sh"  # alive, stop_pid: daemons by their PID files, never by name
+ctld() { alive /run/slurmctld.pid slurmctld; }
+node_pid() { alive "/run/slurmd-$1.pid" slurmd; }
 
 [ "$(id -u)" = 0 ] || die "must run as root"
 
 # 1. Packages.
 if ! command -v slurmctld >/dev/null || ! command -v slurmd >/dev/null \
    || ! command -v sbatch >/dev/null || ! command -v munged >/dev/null \
-   || ! command -v pgrep >/dev/null; then
+   || ! command -v munge >/dev/null; then
   log "installing slurm-wlm and munge"
   export DEBIAN_FRONTEND=noninteractive
   apt_install() { apt-get install -y -q --no-install-recommends slurm-wlm munge procps; }
@@ -56,10 +59,11 @@ chmod 400 /etc/munge/munge.key
 mkdir -p /run/munge /var/lib/munge /var/log/munge
 chown munge:munge /run/munge /var/lib/munge /var/log/munge
 chmod 755 /run/munge
-if ! running munged; then
+if [ -z "$(alive /run/munge/munged.pid munged)" ] && ! munge -n >/dev/null 2>&1; then
   log "starting munged"
   rm -f /run/munge/munged.pid /run/munge/munge.socket.2.lock
   runuser -u munge -- /usr/sbin/munged || die "munged failed to start (see /var/log/munge/munged.log)"
+  touch "$STARTED_MUNGE"  # scripts/slurm-down.sh stops munged only when this script started it
 fi
 munge -n | unmunge >/dev/null || die "munge self-test failed"
 
@@ -109,17 +113,20 @@ if [ ! -f "$CONF" ] || [ "$(cat "$CONF")" != "$NEW_CONF" ]; then
 fi
 
 # 4. Daemons (restarted if the conf changed while they were running).
-if [ "$CONF_CHANGED" = 1 ] && { running slurmctld || running slurmd; }; then
-  log "config changed: restarting slurm daemons"
-  pkill -x slurmd || true; pkill -x slurmctld || true
-  for _ in $(seq 50); do running slurmd || running slurmctld || break; sleep 0.2; done
+# The daemons are this project's by their PID files (slurm-pids.sh); another SLURM on the machine is left alone.
+if [ "$CONF_CHANGED" = 1 ]; then
+  OLD_NODES=$(ls /run/slurmd-*.pid 2>/dev/null | sed 's|.*/slurmd-\(.*\)\.pid|\1|' || true)
+  for n in $OLD_NODES; do
+    pid=$(node_pid "$n"); [ -n "$pid" ] && { log "config changed: restarting slurmd $n (pid $pid)"; stop_pid "$pid" slurmd; }
+  done
+  pid=$(ctld); [ -n "$pid" ] && { log "config changed: restarting slurmctld (pid $pid)"; stop_pid "$pid" slurmctld; }
 fi
-if ! running slurmctld; then
+if [ -z "$(ctld)" ]; then
   log "starting slurmctld"
   slurmctld || die "slurmctld failed to start (see /var/log/slurm/slurmctld.log)"
 fi
 for n in ${NAMES//,/ }; do
-  if ! pgrep -f "slurmd -N $n\$" >/dev/null 2>&1; then
+  if [ -z "$(node_pid "$n")" ]; then
     log "starting slurmd for node $n"
     slurmd -N "$n" || die "slurmd -N $n failed to start (see /var/log/slurm/slurmd-$n.log)"
   fi

@@ -174,7 +174,7 @@ def test_a_job_stuck_on_a_reason_that_cannot_clear_is_cancelled_after_the_grace_
     def completed_with_record(job):  # what rank 0 of job 12 writes before SLURM says COMPLETED
         job.path.parent.mkdir(parents=True, exist_ok=True)
         job.path.write_text(json.dumps({"run_id": job.run_id, "status": "ok", "backend": "real", "config":
-                                        run.to_dict(), "metrics": {}}))
+                                        run.to_dict(), "metrics": {"iteration_time_s": 1.0}}))
 
     completed_with_record(jobs[1])
     logged = []

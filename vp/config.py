@@ -173,10 +173,10 @@ def check_config(cfg: RunConfig) -> RunConfig:
         raise ValueError(f"dtype={cfg.dtype!r} is unknown; use one of {', '.join(DTYPES)}")
     if cfg.device == "cpu" and cfg.dtype != "fp32":
         raise ValueError(f"dtype={cfg.dtype} needs device=cuda; CPU runs use dtype=fp32")
-    if not cfg.lr > 0:
-        raise ValueError(f"lr={cfg.lr} must be positive (the default is 1e-3)")
-    if not cfg.timeout_s > 0:
-        raise ValueError(f"timeout_s={cfg.timeout_s} must be a positive number of seconds")
+    if not _finite_positive(cfg.lr):
+        raise ValueError(f"lr={cfg.lr} must be a positive finite number (the default is 1e-3)")
+    if not _finite_positive(cfg.timeout_s):
+        raise ValueError(f"timeout_s={cfg.timeout_s} must be a positive finite number of seconds")
     if cfg.emulate_nccl is not None:
         if cfg.emulate_nccl not in NCCL_FORMS:
             raise ValueError(f"emulate_nccl={cfg.emulate_nccl!r} is unknown; use one of {', '.join(NCCL_FORMS)} "
@@ -195,6 +195,10 @@ def check_config(cfg: RunConfig) -> RunConfig:
         raise ValueError(f"microbatches={cfg.microbatches}: {spec.family.name} 1F1B (method={spec.name}, "
                          f"chunks={chunks}) needs a multiple of pp={cfg.pp}; use {up}")
     return cfg
+
+
+def _finite_positive(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
 
 
 def check_tensor_parallel(cfg: RunConfig, spec: Method) -> None:

@@ -51,6 +51,17 @@ def cpu_threads(procs_here: int, env=os.environ, affinity: set[int] | None = Non
     return max(1, cpus // max(1, procs_here))
 
 
+def cpu_model(cpuinfo: str = "/proc/cpuinfo") -> str:
+    """The CPU's model name and this machine's logical CPUs ('AMD EPYC 7B13 x 2'): what tells one kind of node from
+    another in a report's MFU (harness.report.measured); '' where /proc/cpuinfo cannot be read."""
+    try:
+        with open(cpuinfo) as f:
+            names = [line.split(":", 1)[1].strip() for line in f if line.startswith("model name")]
+    except OSError:
+        return ""
+    return f"{names[0]} x {len(names)}" if names else ""
+
+
 def ephemeral_range() -> tuple[int, int]:
     try:
         low, high = open("/proc/sys/net/ipv4/ip_local_port_range").read().split()

@@ -14,7 +14,7 @@ import torch.distributed as dist
 from vp.channels import channels, run_links
 from vp.comm import Comm, abort_all, make_groups
 from vp.config import RunConfig
-from vp.hostenv import cuda_connections, device_index, nccl_environment
+from vp.hostenv import cpu_model, cuda_connections, device_index, nccl_environment
 from vp.metrics import Metrics, RankMeasurement, device_peak
 from vp.nccl import Emulation
 from vp.model import build_stage, vocab_rows
@@ -156,7 +156,8 @@ def run_rank(cfg: RunConfig, rank: int, world: int, init_method: str, local_rank
     metrics = Metrics.from_measurements(cfg, gathered)
     env = {"torch": torch.__version__, "python": sys.version.split()[0], "device": gathered[0].device,
            "hosts": sorted({r.host for r in gathered}), "git_commit": git_commit(), "start": started,
-           "end": now(), "peak_flops_source": how, "world_size": world, "link_probe": probe}
+           "end": now(), "peak_flops_source": how, "world_size": world, "link_probe": probe,
+           "cpu_model": cpu_model()}
     record = make_record(cfg.to_dict(), metrics.to_dict(), env, experiment=experiment)
     if trace_path:
         write_trace(trace_path, [r.events for r in gathered], [r.seconds[cfg.warmup:] for r in gathered],

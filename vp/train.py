@@ -10,10 +10,12 @@ exits non-zero and prints no record. --emulate-nccl keeps NCCL's rules on a CPU 
 """
 import argparse
 import json
+import math
 import os
 import sys
 
-from vp.checks import MAX_TOKENS_PER_MICROBATCH, check_fault, check_memory, check_output_file, check_size, parse_fault
+from vp.checks import (MAX_LOCAL_RANKS, MAX_TOKENS_PER_MICROBATCH, check_fault, check_memory, check_output_file,
+                       check_size, parse_fault)
 from vp.config import RunConfig, check_config
 from vp.launch import RunFailed, exit_interrupted, launch_local
 
@@ -67,6 +69,8 @@ def parse_args(argv=None):
                     help="refuse micro_batch_size x seq_len above this (a sanity limit against typos)")
     ap.add_argument("--max-memory-gb", type=float, default=None,
                     help="memory the local ranks may use together (default: what this machine has available)")
+    ap.add_argument("--max-local-ranks", type=int, default=MAX_LOCAL_RANKS,
+                    help="processes this command may start on this machine (the sweep's cluster.max_local_ranks)")
     ap.add_argument("--trace", default=None, metavar="FILE",
                     help="write the measured timeline (Chrome/Perfetto trace JSON) of the measured iterations")
     ap.add_argument("--inject-fault", default=None, metavar="RANK:ACTION[:exit|raise|hang|oom]",
@@ -74,7 +78,8 @@ def parse_args(argv=None):
                          "memory, at an action of the first iteration")
     args = ap.parse_args(argv)
     fields = {k: v for k, v in vars(args).items()
-              if k not in ("json", "inject_fault", "trace", "max_tokens", "max_memory_gb")}
+              if k not in ("json", "inject_fault", "trace", "max_tokens", "max_memory_gb",
+                                                                "max_local_ranks")}
     cfg = RunConfig(**fields)
     fault = parse_fault(args.inject_fault) if args.inject_fault else None
     return cfg, args.json, fault, args
@@ -87,6 +92,13 @@ def check_here(cfg: RunConfig, fault, args, launched) -> None:
     check_size(cfg, args.max_tokens, "raise --max-tokens")
     if args.trace:
         check_output_file(args.trace, "--trace", (".json",))
+    if not launched and cfg.world > args.max_local_ranks:
+        raise ValueError(f"dp x pp x tp = {cfg.world} local processes but --max-local-ranks is "
+                         f"{args.max_local_ranks}; use fewer ranks, start the ranks with a launcher (torchrun, "
+                         f"SLURM), or raise --max-local-ranks")
+    if args.max_memory_gb is not None and not (math.isfinite(args.max_memory_gb) and args.max_memory_gb > 0):
+        raise ValueError(f"--max-memory-gb {args.max_memory_gb} must be a positive finite number of GiB (leave it "
+                         f"out for what this machine has available)")
     if cfg.device == "cuda":
         import torch
 

@@ -18,6 +18,7 @@ from harness.records import read_records
 from vp.checks import writable_path
 from harness.report.figures import Figure, all_figures
 from harness.report.findings import findings
+from harness.report.measured import noisy, peak_notes
 from harness.report.frame import STATUS_LABEL, records_frame, summary
 import harness.report.predicted as predicted
 from harness.report.published import published_tables
@@ -193,6 +194,8 @@ def readme(name: str, source: Path, df: pd.DataFrame, tables: list[Table], skipp
                   *([f"- {ASSUMPTIONS}"] if sim else []), ""]
     lines += ["## Figures", "", *[_figure_md(f) for f in figures], "", "## Runs that did not finish", ""]
     lines += failures or ["None: every run ended ok."]
+    quality = [f"- {n}" for n in peak_notes(df)] + [f"- **noisy**: {n}" for n in noisy(df)]
+    lines += ["", "## How the CPU runs were measured", "", *quality] if quality else []
     return "\n".join(lines) + "\n"
 
 

@@ -5,6 +5,8 @@ import re
 
 import pandas as pd
 
+from harness.report.measured import one_peak_mfu
+
 from vp.mesh import Mesh
 from vp.schedule.methods import METHODS
 from vp.record import NOT_SEMANTIC, STATUSES
@@ -130,6 +132,8 @@ def records_frame(records: list[dict]) -> pd.DataFrame:
     df = pd.DataFrame(rows, columns=COLUMNS).drop_duplicates("run_id")
     for column in ("iteration_time_s", "tokens_per_s", "mfu", "max_memory_bytes"):
         df[column] = pd.to_numeric(df[column]).astype(float)  # None (no measurement) -> NaN
+    if len(df):
+        df["mfu"] = pd.Series(one_peak_mfu(df), index=df.index, dtype=float)  # one peak per CPU node kind
     # a status not written by vp.record reads as failed rather than breaking the whole report
     df["status"] = df["status"].where(df["status"].isin(STATUSES), "failed")
     # one label per vocabulary size: the sweep's name where a record has it, else derived (old records)

@@ -66,6 +66,26 @@ def bench_vocab(hidden: int, vocabs: list[int], tokens: int, reps: int):
                 print(f"{vocab:>7} {algo.name:>9} {p:>2} {t * 1e3:>9.1f} {t / ref:>6.2f}")
 
 
+def check_vocab_sizes(args) -> None:
+    """Every size of `vp.bench vocab` positive, and the largest logits [tokens, vocabulary] within what this
+    machine has available (each is held several times: logits, softmax, gradients)."""
+    from vp.checks import MAX_BENCH_TOKENS, available_bytes
+
+    for flag, values in (("--hidden", [args.hidden]), ("--vocab", args.vocab), ("--tokens", [args.tokens]),
+                         ("--reps", [args.reps])):
+        bad = [v for v in values if v < 1]
+        if bad:
+            raise ValueError(f"{flag} {bad[0]} must be a positive integer")
+    if args.tokens > MAX_BENCH_TOKENS:
+        raise ValueError(f"--tokens {args.tokens} is above the limit of {MAX_BENCH_TOKENS}; use fewer tokens")
+    vocab = max(args.vocab)  # fp32 logits, weights and their gradients, held about four times over at the peak
+    need = 4 * 4 * (args.tokens * vocab + vocab * args.hidden + args.tokens * args.hidden)
+    have = available_bytes()
+    if have is not None and need > have:
+        raise ValueError(f"--tokens {args.tokens}, --vocab {vocab} and --hidden {args.hidden} need about {need / 2**30:.1f} GiB "
+                         f"but {have / 2**30:.1f} GiB are available; use fewer --tokens or a smaller --vocab")
+
+
 def predict_iteration(result, tail_s: list[float]) -> float:
     """An iteration as the runtime times it: each rank's schedule (simulated), then what it measured after its
     last action (the optimizer step; the simulator schedules passes, not the optimizer)."""
@@ -192,6 +212,11 @@ def main(argv=None) -> int:
 
         run(args.json)
     elif args.what == "vocab":
+        try:
+            check_vocab_sizes(args)
+        except ValueError as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 2
         bench_vocab(args.hidden, args.vocab, args.tokens, args.reps)
     elif args.what == "peer":
         return peer_main(args)

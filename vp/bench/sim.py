@@ -79,9 +79,14 @@ def run(methods, sizes, repeat: int, as_json: bool) -> list[dict]:
 
 
 def parse_size(text: str) -> tuple[int, int]:
+    """PPxMICROBATCHES, pp x microbatches within the schedule size limit (vp.checks.MAX_SCHEDULE_SIZE; the ladder's
+    largest size is that limit, which interleaved's two chunks double)."""
+    from vp.checks import MAX_SCHEDULE_SIZE, check_schedule_size
+
     pp, sep, m = text.partition("x")
     if not sep or not pp.isdigit() or not m.isdigit() or int(pp) < 2 or int(m) < 1:
         raise ValueError(f"--sizes {text!r}: use PPxMICROBATCHES with pp >= 2, e.g. 32x128")
+    check_schedule_size(int(pp), int(m), 1, MAX_SCHEDULE_SIZE, f"pick a size within it (--sizes {text})")
     return int(pp), int(m)
 
 

@@ -25,6 +25,7 @@ A measured profile (python -m harness.calibrate --measure) carries the microbenc
 (vp.cost.tables reads them; the analytical fields, fitted to the same tables, answer outside them) and says where
 they were taken in `machine`.
 """
+import math
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
@@ -101,20 +102,86 @@ class Hardware:
 
     @classmethod
     def from_dict(cls, d: dict) -> "Hardware":
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(d) - known)
-        if unknown:
-            raise ValueError(f"hardware profile: unknown field(s) {unknown}; known: {sorted(known)}")
-        if float(d.get("peak_flops", 0)) <= 0:
-            raise ValueError("hardware profile: peak_flops must be a positive number of FLOP/s")
-        for name in ("mem_bandwidth", "link_bandwidth", "ib_bandwidth", "gemm_efficiency", "attention_efficiency",
-                     "mem_efficiency"):
-            if name in d and not float(d[name]) > 0:
-                raise ValueError(f"hardware profile: {name}={d[name]} must be positive")
-        if int(d.get("gpus_per_node", 1)) < 1:
-            raise ValueError(f"hardware profile: gpus_per_node={d['gpus_per_node']} must be at least 1")
-        return cls(**d)
+        """A profile read from a file or a record, validated as a whole (check_profile) before any use."""
+        return check_profile(d)
 
+
+# Ranges of a profile's numbers; every one must also be finite. Fields not listed are >= 0 (latencies, overheads,
+# fixed costs, byte counts). A profile is validated as a whole where it is read (Hardware.from_dict), so a NaN, a
+# negative latency or a corrupt table never reaches the planner, the simulator or a sweep.
+POSITIVE = ("peak_flops", "mem_bandwidth", "link_bandwidth", "ib_bandwidth", "gemm_efficiency",
+            "attention_efficiency", "mem_efficiency", "memory_bytes", "bytes_per_param", "crowding")
+AT_LEAST_ONE = ("gpus_per_node", "act_bytes", "tile_m", "tile_n")
+INTEGERS = ("sms", "tile_m", "tile_n", "tile_k_overhead", "cores", "gpus_per_node", "act_bytes")
+
+
+def _number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def check_profile(d) -> "Hardware":
+    """The Hardware of a profile mapping; ValueError naming the field, its value and the range, for an unknown
+    field, a number that is not finite or out of range, a per-kind table that is not names to positive numbers, or
+    a measured table that is not rows of numbers (and names)."""
+    if not isinstance(d, dict):
+        raise ValueError(f"hardware profile: expected a mapping of fields, got {type(d).__name__}")
+    known = {f.name for f in fields(Hardware)}
+    unknown = sorted(set(d) - known)
+    if unknown:
+        raise ValueError(f"hardware profile: unknown field(s) {unknown}; known: {sorted(known)}")
+    name = d.get("name")
+    where = f"hardware profile {name}" if isinstance(name, str) and name else "hardware profile"
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"{where}: name={name!r} must be a non-empty string")
+    if "peak_flops" not in d:
+        raise ValueError(f"{where}: peak_flops is missing; give the device's dense FLOP/s")
+    for f in fields(Hardware):
+        if f.name not in d or f.type not in ("float", "int", float, int):
+            continue
+        value = d[f.name]
+        if not _number(value):
+            raise ValueError(f"{where}: {f.name}={value!r} must be a finite number")
+        if f.name in INTEGERS and value != int(value):
+            raise ValueError(f"{where}: {f.name}={value!r} must be a whole number")
+        low, word = (1, "at least 1") if f.name in AT_LEAST_ONE else (0, "> 0") if f.name in POSITIVE else \
+            (0, ">= 0")
+        if value < low or (word == "> 0" and value <= 0):
+            raise ValueError(f"{where}: {f.name}={value!r} must be {word}")
+    efficiency = d.get("efficiency", {})
+    if not isinstance(efficiency, dict) or not all(isinstance(k, str) and _number(v) and v > 0
+                                                   for k, v in efficiency.items()):
+        raise ValueError(f"{where}: efficiency={efficiency!r} must map pass kinds to positive finite numbers")
+    if not isinstance(d.get("machine", {}), dict):
+        raise ValueError(f"{where}: machine must be a mapping")
+    _check_tables(d.get("measured", {}), where)
+    ints = {k: int(d[k]) for k in INTEGERS if k in d}
+    try:
+        return Hardware(**{**d, **ints})
+    except (TypeError, ValueError, KeyError, IndexError, ZeroDivisionError) as err:  # Tables.of reading the rows
+        raise ValueError(f"{where}: measured tables do not read ({type(err).__name__}: {err}); measure the "
+                         f"profile again (python -m harness.calibrate --measure)") from None
+
+
+def _check_tables(measured, where: str) -> None:
+    """measured: table name -> rows (lists of finite numbers and names) or their text form (vp.cost.tables.rows)."""
+    from vp.cost.tables import rows
+
+    if not isinstance(measured, dict):
+        raise ValueError(f"{where}: measured must be a mapping of table names to rows")
+    for key, table in measured.items():
+        try:
+            got = rows(table)
+        except (TypeError, ValueError, AttributeError) as err:
+            raise ValueError(f"{where}: measured.{key} does not read as rows ({err})") from None
+        if not isinstance(got, list):
+            raise ValueError(f"{where}: measured.{key} must be rows of numbers, got {type(got).__name__}")
+        for i, row in enumerate(got):
+            if _number(row):  # a bare value (the optimizer's [parameters, seconds] pair of older profiles)
+                continue
+            if not isinstance(row, list) or not row or \
+                    not all(_number(x) or (isinstance(x, str) and x) for x in row):
+                raise ValueError(f"{where}: measured.{key} row {i} ({row!r}) must be a list of finite numbers "
+                                 f"(and names); measure the profile again (python -m harness.calibrate --measure)")
 
 
 def write_profile(hw: Hardware, path, header: str) -> Path:
@@ -123,6 +190,7 @@ def write_profile(hw: Hardware, path, header: str) -> Path:
     import yaml
 
     comments = "".join(f"# {line}\n" for line in header.splitlines())
+    check_profile(hw.to_dict())  # what is written reads back (a fit that gave a NaN or inf stops here)
     body = yaml.safe_dump({"name": hw.name, "profile": hw.to_dict()}, sort_keys=False)
     return write_text_atomic(path, f"# @package hardware\n{comments}{body}")
 
