@@ -1,0 +1,48 @@
+"""The project as a newcomer meets it (issue 46): the suite on a machine without SLURM or other external tools skips
+what needs them and fails nothing."""
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from harness.slurm import COMMANDS as SLURM_COMMANDS
+from harness_util import ROOT
+
+# the programs the tests call, by marker (tests/conftest.py): SLURM's commands (marker `slurm`), and `needs(...)`
+OTHER_TOOLS = ("make", "bash")
+SLURM_EXTRA = ("srun", "salloc", "sacct", "sbcast", "sstat")  # SLURM's other commands, hidden too
+NEEDS_TOOLS = ["tests/test_repository.py::test_make_declares_only_targets_that_have_rules",
+               "tests/test_repository.py::test_make_venv_reinstalls_torch_when_another_build_is_asked_for",
+               "tests/test_gpucheck.py::test_the_script_runs_with_hydra_omegaconf_submitit_and_wandb_blocked"]
+
+
+def _path_without(tools: set[str], into: Path) -> str:
+    """A PATH of one folder holding a link to every program of the current PATH except `tools` (first one wins)."""
+    into.mkdir()
+    for folder in os.environ.get("PATH", "").split(os.pathsep):
+        if not folder or not Path(folder).is_dir():
+            continue
+        for exe in Path(folder).iterdir():
+            if exe.name not in tools and not (into / exe.name).exists() and os.access(exe, os.X_OK):
+                (into / exe.name).symlink_to(exe)
+    return str(into)
+
+
+def test_front_door_slurm_and_tool_tests_skip_cleanly_where_the_tools_are_absent(tmp_path):
+    """The SLURM tests (test_harness_slurm.py against a cluster, test_slurm.py against recorded output) and the tests
+    that call make or bash, run with a PATH that has none of those programs: those that need them skip, the rest
+    pass, none fails. VP_REQUIRE_SLURM is unset in the child (CI sets it to make a missing cluster a failure)."""
+    hidden = set(SLURM_COMMANDS) | set(SLURM_EXTRA) | set(OTHER_TOOLS)
+    env = {k: v for k, v in os.environ.items() if k not in ("VP_REQUIRE_SLURM", "PYTEST_XDIST_WORKER",
+                                                           "PYTEST_ADDOPTS", "PYTEST_CURRENT_TEST")}
+    env["PATH"] = _path_without(hidden, tmp_path / "bin")
+    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider", "-rs",
+                          "tests/test_harness_slurm.py", "tests/test_slurm.py", *NEEDS_TOOLS],
+                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    tail = out.stdout[-3000:] + out.stderr[-2000:]
+    counts = {word: int(n) for n, word in re.findall(r"(\d+) (passed|failed|skipped|errors?)", out.stdout)}
+    marked = len(re.findall(r"^@pytest\.mark\.slurm$", (ROOT / "tests/test_harness_slurm.py").read_text(), re.M))
+    assert out.returncode == 0 and "failed" not in counts and "error" not in counts, tail
+    assert counts.get("skipped") == marked + len(NEEDS_TOOLS) and counts.get("passed", 0) > 0, tail
+    assert "no SLURM cluster here" in out.stdout and "needs make on PATH" in out.stdout, tail
