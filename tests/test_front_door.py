@@ -46,3 +46,16 @@ def test_front_door_slurm_and_tool_tests_skip_cleanly_where_the_tools_are_absent
     assert out.returncode == 0 and "failed" not in counts and "error" not in counts, tail
     assert counts.get("skipped") == marked + len(NEEDS_TOOLS) and counts.get("passed", 0) > 0, tail
     assert "no SLURM cluster here" in out.stdout and "needs make on PATH" in out.stdout, tail
+
+
+def test_front_door_license_and_citation_name_both_papers():
+    """A permissive licence, and a CITATION.cff (valid YAML, cff 1.2.0) citing both papers by their arXiv ids."""
+    import yaml
+
+    assert (ROOT / "LICENSE").read_text().startswith("MIT License\n\nCopyright (c) 2026 The vp-harness authors")
+    cff = yaml.safe_load((ROOT / "CITATION.cff").read_text())
+    assert cff["cff-version"] == "1.2.0" and cff["license"] == "MIT"
+    ids = {i["value"] for ref in cff["references"] for i in ref["identifiers"]}
+    assert ids == {"arXiv:2411.05288", "arXiv:2105.14500"}
+    assert all(ref["authors"] and ref["year"] and ref["url"].startswith("https://arxiv.org/abs/")
+               for ref in cff["references"])
