@@ -59,3 +59,46 @@ def test_front_door_license_and_citation_name_both_papers():
     assert ids == {"arXiv:2411.05288", "arXiv:2105.14500"}
     assert all(ref["authors"] and ref["year"] and ref["url"].startswith("https://arxiv.org/abs/")
                for ref in cff["references"])
+
+
+# what a method file's opening line says of each part of its row (vp/schedule/methods.py)
+FAMILY_WORDS = {"1f1b": "1F1B", "interleaved": "Megatron's interleaved 1F1B", "interlaced": "the interlaced schedule",
+                "vhalf": "V-Half"}
+VOCAB_WORDS = {"local": "the input layer on the first stage and the output layer on the last",
+               "naive": "the naive vocabulary-parallel output layer (its barriers inside S and T)",
+               "alg1": "the vocabulary passes of Algorithm 1 over all ranks (two barriers)",
+               "alg2": "the vocabulary passes of Algorithm 2 over all ranks (one barrier)"}
+
+
+def method_file(method) -> str:
+    """conf/method/<name>.yaml as its row in METHODS makes it: a one-line summary, the name, the chunks setting
+    (2, the default, where the family takes it from the run; null where the family fixes it)."""
+    what = f"{FAMILY_WORDS[method.family.name]} with {VOCAB_WORDS[method.vocab.name]}"
+    if method.redistributes_layers:
+        what += ", fewer transformer layers on the last stage"
+    chunks = "null" if method.family.chunks else "2  # model chunks per rank (the layers split into pp x chunks)"
+    return f"# @package method\n# method={method.name}: {what}\nname: {method.name}\nchunks: {chunks}\n"
+
+
+def test_front_door_method_files_are_the_method_rows():
+    """conf/method/ holds one file per row of vp.schedule.methods.METHODS, each as method_file makes it from the row:
+    a method added or changed there without its config file (or the other way round) fails here."""
+    from vp.schedule.methods import METHODS
+
+    files = {p.stem: p.read_text() for p in (ROOT / "conf/method").glob("*.yaml")}
+    assert sorted(files) == sorted(METHODS), "conf/method/ and METHODS name different methods"
+    wrong = {name: method_file(m) for name, m in METHODS.items() if files[name] != method_file(m)}
+    assert not wrong, "write these files as:\n" + "\n".join(f"conf/method/{n}.yaml:\n{t}" for n, t in wrong.items())
+
+
+def test_front_door_every_conf_file_opens_with_what_it_sets():
+    """Every file of conf/ opens (after Hydra's `# @package` line, which must come first) with one comment line
+    `# group=name: what it sets`, the override that picks it; conf/config.yaml with a comment on the sweep config."""
+    bad = []
+    for path in sorted((ROOT / "conf").rglob("*.yaml")):
+        rel = path.relative_to(ROOT / "conf").with_suffix("")
+        lines = [line for line in path.read_text().splitlines() if not line.startswith("# @package")]
+        want = "# The sweep config" if rel.parts == ("config",) else f"# {rel.parent.as_posix()}={rel.name}: "
+        if not (lines and lines[0].startswith(want) and len(lines[0]) > len(want) + 10):
+            bad.append(f"{path.relative_to(ROOT)}: {lines[0] if lines else ''!r} does not start with {want!r}")
+    assert not bad, bad

@@ -192,7 +192,8 @@ def test_a_written_profile_reads_back_as_the_same_hardware(tmp_path):
 
     hw = PROFILES["h100"]
     text = write_profile(hw, tmp_path / "h.yaml", "line one\nline two").read_text()
-    assert text.startswith("# @package hardware\n# line one\n# line two\n")
+    assert text.startswith("# @package hardware\n# hardware=h100: a calibrated profile of the cost model "
+                           "(backend=sim)\n# line one\n# line two\n")
     doc = yaml.safe_load(text)
     assert doc["name"] == "h100" and Hardware.from_dict(doc["profile"]) == hw
 
