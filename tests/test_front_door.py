@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from harness.slurm import COMMANDS as SLURM_COMMANDS
 from harness_util import ROOT
 
@@ -102,3 +104,199 @@ def test_front_door_every_conf_file_opens_with_what_it_sets():
         if not (lines and lines[0].startswith(want) and len(lines[0]) > len(want) + 10):
             bad.append(f"{path.relative_to(ROOT)}: {lines[0] if lines else ''!r} does not start with {want!r}")
     assert not bad, bad
+
+
+REFUSED = [  # (entry point, argv with an old spelling, the new one it points to)
+    ("harness.plan_check", ["--results", "r"], "--results-dir"),
+    ("harness.model_check", ["--results", "r"], "--results-dir"),
+    ("harness.calibrate", ["--results", "r"], "--results-dir"),
+    ("harness.report", ["--results", "r"], "--results-dir"),
+    ("vp.bench", ["vocab", "--reps", "3"], "--rounds"),
+    ("vp.bench", ["vocab", "--vocab", "32000"], "--vocab-size"),
+    ("vp.bench", ["sim", "--repeat", "2"], "--rounds"),
+    ("vp.train", ["--timeout", "5"], "--timeout-s"),
+]
+
+
+def _main_of(module: str):
+    import importlib
+
+    mod = importlib.import_module(module if module in ("vp.train",) else f"{module}.__main__"
+                                  if module in ("harness.report", "vp.bench") else module)
+    return mod.parse_args if module == "vp.train" else mod.main
+
+
+def test_front_door_old_spellings_are_refused_with_a_pointer_to_the_new_one(capsys):
+    """Every renamed flag of vp/renamed.py, given to an entry point that takes its new name, exits 2 naming the new
+    one (argparse's own exit) before anything runs; argparse no longer takes it as an abbreviation of the new name."""
+    for module, argv, new in REFUSED:
+        with pytest.raises(SystemExit) as stop:
+            _main_of(module)(argv)
+        err = capsys.readouterr().err
+        assert stop.value.code == 2 and f"{argv[-2]} is renamed {new}" in err, (module, argv, err)
+    with pytest.raises(SystemExit) as stop:
+        _main_of("vp.bench")(["tpsim"])
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and "experiment=tp_scaling backend=sim" in err, err
+
+
+def test_front_door_renamed_modules_say_where_they_went():
+    from vp.renamed import MODULES
+
+    for old, new in MODULES.items():
+        out = subprocess.run([sys.executable, "-m", old], cwd=ROOT, capture_output=True, text=True, timeout=60)
+        assert out.returncode == 2 and f"use python -m {new}" in out.stderr, out.stderr
+        assert (ROOT / Path(*new.split("."))).with_suffix(".py").exists()
+
+
+def _flags_defined() -> dict[str, list[str]]:
+    """{flag: [file, ...]} of every add_argument("--flag", ...) in the project's code."""
+    import ast
+
+    found: dict[str, list[str]] = {}
+    for path in [*ROOT.glob("vp/**/*.py"), *ROOT.glob("harness/**/*.py"), *ROOT.glob("scripts/*.py")]:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "add_argument":
+                for arg in node.args:
+                    if isinstance(arg, ast.Constant) and str(arg.value).startswith("--"):
+                        found.setdefault(arg.value, []).append(str(path.relative_to(ROOT)))
+    return found
+
+
+def test_front_door_one_spelling_per_flag():
+    """Flags are lower-case words joined by hyphens (the Hydra key with `_` for `-`: --results-dir is results_dir=),
+    and no tool defines an old spelling of vp/renamed.py as a flag of its own again."""
+    from vp.renamed import FLAGS
+
+    flags = _flags_defined()
+    assert "--results-dir" in flags and "--rounds" in flags  # the scan sees the code
+    assert not [f for f in flags if not re.fullmatch(r"--[a-z0-9]+(-[a-z0-9]+)*", f)]
+    back = {old: flags[old] for old in FLAGS if old in flags}
+    assert not back, f"old spellings defined again (vp/renamed.py FLAGS): {back}"
+    assert all(new in flags for new in FLAGS.values())
+
+
+@pytest.mark.needs("make")
+def test_front_door_renamed_make_variables_are_refused():
+    """The Makefile's RENAMED_VARIABLES are vp/renamed.py's MAKE_VARIABLES, and each stops make with the pointer."""
+    from vp.renamed import MAKE_VARIABLES
+
+    line = next(x for x in (ROOT / "Makefile").read_text().splitlines() if x.startswith("RENAMED_VARIABLES :="))
+    assert dict(pair.split(":") for pair in line.split(":=")[1].split()) == MAKE_VARIABLES
+    for old, new in MAKE_VARIABLES.items():
+        out = subprocess.run(["make", "-n", "help", f"{old}=x"], cwd=ROOT, capture_output=True, text=True, timeout=60)
+        assert out.returncode == 2 and f"{old} is renamed {new}: write {new}=NAME" in out.stderr, out.stderr
+    out = subprocess.run(["make", "-n", "sim-paper_1f1b", "HARDWARE=h100"], cwd=ROOT, capture_output=True,
+                         text=True, timeout=60)
+    assert "hardware=h100" in out.stdout.splitlines()[-1], out.stdout
+
+
+@pytest.mark.needs("make")
+def test_front_door_make_help_lists_entry_points_apart_from_maintainer_tools():
+    out = subprocess.run(["make", "help"], cwd=ROOT, capture_output=True, text=True, timeout=60).stdout
+    users, dev = out.split("Maintainer tools (dev):")
+    for target in ("sweep", "plan", "report", "paper-tables", "test", "gpu-check"):
+        assert f"make {target} " in users, target
+    for target in ("plan-check", "model-check", "calibrate-paper", "bench", "slurm-up"):
+        assert f"make {target} " in dev and f"make {target} " not in users, target
+
+
+# The house: the project's floors, lowest first. A module's floor is that of the longest prefix naming it. A module
+# imports from its own floor and the floors below; an import of a higher floor (inside a function too) is counted.
+FLOORS = [
+    ("base: files, host, failures, records on disk, names", [
+        "vp", "vp.files", "vp.flops", "vp.hostenv", "vp.failure", "vp.renamed", "vp.data", "vp.record", "vp.trace"]),
+    ("schedule data types: actions, vocabulary algorithms, costs", [
+        "vp.schedule.actions", "vp.schedule.algorithms", "vp.schedule.costs"]),
+    ("schedule generators and the method rows", [
+        "vp.schedule.generators", "vp.schedule.interlaced", "vp.schedule.vhalf", "vp.schedule.vhalf_vocab",
+        "vp.schedule.methods"]),
+    ("schedule simulator", ["vp.schedule.rules", "vp.schedule.program", "vp.schedule.sharing", "vp.schedule.simulate"]),
+    ("schedule building and checking", ["vp.schedule", "vp.schedule.build", "vp.schedule.validate",
+                                        "vp.schedule.picture"]),
+    ("run description: config, mesh, tensor modes, channels", [
+        "vp.config", "vp.mesh", "vp.tp.modes", "vp.tp.traffic", "vp.channels"]),
+    ("cost model, planner, limits, metrics", ["vp.cost", "vp.plan", "vp.checks", "vp.metrics"]),
+    ("compute: torch layers, communication, runtime", [
+        "vp.wgrad", "vp.comm", "vp.comm_stream", "vp.nccl", "vp.vocab", "vp.tp", "vp.model", "vp.runtime",
+        "vp.reference"]),
+    ("runs: launching, training, measuring a machine, checks, benchmarks", [
+        "vp.run", "vp.launch", "vp.train", "vp.cost.measure", "vp.cost.measure_comm", "vp.cost.measure_passes",
+        "vp.cost.measure_crowding", "vp.gpucheck", "vp.bench", "vp.schedule.__main__"]),
+    ("harness records: schema, records, profiles, published tables, SLURM facts", [
+        "harness.records", "harness.schema", "harness.profiles", "harness.timeline", "harness.wandb_log",
+        "harness.slurm", "harness.published"]),
+    ("harness running: jobs, simulation, dispatch", [
+        "harness.sim", "harness.task", "harness.jobs", "harness.dispatch", "harness.compose", "harness.published.fit"]),
+    ("harness reports", ["harness.report", "harness.plan_output"]),
+    ("harness commands", [
+        "harness", "harness.sweep", "harness.plan", "harness.calibrate", "harness.published.calibrate",
+        "harness.measure", "harness.plan_check", "harness.model_check", "harness.plancheck", "harness.modelcheck",
+        "hydra_plugins"]),
+]
+MAX_UPWARD = 8
+
+
+def floor_of(module: str) -> int | None:
+    hits = [(len(p), i) for i, (_, prefixes) in enumerate(FLOORS) for p in prefixes
+            if module == p or module.startswith(p + ".")]
+    return max(hits)[1] if hits else None
+
+
+def project_imports() -> dict[str, set[str]]:
+    """{module: the project's modules it imports}, at its top or inside functions; `from a import b` names the
+    module a.b where there is one; imports under `if TYPE_CHECKING:` (annotations only) are left out."""
+    import ast
+
+    files = {}
+    for top in ("vp", "harness", "hydra_plugins"):
+        for path in (ROOT / top).rglob("*.py"):
+            parts = path.relative_to(ROOT).with_suffix("").parts
+            files[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    out = {}
+    for name, path in files.items():
+        tree = ast.parse(path.read_text())
+        typing_only = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If)
+                       and getattr(node.test, "id", None) == "TYPE_CHECKING" for n in ast.walk(node)}
+        targets = set()
+        for node in ast.walk(tree):
+            if id(node) in typing_only:
+                continue
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                targets |= {f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in files else node.module
+                            for a in node.names}
+            elif isinstance(node, ast.Import):
+                targets |= {a.name for a in node.names}
+        out[name] = {t for t in targets if t in files and t != name}
+    return out
+
+
+def test_front_door_imports_run_down_the_floors():
+    """Every module of vp/, harness/ and hydra_plugins/ has a floor (FLOORS), and at most MAX_UPWARD imports run
+    from a floor to a higher one (each is a module that reaches above itself: move the code it needs down, or the
+    module up)."""
+    imports = project_imports()
+    unplaced = sorted(m for m in imports if floor_of(m) is None)
+    assert not unplaced, f"modules without a floor (add them to FLOORS): {unplaced}"
+    upward = sorted(f"{a} -> {b} ({FLOORS[floor_of(a)][0].split(':')[0]} -> {FLOORS[floor_of(b)][0].split(':')[0]})"
+                    for a, targets in imports.items() for b in targets if floor_of(b) > floor_of(a))
+    assert len(upward) <= MAX_UPWARD, "\n".join(upward)
+
+
+def test_front_door_schedule_modules_import_no_circle():
+    """vp.schedule's modules form no import circle (actions -> methods -> vhalf_vocab -> simulate -> program ->
+    actions was one): data types at the bottom, generators above them, the simulator above those."""
+    imports = project_imports()
+    edges = {m: {t for t in ts if t.startswith("vp.schedule")} for m, ts in imports.items()
+             if m.startswith("vp.schedule")}
+
+    def reach(start: str) -> set[str]:
+        seen, todo = set(), [start]
+        while todo:
+            for nxt in edges.get(todo.pop(), set()) - seen:
+                seen.add(nxt)
+                todo.append(nxt)
+        return seen
+
+    circles = sorted(f"{a} <-> {b}" for a in edges for b in edges[a] if a in reach(b))
+    assert not circles, circles
