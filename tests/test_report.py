@@ -138,7 +138,8 @@ def test_speedup_is_throughput_over_the_reference(built):
 def test_report_opens_with_predicted_vs_measured_and_the_error_of_each(built):
     root, _ = built
     readme = (root / "reports" / "mini" / "README.md").read_text()
-    assert readme.split("\n")[2] == "## Predicted vs measured"
+    assert readme.split("\n")[2] == "## Which method wins"  # the first screen; then predicted vs measured
+    assert readme.index("(winner_real.png)") < readme.index("## Predicted vs measured") < readme.index("## Tables")
     assert "(predicted_vs_measured.png)" in readme.split("## Tables")[0]
     rows = md_table((root / "reports" / "mini" / "tables.md").read_text(), "Predicted vs measured")
     real = {r["config"]["method"]: r for r in fixture_records("real")
@@ -337,7 +338,8 @@ def test_the_report_opens_with_findings_computed_from_the_records(built, altered
     paragraphs = altered[1].read_text().split("\n\n")
     at = next(i for i, p in enumerate(paragraphs) if p.startswith("On "))
     assert f"{ratio / 2:.2f}x the throughput" in paragraphs[at]
-    assert "make paper-tables" in paragraphs[at + 1]
+    after = next(i for i, p in enumerate(paragraphs) if p.startswith("Next:"))  # after the first screen's table
+    assert "make paper-tables" in paragraphs[after] and paragraphs[after - 1].startswith("![Which method wins")
 
 
 def test_measured_timelines_come_from_the_traces_beside_the_records(altered):
@@ -389,3 +391,47 @@ def test_where_the_error_comes_from_splits_passes_into_compute_and_waiting():
                                  f"{row[('Passes', 'own work vs CPU time (%)')]} % against the CPU time")
     assert "did not compute 20.0 % of their passes' wall time (median)" in table.note
     assert (row[("After the flush (s)", "measured")], row[("After the flush (s)", "predicted")]) == ("0.034", "0.025")
+
+
+def test_front_door_report_opens_with_which_method_wins_against_both_baselines(built, tmp_path):
+    """The first screen: under the title, the fastest method per setup and vocabulary, its tokens/s over baseline's
+    and interleaved's (the records' numbers), the peak memory of the three, and its figure; an experiment of one
+    method opens with the same section, saying what it found, without a table."""
+    root, _ = built
+    out = root / "reports" / "mini"
+    readme = (out / "README.md").read_text()
+    lines = readme.split("\n")
+    assert lines[:3] == ["# Report: mini", "", "## Which method wins"]
+    first = readme.split("## Predicted vs measured")[0]
+    assert "(winner_real.png)" in first and "| Fastest" in first and "| Iteration time" not in first
+    assert (out / "winner_real.png").read_bytes().startswith(PNG_MAGIC) and (out / "winner_real.tex").is_file()
+    rows = md_table((out / "tables.md").read_text(), "Which method wins (real)")
+    real = [r for r in fixture_records("real")]
+    cells = {}
+    for r in real:
+        cells.setdefault((r["config"]["pp"], r["config"]["vocab_size"]), {})[r["config"]["method"]] = r
+    assert len(rows) == len(cells)
+    for row in rows:
+        [(pp, size)] = [k for k in cells if (str(k[0]), f"{k[1] // 1000}k") == (row["CPU processes"], row["Vocab"])]
+        runs = cells[(pp, size)]
+        ok = {m: r for m, r in runs.items() if r["status"] == "ok"}
+        best = max(ok.values(), key=lambda r: r["metrics"]["tokens_per_s"])
+        assert row["Fastest"] == best["config"]["method"]
+        for ref in ("baseline", "interleaved"):
+            got = row[f"tokens/s over {ref}"]
+            if ref in ok:
+                want = best["metrics"]["tokens_per_s"] / ok[ref]["metrics"]["tokens_per_s"]
+                assert got == f"{want:.2f}x", (row, ref)
+                assert row[f"Peak memory (MiB) {ref}"] == f"{max(ok[ref]['metrics']['peak_memory_bytes']) / 2**20:.2f}"
+            else:
+                assert got == ({"oom": "OOM"}.get(runs[ref]["status"], runs[ref]["status"]) if ref in runs else "–")
+        assert row["Peak memory (MiB) fastest"] == f"{max(best['metrics']['peak_memory_bytes']) / 2**20:.2f}"
+    # one method only: the same first section, no table
+    one = tmp_path / "results" / "one"
+    one.mkdir(parents=True)
+    for path in (FIXTURES / "mini").glob("*.json"):
+        if json.loads(path.read_text())["config"]["method"] == "baseline":
+            shutil.copy(path, one / path.name)
+    [single] = build_reports(tmp_path / "results", tmp_path / "reports")
+    text = single.read_text()
+    assert text.split("\n")[2] == "## Which method wins" and "| Fastest" not in text.split("## Tables")[0]
