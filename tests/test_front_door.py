@@ -300,3 +300,47 @@ def test_front_door_schedule_modules_import_no_circle():
 
     circles = sorted(f"{a} <-> {b}" for a in edges for b in edges[a] if a in reach(b))
     assert not circles, circles
+
+
+def test_front_door_report_opens_with_which_method_wins_against_both_baselines(tmp_path):
+    """The first screen (harness.report.first_screen, the opening section of every report's README; the order in
+    the README is checked by test_report.py): the fastest method per setup and vocabulary, its tokens/s over
+    baseline's and interleaved's (the records' numbers), the peak memory of the three, and its figure; an
+    experiment of one method opens with the same section, without a table."""
+    from harness.records import load
+    from harness.report.first_screen import TITLE, first_screen
+    from harness.report.frame import records_frame
+    from harness.report.render import markdown
+    from harness_util import FIXTURES, fixture_records
+
+    df = records_frame(load(FIXTURES / "mini"))
+    lines, table, fig = first_screen(df, tmp_path, "FINDINGS")
+    assert lines[:4] == [f"## {TITLE}", "", "FINDINGS", ""] and markdown(table) in lines
+    assert table.title == "Which method wins (real)" and f"![{fig.title}](winner_real.png)" in lines
+    assert (tmp_path / "winner_real.png").read_bytes().startswith(b"\x89PNG")
+    assert lines[-2].startswith("Next: ")  # the commands to run next close the section
+    rows = [dict(zip([b if not a else f"{a} {b}" for a, b in table.data.columns], r))
+            for r in table.data.itertuples(index=False)]
+    cells = {}
+    for r in fixture_records("real"):
+        cells.setdefault((r["config"]["pp"], r["config"]["vocab_size"]), {})[r["config"]["method"]] = r
+    assert len(rows) == len(cells)
+    for row in rows:
+        [(pp, size)] = [k for k in cells if (str(k[0]), f"{k[1] // 1000}k") == (row["CPU processes"], row["Vocab"])]
+        runs = cells[(pp, size)]
+        ok = {m: r for m, r in runs.items() if r["status"] == "ok"}
+        best = max(ok.values(), key=lambda r: r["metrics"]["tokens_per_s"])
+        assert row["Fastest"] == best["config"]["method"]
+        assert row["Peak memory (MiB) fastest"] == f"{max(best['metrics']['peak_memory_bytes']) / 2**20:.2f}"
+        for ref in ("baseline", "interleaved"):
+            got = row[f"tokens/s over {ref}"]
+            if ref in ok:
+                want = best["metrics"]["tokens_per_s"] / ok[ref]["metrics"]["tokens_per_s"]
+                assert got == f"{want:.2f}x", (row, ref)
+                assert row[f"Peak memory (MiB) {ref}"] == f"{max(ok[ref]['metrics']['peak_memory_bytes']) / 2**20:.2f}"
+            else:
+                assert got == ({"oom": "OOM"}.get(runs[ref]["status"], runs[ref]["status"]) if ref in runs else "–")
+    assert any(row["tokens/s over baseline"] == "OOM" for row in rows)  # the fixture's OOM baseline is shown so
+    # one method only: the same first section, without a table or figure
+    lines, table, fig = first_screen(df[df["method"] == "baseline"], tmp_path / "one", "ONLY")
+    assert lines[:3] == [f"## {TITLE}", "", "ONLY"] and table is None and fig is None
