@@ -218,8 +218,8 @@ FLOORS = [
         "vp.config", "vp.mesh", "vp.tp.modes", "vp.tp.traffic", "vp.channels"]),
     ("cost model, planner, limits, metrics", ["vp.cost", "vp.plan", "vp.checks", "vp.metrics"]),
     ("compute: torch layers, communication, runtime", [
-        "vp.wgrad", "vp.comm", "vp.comm_stream", "vp.nccl", "vp.vocab", "vp.tp", "vp.model", "vp.runtime",
-        "vp.reference"]),
+        "vp.wgrad", "vp.comm", "vp.comm_counts", "vp.comm_groups", "vp.comm_stream", "vp.nccl", "vp.vocab", "vp.tp",
+        "vp.model", "vp.runtime", "vp.reference"]),
     ("runs: launching, training, measuring a machine, checks, benchmarks", [
         "vp.run", "vp.launch", "vp.train", "vp.cost.measure", "vp.cost.measure_comm", "vp.cost.measure_passes",
         "vp.cost.measure_crowding", "vp.gpucheck", "vp.bench", "vp.schedule.__main__"]),
