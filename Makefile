@@ -10,10 +10,20 @@ ARGS ?=
 # one stamp per requested torch: asking for another build makes it out of date
 TORCH_STAMP := $(VENV)/.torch-$(shell printf '%s' '$(TORCH)' | cksum | cut -d' ' -f1)
 
-.PHONY: help venv test sweep report paper-tables paper-artifact calibrate-paper plan-check model-check bench gpu-check slurm-up slurm-down clean
+.PHONY: help venv test sweep plan report paper-tables paper-artifact gpu-check calibrate-paper plan-check model-check bench slurm-up slurm-down clean
 
+# Make variables are the Hydra keys in capitals (EXPERIMENT= is experiment=, HARDWARE= is hardware=, ...). Renamed
+# ones (vp/renamed.py MAKE_VARIABLES) are refused for one release with a pointer to the new name.
+RENAMED_VARIABLES := PLAN_HW:HARDWARE PAPER_HW:HARDWARE
+$(foreach r,$(RENAMED_VARIABLES),$(if $(filter-out undefined,$(origin $(firstword $(subst :, ,$(r))))),\
+  $(error $(firstword $(subst :, ,$(r))) is renamed $(lastword $(subst :, ,$(r))): write $(lastword $(subst :, ,$(r)))=NAME)))
+
+# `## ` marks a user's entry point, `##dev ` a maintainer's tool: make help lists them apart
 help:  ## this list
-	@awk 'BEGIN {FS = ":.*## "} /^[a-z-]+:.*## / {printf "  make %-13s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+	@echo "Entry points:"
+	@awk 'BEGIN {FS = ":.*## "} /^[a-z-]+:.*## / {printf "  make %-15s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+	@echo "Maintainer tools (dev):"
+	@awk 'BEGIN {FS = ":.*##dev "} /^[a-z-]+:.*##dev / {printf "  make %-15s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 	@echo "  (ARGS=... passes overrides or flags to the command; docs: README.md, docs/harness.md, docs/design.md)"
 
 venv: $(TORCH_STAMP)  ## make .venv (torch from TORCH=..., then this project with its dependencies)
@@ -61,7 +71,14 @@ endif
 report: venv  ## rebuild every report from results/
 	$(PY) -m harness.report $(ARGS)
 
-PAPER_HW ?= a100_paper
+# HARDWARE=NAME: the profile of the predicting targets (paper-tables, paper-artifact: a100_paper; plan-check,
+# model-check: this machine's measured one; plan: the plan's hardware=)
+HARDWARE ?=
+PAPER_HARDWARE := $(or $(HARDWARE),a100_paper)
+
+plan: venv  ## plan a run before GPU hours are spent (ARGS="model=70b vocab=256k plan.gpus=64 plan.global_batch=512", HARDWARE=h100)
+	$(PY) -m harness.plan $(if $(HARDWARE),hardware=$(HARDWARE)) $(ARGS)
+
 paper-tables: venv  ## the papers' grids predicted with the cost model (paper_1f1b, paper_vhalf, vp_tp, tp_scaling), and their reports
 	$(MAKE) --no-print-directory -j2 sim-paper_1f1b sim-paper_vhalf sim-vp_tp sim-tp_scaling
 	$(PY) -m harness.report --experiment paper_1f1b paper_vhalf vp_tp tp_scaling
@@ -69,39 +86,38 @@ paper-tables: venv  ## the papers' grids predicted with the cost model (paper_1f
 # one simulated sweep per experiment, two at a time (independent processes and result folders); paper_1f1b, the
 # largest, stays whole: its jobs share group choices in pairs (run.seq_len), which halves its composing
 sim-paper_1f1b sim-paper_vhalf sim-vp_tp: sim-%: venv
-	$(PY) -m harness.sweep experiment=$* backend=sim hardware=$(PAPER_HW) logger=off report=false $(ARGS)
+	$(PY) -m harness.sweep experiment=$* backend=sim hardware=$(PAPER_HARDWARE) logger=off report=false $(ARGS)
 sim-tp_scaling: venv
 	$(PY) -m harness.sweep experiment=tp_scaling backend=sim logger=off report=false $(ARGS)
 
 paper-artifact: venv  ## a100_paper against the published artifact MFU, and the vocabulary-padding effect
-	$(PY) -m harness.sweep experiment=paper_artifact backend=sim hardware=$(PAPER_HW) logger=off report=false $(ARGS)
-	$(PY) -m harness.sweep experiment=vocab_padding backend=sim hardware=$(PAPER_HW) logger=off report=false $(ARGS)
+	$(PY) -m harness.sweep experiment=paper_artifact backend=sim hardware=$(PAPER_HARDWARE) logger=off report=false $(ARGS)
+	$(PY) -m harness.sweep experiment=vocab_padding backend=sim hardware=$(PAPER_HARDWARE) logger=off report=false $(ARGS)
 	$(PY) -m harness.report --experiment paper_artifact vocab_padding
 
-calibrate-paper: venv  ## refit conf/hardware/a100_paper.yaml to the published artifact MFU, then paper-artifact
+calibrate-paper: venv  ##dev refit conf/hardware/a100_paper.yaml to the published artifact MFU, then paper-artifact
 	$(PY) -m harness.calibrate --published paper_artifact --name a100_paper --overwrite-builtin
 	$(MAKE) paper-artifact
 
-PLAN_HW ?=
-plan-check: venv  ## plan a small GPT on 4 CPU processes, run the top 5 and bottom 2 for real, print Spearman (PLAN_HW=profile)
-	$(PY) -m harness.plancheck $(if $(PLAN_HW),--hardware $(PLAN_HW)) $(ARGS)
+plan-check: venv  ##dev plan a small GPT on 4 CPU processes, run the top 5 and bottom 2 for real, print Spearman (HARDWARE=profile)
+	$(PY) -m harness.plan_check $(if $(HARDWARE),--hardware $(HARDWARE)) $(ARGS)
 
-model-check: venv  ## the cost model against this machine: smoke, tp_smoke and dp 2 x pp 2 measured and predicted, errors against the targets (ARGS="--rounds 3")
-	profile=$$($(PY) -m harness.calibrate --measure --reuse --print-name) && \
-	$(PY) -m harness.modelcheck --hardware $$profile $(ARGS)
+model-check: venv  ##dev the cost model against this machine: smoke, tp_smoke and dp 2 x pp 2 measured and predicted, errors against the targets (ARGS="--rounds 3")
+	profile=$(or $(HARDWARE),$$($(PY) -m harness.calibrate --measure --reuse --print-name)) && \
+	$(PY) -m harness.model_check --hardware $$profile $(ARGS)
 
-bench: venv  ## vocabulary-layer and pipeline benchmarks (printed, never asserted)
+bench: venv  ##dev vocabulary-layer and pipeline benchmarks (printed, never asserted)
 	$(PY) -m vp.bench vocab
 	$(PY) -m vp.bench pipeline
 
 gpu-check:  ## the GPU check (docs/gpu-path.md): scripts/gpu-check.sh with .venv's python if made, else python3
 	PYTHON=$(if $(wildcard $(PY)),$(PY),python3) bash scripts/gpu-check.sh $(ARGS)
 
-slurm-up:  ## start SLURM here with two emulated nodes (root; installs slurm-wlm and munge when missing)
+slurm-up:  ##dev start SLURM here with two emulated nodes (root; installs slurm-wlm and munge when missing)
 	bash scripts/slurm-up.sh
 
-slurm-down:  ## stop it
+slurm-down:  ##dev stop it
 	bash scripts/slurm-down.sh
 
-clean:  ## remove .venv and pytest's cache
+clean:  ##dev remove .venv and pytest's cache
 	rm -rf $(VENV) .pytest_cache

@@ -1,5 +1,5 @@
 """python -m harness.calibrate --measure [--name NAME] [--device cpu|cuda] [--reuse] [--print-name]
-python -m harness.calibrate --results results/smoke [--name NAME] [--out DIR/hardware/NAME.yaml]
+python -m harness.calibrate --results-dir results/smoke [--name NAME] [--out DIR/hardware/NAME.yaml]
 python -m harness.calibrate --published paper_artifact --name a100_paper --overwrite-builtin [--base a100_80g]
 
 Fits a hardware profile so that backend=sim predicts a sweep, and writes it as a config of the `hardware`
@@ -19,7 +19,7 @@ reads where they cover a question, and the analytical parameters fitted to them 
 the runs it predicts. The default name is DEVICE_HOST_torchVERSION; --reuse keeps an existing profile of that name
 measured on this host with this device, torch and dtype (make sweep measures once).
 
---results: from real records of one machine. The cost model says what each pass computes (vp.cost.pass_work:
+--results-dir: from real records of one machine. The cost model says what each pass computes (vp.cost.pass_work:
 GEMM shapes, attention, elementwise bytes); the measured pass times give one speed multiplier per pass kind for
 its GEMMs, one elementwise bandwidth and one fixed per-pass overhead (least squares on relative error), and the
 link probe every real run records (env.link_probe: bytes, seconds) gives the link latency and bandwidth.
@@ -39,6 +39,7 @@ from harness.records import load
 from vp.config import RunConfig
 from vp.cost import EFF_KINDS, PROFILES, Hardware, fit_link, pass_work
 from vp.cost.fit import fit_speeds, fitted, observation
+from vp.renamed import refuse_renamed_flags
 from vp.schedule import build
 
 
@@ -90,7 +91,7 @@ def calibrate(records: list[dict], name: str, base: Hardware | None = None) -> H
         raise ValueError("no ok real records to calibrate on; run a sweep first (make sweep)")
     if len({r["config"]["device"] for r in real}) > 1 or len({tuple(r["env"].get("hosts", [])) for r in real}) > 1:
         raise ValueError("records come from several devices or hosts; calibrate one machine at a time "
-                         "(--results results/<experiment>)")
+                         "(--results-dir results/<experiment>)")
     peak = float(statistics.median(r["metrics"]["peak_flops"] for r in real))
     cpu = real[0]["config"]["device"] == "cpu"
     skeleton = (cpu_profile("skeleton", peak, mem_bandwidth=float("inf")) if cpu
@@ -117,14 +118,14 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m harness.calibrate", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     what = ap.add_mutually_exclusive_group(required=True)
-    what.add_argument("--results", help="a folder of records of one machine, e.g. results/smoke")
+    what.add_argument("--results-dir", help="a folder of records of one machine, e.g. results/smoke")
     what.add_argument("--measure", action="store_true", help="microbenchmarks of this machine (see above)")
     what.add_argument("--published", help="a published MFU table: harness/published/NAME.csv with the experiment "
                                           "conf/experiment/NAME.yaml, e.g. paper_artifact")
     ap.add_argument("--name", default=None, help="the profile's name, hardware=NAME (default: the stem of --out, "
                                                  "else 'calibrated')")
     ap.add_argument("--base", default="a100_80g", help="the built-in profile the fit starts from (--published, or "
-                                                       f"--results of GPU runs): {', '.join(PROFILES)}")
+                                                       f"--results-dir of GPU runs): {', '.join(PROFILES)}")
     ap.add_argument("--out", default=None, help="an explicit file NAME.yaml (default: "
                                                 "<user config folder>/hardware/NAME.yaml, on the sweep's search path)")
     ap.add_argument("--overwrite-builtin", action="store_true",
@@ -141,7 +142,7 @@ def main(argv=None) -> int:
                     "on this host, device, torch version and dtype, timed the same way")
     ap.add_argument("--print-name", action="store_true", help="--measure: print only the profile's name on stdout "
                                                               "(for scripts: hardware=$(...))")
-    args = ap.parse_args(argv)
+    args = refuse_renamed_flags(ap).parse_args(argv)
     if args.measure:
         return measure_main(args)
     given = [flag for flag, value in (("--device", args.device != "cpu"), ("--dtype", args.dtype),
@@ -150,7 +151,7 @@ def main(argv=None) -> int:
                                       ("--print-name", args.print_name)) if value]
     if given:
         ap.error(f"{', '.join(given)} only apply to --measure (microbenchmarks of this machine); "
-                 f"with --results or --published, leave them out")
+                 f"with --results-dir or --published, leave them out")
     name = args.name or (Path(args.out).stem if args.out else "calibrated")
     try:
         out = profiles.destination(name, args.out, args.overwrite_builtin)
@@ -166,16 +167,16 @@ def main(argv=None) -> int:
         except ValueError as err:
             print(f"error: {err}", file=sys.stderr)
             return 2
-    if not Path(args.results).is_dir():
-        print(f"error: --results {args.results} is not a folder of records", file=sys.stderr)
+    if not Path(args.results_dir).is_dir():
+        print(f"error: --results-dir {args.results_dir} is not a folder of records", file=sys.stderr)
         return 2
     try:
-        hw = replace(calibrate(load(Path(args.results)), args.name, PROFILES.get(args.base)),
-                     fitted_to=str(args.results))
+        hw = replace(calibrate(load(Path(args.results_dir)), args.name, PROFILES.get(args.base)),
+                     fitted_to=str(args.results_dir))
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    out = profiles.write_profile(hw, out, args.results)
+    out = profiles.write_profile(hw, out, args.results_dir)
     print(f"use it with: {profiles.usage(out, hw.name)}")
     print(f"wrote {out}: peak {hw.peak_flops:.3g} FLOP/s, GEMM speed multiplier "
           + ", ".join(f"{k} {v:.3f}" for k, v in hw.efficiency.items())

@@ -4,7 +4,7 @@ Submits one job with 2 tasks (nodes=1, ntasks_per_node=2, cpus_per_task=1) to
 partition "debug" with submitit.SlurmExecutor, waits for it and prints what each
 task saw in submitit.JobEnvironment(). Exits 0 only if ranks 0 and 1 of 2 answered.
 
-Usage:  .venv/bin/python scripts/slurm-check.py [--partition debug] [--timeout 120]
+Usage:  .venv/bin/python scripts/slurm-check.py [--partition debug] [--timeout-s 120]
 
 Note: with accounting off, submitit warns that `sacct` fails ("Bypassing sacct
 error"); that is expected: results are still collected from the job folder.
@@ -17,6 +17,8 @@ import time
 
 import submitit
 
+from vp.renamed import refuse_renamed_flags
+
 
 def task_info():
     env = submitit.JobEnvironment()
@@ -26,8 +28,8 @@ def task_info():
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--partition", default="debug")
-    parser.add_argument("--timeout", type=float, default=120, help="seconds to wait for the job")
-    args = parser.parse_args()
+    parser.add_argument("--timeout-s", type=float, default=120, help="seconds to wait for the job")
+    args = refuse_renamed_flags(parser).parse_args()
 
     with tempfile.TemporaryDirectory(prefix="slurm-check-") as folder:
         executor = submitit.SlurmExecutor(folder=folder, python=sys.executable)
@@ -36,11 +38,11 @@ def main() -> int:
         )
         job = executor.submit(task_info)
         print(f"submitted job {job.job_id} (folder {folder})", flush=True)
-        deadline = time.time() + args.timeout
+        deadline = time.time() + args.timeout_s
         while not job.done():
             if time.time() > deadline:
                 job.cancel(check=False)
-                print(f"FAIL: job {job.job_id} not done after {args.timeout:.0f} s", file=sys.stderr)
+                print(f"FAIL: job {job.job_id} not done after {args.timeout_s:.0f} s", file=sys.stderr)
                 return 1
             time.sleep(1)
         try:

@@ -1,5 +1,7 @@
 import os
+import shutil
 import signal
+import subprocess
 import sys
 import tempfile
 import types
@@ -18,6 +20,49 @@ os.environ["VP_HARNESS_CONFIG"] = tempfile.mkdtemp(prefix="vp-harness-conf-")
 # every process it starts: the Ctrl-C tests, which send SIGINT as a terminal does, would see it ignored.
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+# External tools the tests call, by marker: a test marked `slurm` needs a SLURM cluster that answers (every command
+# harness.slurm calls on PATH, and sinfo naming a partition that is up); one marked `needs("make")` needs that program
+# on PATH. Both are decided here, before the test body runs, so no test can call a tool first and ask afterwards.
+# Where one is missing the test skips; with VP_REQUIRE_SLURM=1 (CI, after make slurm-up) a missing SLURM fails it.
+_SLURM_PARTITION: list = []  # [partition name or None], once per session
+
+
+def slurm_partition() -> str | None:
+    """The default partition of a SLURM cluster that answers here, or None where there is none."""
+    if not _SLURM_PARTITION:
+        from harness.slurm import COMMANDS
+
+        name = None
+        if all(shutil.which(c) for c in COMMANDS):
+            try:
+                out = subprocess.run(["sinfo", "-h", "-o", "%P %a"], capture_output=True, text=True, timeout=20)
+            except (OSError, subprocess.SubprocessError):
+                out = None
+            up = [line.split() for line in out.stdout.splitlines()] if out and out.returncode == 0 else []
+            name = next((p.rstrip("*") for p, a, *_ in up if a == "up"), None)
+        _SLURM_PARTITION.append(name)
+    return _SLURM_PARTITION[0]
+
+
+def pytest_runtest_setup(item):
+    if item.get_closest_marker("slurm") and slurm_partition() is None:
+        if os.environ.get("VP_REQUIRE_SLURM") == "1":
+            pytest.fail("VP_REQUIRE_SLURM=1 but no SLURM answers here; run `make slurm-up` first")
+        pytest.skip("no SLURM cluster here (make slurm-up starts one)")
+    for mark in item.iter_markers("needs"):
+        missing = [tool for tool in mark.args if shutil.which(tool) is None]
+        if missing:
+            pytest.skip(f"needs {', '.join(missing)} on PATH")
+
+
+@pytest.fixture
+def partition() -> str:
+    """The SLURM partition a `slurm` test submits to (the marker has made sure there is one)."""
+    name = slurm_partition()
+    assert name is not None, "a test that takes the partition fixture carries @pytest.mark.slurm"
+    return name
 
 
 @pytest.fixture

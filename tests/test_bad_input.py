@@ -121,7 +121,7 @@ def test_bad_input_check_config_finite():
     (["sim", "--sizes", "100000x100000"], "above the schedule size limit"),
     (["vocab", "--tokens", "100000000"], "--tokens 100000000 is above the limit of 1048576"),
     (["vocab", "--tokens", "0"], "--tokens 0 must be a positive integer"),
-    (["vocab", "--tokens", "1000000", "--vocab", "10000000"], "GiB are available"),
+    (["vocab", "--tokens", "1000000", "--vocab-size", "10000000"], "GiB are available"),
 ])
 def test_bad_input_bench_sizes_bounded_before_work(tmp_path, args, message):
     out = run_main("vp.bench", *args, cwd=tmp_path)

@@ -30,6 +30,7 @@ sys.meta_path.insert(0, _Blocked())
 '''
 
 
+@pytest.mark.needs("bash")
 def test_the_script_runs_with_hydra_omegaconf_submitit_and_wandb_blocked(tmp_path):
     """A sitecustomize on PYTHONPATH blocks the four in the script's process and in every part's process."""
     site = tmp_path / "site"

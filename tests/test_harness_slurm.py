@@ -3,7 +3,6 @@ partition's facts (a run smaller than a node takes part of one), a request the p
 before submission, a job SLURM leaves pending for good cancelled and recorded, and a mesh spanning two nodes."""
 import json
 import os
-import shutil
 import subprocess
 from dataclasses import replace
 
@@ -17,25 +16,10 @@ from vp.config import RunConfig
 from vp.reference import train_reference
 
 
-def _slurm_up() -> bool:
-    if not shutil.which("sinfo"):
-        return False
-    out = subprocess.run(["sinfo", "-h", "-o", "%P %a"], capture_output=True, text=True, timeout=20)
-    return out.returncode == 0 and "up" in out.stdout
-
-
-def _partition() -> str:
-    if not _slurm_up():
-        if os.environ.get("VP_REQUIRE_SLURM") == "1":
-            pytest.fail("VP_REQUIRE_SLURM=1 but no SLURM answers here; run `make slurm-up` first")
-        pytest.skip("no SLURM cluster here (make slurm-up starts one)")
-    return subprocess.run(["sinfo", "-h", "-o", "%P"], capture_output=True, text=True).stdout.split()[0].rstrip("*")
-
-
 @pytest.mark.slurm
-def test_partition_facts_are_slurms():
+def test_partition_facts_are_slurms(partition):
     """harness.slurm's facts of the partition are those `scontrol show node` reports for each of its nodes."""
-    part = slurm.query_partition(_partition())
+    part = slurm.query_partition(partition)
     assert part.state == "UP" and part.nodes
     for node in part.nodes:
         fields = slurm.parse_fields(subprocess.run(["scontrol", "show", "node", node.name, "-o"], capture_output=True,
@@ -45,10 +29,10 @@ def test_partition_facts_are_slurms():
 
 
 @pytest.mark.slurm
-def test_sweep_through_slurm_sizes_jobs_from_the_partition(tmp_path):
+def test_sweep_through_slurm_sizes_jobs_from_the_partition(tmp_path, partition):
     """Two runs through sbatch with no cluster sizes given: pp 1 takes one task (1 CPU) of a 2-CPU node, pp 2 two
     tasks of one node; gloo across the tasks; both train like one process."""
-    code, lines = sweep(tmp_path, "cluster=slurm", f"cluster.partition={_partition()}", *TINY,
+    code, lines = sweep(tmp_path, "cluster=slurm", f"cluster.partition={partition}", *TINY,
                         "grid.setups=[{run.pp: 1}, {run.pp: 2}]", "grid.product.vocab=[2k]",
                         "grid.product.method=[baseline]", "run.iterations=2")
     assert code == 0, lines
@@ -66,10 +50,10 @@ def _jobs_in_slurm() -> set[str]:
 
 
 @pytest.mark.slurm
-def test_a_request_the_partition_cannot_give_is_refused_before_submission(tmp_path, capsys):
+def test_a_request_the_partition_cannot_give_is_refused_before_submission(tmp_path, capsys, partition):
     """The issue's case: 8 CPUs per task on nodes of 2. Refused with the field and the fix; nothing submitted."""
     before = _jobs_in_slurm()
-    code, _ = sweep(tmp_path, "cluster=slurm", f"cluster.partition={_partition()}", "cluster.cpus_per_task=8", *TINY,
+    code, _ = sweep(tmp_path, "cluster=slurm", f"cluster.partition={partition}", "cluster.cpus_per_task=8", *TINY,
                     "method=vocab-2", "vocab=2k")
     err = capsys.readouterr().err
     assert code == 2 and "sweep refused, nothing was submitted" in err, err
@@ -78,11 +62,10 @@ def test_a_request_the_partition_cannot_give_is_refused_before_submission(tmp_pa
 
 
 @pytest.mark.slurm
-def test_a_job_slurm_leaves_pending_for_good_is_cancelled_and_recorded(tmp_path):
+def test_a_job_slurm_leaves_pending_for_good_is_cancelled_and_recorded(tmp_path, partition):
     """A request past what the nodes have (as a partition whose nodes changed after the check would leave it):
     SLURM keeps it PENDING (PartitionConfig); the sweep shows the reason, cancels it after the grace and records it
     failed with the reason."""
-    partition = _partition()
     with initialize_config_dir(CONF, version_base="1.3"):
         cfg, jobs = plan(["cluster=slurm", f"cluster.partition={partition}", "cluster.pending_grace_s=2", *TINY,
                           "method=vocab-2", "vocab=2k", "logger=off", f"results_dir={tmp_path}/results",
@@ -101,11 +84,10 @@ def test_a_job_slurm_leaves_pending_for_good_is_cancelled_and_recorded(tmp_path)
 
 
 @pytest.mark.slurm
-def test_mesh_job_spans_two_slurm_nodes(tmp_path):
+def test_mesh_job_spans_two_slurm_nodes(tmp_path, partition):
     """A dp 2 x pp 2 run through sbatch: larger than a node of 2 CPUs, so it spans both (2 tasks each, from the
     partition's facts); the ranks meet at the first node's address from SLURM's node record (emulated node names do
     not resolve) and train like one process."""
-    partition = _partition()
     nodes = subprocess.run(["sinfo", "-h", "-N", "-o", "%N"], capture_output=True, text=True).stdout.split()
     if len(set(nodes)) < 2:
         if os.environ.get("VP_REQUIRE_SLURM") == "1":

@@ -286,7 +286,7 @@ def test_calibrate_measure_refuses_a_builtin_name_and_a_missing_gpu(capsys, tmp_
                                str(tmp_path / "gpu_box.yaml")]) == 2
         assert "no CUDA device" in capsys.readouterr().err and not (tmp_path / "gpu_box.yaml").exists()
     with pytest.raises(SystemExit) as end:  # a --measure option without --measure is a mistake, not ignored
-        calibrate_main(["--results", str(tmp_path), "--reuse", "--device", "cuda"])
+        calibrate_main(["--results-dir", str(tmp_path), "--reuse", "--device", "cuda"])
     assert end.value.code == 2
     assert "--device, --reuse only apply to --measure" in capsys.readouterr().err
 

@@ -145,22 +145,22 @@ def test_bad_input_says_what_would_fit(user_conf, capsys):
 
 
 def test_plan_check_says_which_profile_it_needs(user_conf, capsys):
-    from harness import plancheck
+    from harness import plan_check
 
-    assert plancheck.main([]) == 2
+    assert plan_check.main([]) == 2
     err = capsys.readouterr().err
-    assert "calibrate --measure" in err and "PLAN_HW=NAME" in err
-    assert plancheck.main(["--hardware", "nosuchbox"]) == 2
+    assert "calibrate --measure" in err and "HARDWARE=NAME" in err
+    assert plan_check.main(["--hardware", "nosuchbox"]) == 2
     assert "Could not find 'hardware/nosuchbox'" in capsys.readouterr().err
     with pytest.raises(SystemExit):
-        plancheck.main(["--bottom", "-1"])
+        plan_check.main(["--bottom", "-1"])
     assert "--bottom 0 or more" in capsys.readouterr().err
     with pytest.raises(SystemExit):
-        plancheck.main(["--rounds", "0"])
+        plan_check.main(["--rounds", "0"])
     assert "--rounds 0: every plan runs at least once" in capsys.readouterr().err
     rows = list(range(10))
-    assert plancheck.pick(rows, 5, 2) == [0, 1, 2, 3, 4, 8, 9]
-    assert plancheck.pick(rows, 5, 0) == [0, 1, 2, 3, 4]  # was every row: rows[-0:] is the whole list
+    assert plan_check.pick(rows, 5, 2) == [0, 1, 2, 3, 4, 8, 9]
+    assert plan_check.pick(rows, 5, 0) == [0, 1, 2, 3, 4]  # was every row: rows[-0:] is the whole list
 
 
 def test_plan_check_gathers_each_plans_runs_over_its_rounds(tmp_path):
@@ -168,7 +168,7 @@ def test_plan_check_gathers_each_plans_runs_over_its_rounds(tmp_path):
     records of one plan in a round, the newest)."""
     import json
 
-    from harness.plancheck import measured_rounds
+    from harness.plan_check import measured_rounds
 
     def record(r, name, method, status, tokens):
         folder = tmp_path / f"round{r}" / "plan_x"
@@ -193,7 +193,7 @@ def test_plan_check_gathers_each_plans_runs_over_its_rounds(tmp_path):
 
 
 def test_spearman_of_ranks():
-    from harness.plancheck import spearman
+    from harness.plan_check import spearman
 
     assert spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
     assert spearman([1, 2, 3, 4], [40, 30, 20, 10]) == pytest.approx(-1.0)

@@ -138,7 +138,8 @@ def test_speedup_is_throughput_over_the_reference(built):
 def test_report_opens_with_predicted_vs_measured_and_the_error_of_each(built):
     root, _ = built
     readme = (root / "reports" / "mini" / "README.md").read_text()
-    assert readme.split("\n")[2] == "## Predicted vs measured"
+    assert readme.split("\n")[2] == "## Which method wins"  # the first screen; then predicted vs measured
+    assert readme.index("(winner_real.png)") < readme.index("## Predicted vs measured") < readme.index("## Tables")
     assert "(predicted_vs_measured.png)" in readme.split("## Tables")[0]
     rows = md_table((root / "reports" / "mini" / "tables.md").read_text(), "Predicted vs measured")
     real = {r["config"]["method"]: r for r in fixture_records("real")
@@ -337,7 +338,8 @@ def test_the_report_opens_with_findings_computed_from_the_records(built, altered
     paragraphs = altered[1].read_text().split("\n\n")
     at = next(i for i, p in enumerate(paragraphs) if p.startswith("On "))
     assert f"{ratio / 2:.2f}x the throughput" in paragraphs[at]
-    assert "make paper-tables" in paragraphs[at + 1]
+    after = next(i for i, p in enumerate(paragraphs) if p.startswith("Next:"))  # after the first screen's table
+    assert "make paper-tables" in paragraphs[after] and paragraphs[after - 1].startswith("![Which method wins")
 
 
 def test_measured_timelines_come_from_the_traces_beside_the_records(altered):
@@ -389,3 +391,4 @@ def test_where_the_error_comes_from_splits_passes_into_compute_and_waiting():
                                  f"{row[('Passes', 'own work vs CPU time (%)')]} % against the CPU time")
     assert "did not compute 20.0 % of their passes' wall time (median)" in table.note
     assert (row[("After the flush (s)", "measured")], row[("After the flush (s)", "predicted")]) == ("0.034", "0.025")
+

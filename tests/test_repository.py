@@ -2,9 +2,12 @@
 that are here."""
 import subprocess
 
+import pytest
+
 from harness_util import ROOT
 
 
+@pytest.mark.needs("make")
 def test_make_declares_only_targets_that_have_rules():
     text = (ROOT / "Makefile").read_text()
     declared = text.split(".PHONY:", 1)[1].splitlines()[0].split()
@@ -15,6 +18,7 @@ def test_make_declares_only_targets_that_have_rules():
     assert all(target in helped for target in declared if target != "help")
 
 
+@pytest.mark.needs("make")
 def test_make_venv_reinstalls_torch_when_another_build_is_asked_for(tmp_path):
     """The stamp names the requested torch: another TORCH reinstalls it (--force-reinstall), the same one is a
     no-op. A stand-in python records what pip was asked to do."""

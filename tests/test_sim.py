@@ -121,7 +121,7 @@ def test_calibrate_cli_writes_a_profile_the_sweep_can_use(tmp_path):
     conf.mkdir(parents=True)
     for args, written in ((["--name", "mybox"], tmp_path / "user" / "hardware" / "mybox.yaml"),
                           (["--out", str(conf / "otherbox.yaml")], conf / "otherbox.yaml")):
-        out = subprocess.run([sys.executable, "-m", "harness.calibrate", "--results", str(results), *args],
+        out = subprocess.run([sys.executable, "-m", "harness.calibrate", "--results-dir", str(results), *args],
                              capture_output=True, text=True, cwd=ROOT, env=env)
         assert out.returncode == 0 and f"wrote {written}:" in out.stdout, out.stderr
         assert [p.name for p in written.parent.iterdir()] == [written.name]
@@ -133,7 +133,7 @@ def test_calibrate_cli_writes_a_profile_the_sweep_can_use(tmp_path):
         assert rec["labels"]["hardware"] == name and rec["env"]["hardware"]["peak_flops"] == pytest.approx(1e11)
     gone = _sim_sweep(tmp_path, "mybox", env={**env, "VP_HARNESS_CONFIG": str(tmp_path / "elsewhere")})
     assert gone.returncode == 2 and f"calibrated profiles are read from {tmp_path}/elsewhere/hardware" in gone.stderr
-    bad = subprocess.run([sys.executable, "-m", "harness.calibrate", "--results", str(tmp_path / "none")],
+    bad = subprocess.run([sys.executable, "-m", "harness.calibrate", "--results-dir", str(tmp_path / "none")],
                          capture_output=True, text=True, cwd=ROOT)
     assert bad.returncode == 2 and "is not a folder of records" in bad.stderr
 
@@ -157,7 +157,7 @@ def test_calibrate_refuses_built_in_names_and_bad_destinations_before_any_work(t
     builtins = {p: p.read_bytes() for p in (ROOT / "conf" / "hardware").glob("*.yaml")}
     monkeypatch.setenv("VP_HARNESS_CONFIG", str(tmp_path / "user"))
     monkeypatch.chdir(tmp_path)
-    for what in (["--results", str(ROOT / "tests" / "fixtures")], ["--published", "paper_artifact"]):
+    for what in (["--results-dir", str(ROOT / "tests" / "fixtures")], ["--published", "paper_artifact"]):
         assert main([*what, *args]) == 2
         err = capsys.readouterr().err
         assert message in err and "Traceback" not in err, err
@@ -192,7 +192,8 @@ def test_a_written_profile_reads_back_as_the_same_hardware(tmp_path):
 
     hw = PROFILES["h100"]
     text = write_profile(hw, tmp_path / "h.yaml", "line one\nline two").read_text()
-    assert text.startswith("# @package hardware\n# line one\n# line two\n")
+    assert text.startswith("# @package hardware\n# hardware=h100: a calibrated profile of the cost model "
+                           "(backend=sim)\n# line one\n# line two\n")
     doc = yaml.safe_load(text)
     assert doc["name"] == "h100" and Hardware.from_dict(doc["profile"]) == hw
 

@@ -6,8 +6,9 @@ without starting any process.
 Channels: PIPELINE_CHANNELS along the pipeline (vp.comm explains each), the tensor-parallel ones of vp.tp.context
 (GRID_CHANNELS, MEGATRON_CHANNELS), "dp" over replicas, and one group of two ranks per point-to-point link
 (link_channel)."""
+from dataclasses import dataclass
+
 from vp.config import RunConfig
-from vp.cost.memory import Communicators
 from vp.mesh import Mesh
 from vp.schedule import Schedule
 from vp.schedule.rules import shapes
@@ -17,6 +18,15 @@ P2P_CHANNELS = PIPELINE_CHANNELS[:4]
 
 GRID_CHANNELS = {"row": "row", "col": "col", "dep": "dep", "batch": "batch"}  # channel -> mesh axis
 MEGATRON_CHANNELS = {"tp": "tp", "row": "row"}
+
+
+@dataclass(frozen=True)
+class Communicators:
+    """The NCCL communicators one rank holds: `groups` run collectives (the world's and every group of two or more
+    ranks but a link's), `links` are point-to-point links of two ranks (link_channel). The cost model prices their
+    buffers (vp.cost.memory.comm_buffer_bytes)."""
+    groups: int
+    links: int
 
 
 def channel_axes(mesh: Mesh) -> dict[str, str]:

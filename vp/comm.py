@@ -15,17 +15,15 @@ transfer of its communicator (docs/gpu-path.md); else on the channel's group.
 Communicators are created eagerly in one global order (connect); with `emulate`, gloo keeps NCCL's rules (vp.nccl).
 Steps run off the compute path on a channel's CommStream (vp.comm_stream).
 """
-import contextlib
 import threading
 import warnings
-from collections import Counter
-from dataclasses import dataclass
-from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 
 from vp.channels import PIPELINE_CHANNELS, parse_link
+from vp.comm_counts import TrafficCounts
+from vp.comm_groups import Group, local_groups, make_groups  # noqa: F401 - make_groups, Group: vp.comm's interface
 from vp.cost.memory import Communicators
 from vp.comm_stream import CommStream, Handle
 from vp.failure import Progress
@@ -36,39 +34,7 @@ from vp.nccl import Emulation, Pending, Watchdog, acked_recv, acked_send, connec
 warnings.filterwarnings("ignore", r"`torch\.distributed\.reduce_scatter_tensor` is deprecated", FutureWarning)
 
 
-@dataclass(frozen=True)
-class Group:
-    """One process group of this rank: the global ranks in group order and this rank's index among them."""
-    ranks: tuple[int, ...]
-    index: int
-    pg: object = None  # the torch ProcessGroup; None for a group of one (or without torch.distributed)
-
-    @property
-    def size(self) -> int:
-        return len(self.ranks)
-
-
-def make_groups(slices: dict[str, list[list[int]]], rank: int, timeout_s: float | None = None) -> dict[str, Group]:
-    """channel -> this rank's Group, creating every slice of every channel in the order given. new_group is
-    collective over the world, so every rank must call this with the same slices in the same order. A point-to-point
-    link's channel (link_channel) has a group per pipeline; a rank off the link is in none."""
-    timeout = timedelta(seconds=timeout_s) if timeout_s else None
-    out = {}
-    for channel, groups in slices.items():
-        for ranks in groups:
-            pg = dist.new_group(ranks, timeout=timeout) if dist.is_initialized() and len(ranks) > 1 else None
-            if rank in ranks:
-                assert channel not in out, f"rank {rank} is in two groups of channel {channel}"
-                out[channel] = Group(tuple(ranks), ranks.index(rank), pg)
-        assert channel in out or parse_link(channel), f"rank {rank} is in no group of channel {channel}"
-    return out
-
-
-def local_groups(channels, ranks: list[int], me: int) -> dict[str, Group]:
-    """Groups over one list of ranks for each channel (tests, one pipeline): me is this rank's index."""
-    return make_groups({ch: [list(ranks)] for ch in channels}, ranks[me])
-
-class Comm:
+class Comm(TrafficCounts):
     def __init__(self, groups: dict[str, Group], device: torch.device, emulate: Emulation | None = None,
                  timeout_s: float = 300.0, rank: int = 0):
         """groups: channel -> this rank's Group (make_groups). Every collective and send on a channel runs on
@@ -77,7 +43,7 @@ class Comm:
         self.groups, self.device, self.emulate = dict(groups), device, emulate
         self.watchdog = Watchdog(rank, timeout_s) if emulate else None
         self.progress = Progress.from_env()  # the launcher's note of what this rank does (vp.failure)
-        self.calls, self.bytes_sent, self.barriers = Counter(), Counter(), Counter()  # keyed (channel, op)
+        TrafficCounts.__init__(self)
         self._streams: dict[str, CommStream] = {}
         self._fifos: dict[str, CommStream] = {}  # emulated p2p form: one ordered queue per communicator
         # (channel, "send" | "recv", peer's pipeline index) -> the link's own group, for the links this rank is on
@@ -141,35 +107,6 @@ class Comm:
             self.watchdog.where = where
         if self.progress is not None:
             self.progress.note(where)
-
-    # -- bookkeeping --------------------------------------------------------------------------------
-    def _count(self, channel: str, op: str, t: torch.Tensor, sends: bool = True):
-        self.calls[(channel, op)] += 1
-        if sends:
-            self.bytes_sent[(channel, op)] += t.numel() * t.element_size()
-
-    def by_op(self, counter: Counter) -> dict[str, float]:
-        out = Counter()
-        for (_, op), n in counter.items():
-            out[op] += n
-        return dict(sorted(out.items()))
-
-    def by_channel(self, counter: Counter) -> dict[str, float]:
-        out = Counter()
-        for (channel, _), n in counter.items():
-            out[channel] += n
-        return dict(sorted(out.items()))
-
-    def reset_counts(self):
-        self.calls.clear()
-        self.bytes_sent.clear()
-        self.barriers.clear()
-
-    @contextlib.contextmanager
-    def barrier(self, name: str):
-        """Marks one communication barrier: a point where compute waits for a collective's result."""
-        self.barriers[name] += 1
-        yield
 
     def stream(self, channel: str) -> CommStream:
         """The channel's CommStream; in the emulated queue form, the one queue of every channel."""

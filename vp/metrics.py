@@ -13,7 +13,8 @@ from functools import reduce
 from itertools import compress
 from operator import add, itemgetter, sub
 
-from vp.cost.memory import Communicators, comm_buffer_bytes
+from vp.channels import Communicators
+from vp.cost.memory import comm_buffer_bytes
 from vp.cost.profiles import PROFILES, Hardware
 from vp.flops import DEVICE_NAMES, DEVICE_PEAKS, model_flops
 from vp.schedule.actions import COMPUTE, Action

@@ -18,6 +18,7 @@ from vp.checks import (MAX_LOCAL_RANKS, MAX_TOKENS_PER_MICROBATCH, check_fault, 
                        check_size, parse_fault)
 from vp.config import RunConfig, check_config
 from vp.launch import RunFailed, exit_interrupted, launch_local
+from vp.renamed import refuse_renamed_flags
 
 
 def launcher_env(env=os.environ) -> tuple[int, int, int, str] | None:
@@ -76,7 +77,7 @@ def parse_args(argv=None):
     ap.add_argument("--inject-fault", default=None, metavar="RANK:ACTION[:exit|raise|hang|oom]",
                     help="testing aid: make a rank die, raise, hang or fail as NCCL does when CUDA runs out of "
                          "memory, at an action of the first iteration")
-    args = ap.parse_args(argv)
+    args = refuse_renamed_flags(ap).parse_args(argv)
     fields = {k: v for k, v in vars(args).items()
               if k not in ("json", "inject_fault", "trace", "max_tokens", "max_memory_gb",
                                                                 "max_local_ranks")}

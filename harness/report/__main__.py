@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from harness.report.build import INDEX, build_reports, report_dir_for
+from vp.renamed import refuse_renamed_flags
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m harness.report",
@@ -22,7 +23,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--experiment", nargs="+", action="extend", metavar="NAME",
                         help="experiments to report on (default: every folder under --results-dir)")
     try:
-        args = parser.parse_args(argv)
+        args = refuse_renamed_flags(parser).parse_args(argv)
         written = build_reports(args.results_dir, args.reports_dir, args.experiment)
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)

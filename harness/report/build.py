@@ -19,6 +19,7 @@ from vp.checks import writable_path
 from harness.report.figures import Figure, all_figures
 from harness.report.findings import findings
 from harness.report.measured import noisy, peak_notes
+from harness.report.first_screen import first_screen
 from harness.report.frame import STATUS_LABEL, records_frame, summary
 import harness.report.predicted as predicted
 from harness.report.published import published_tables
@@ -28,7 +29,7 @@ from harness.report.scaling_figures import scaling_figures
 from harness.report.tables import Table, all_tables
 
 # what a rebuild writes; such files left from an earlier build (a backend no longer there) are removed
-GENERATED = re.compile(r"^(README\.md|tables\.md|runs\.csv|(mfu_memory|speedup_vs|predicted_vs_measured|real_vs_sim|published_vs_sim|"
+GENERATED = re.compile(r"^(README\.md|tables\.md|runs\.csv|(winner|mfu_memory|speedup_vs|predicted_vs_measured|real_vs_sim|published_vs_sim|"
                        r"variant_effect|mfu_vs_vocab|memory_per_rank|bubble_per_rank|throughput_vs_gpus|timeline|"
                        r"tp_mesh|weak_scaling|strong_scaling|paper_claims)"
                        r"\S*\.(tex|png|pdf))$")
@@ -176,9 +177,12 @@ def _failure_md(run: dict) -> str:
 
 def readme(name: str, source: Path, df: pd.DataFrame, tables: list[Table], skipped: list[str],
            figures: list[Figure], unreadable: list[str], notes: list[str] = (), claims: list[str] = (),
-           opening: list[str] = ()) -> str:
+           opening: list[str] = (), first: list[str] = ()) -> str:
+    """The README: first the answer (which method wins against the baselines: first_screen), then the summary line,
+    the predicted-against-measured section (opening) and the rest."""
     failures = [_failure_md(r) for r in df[df["status"] != "ok"].to_dict("records")]
-    lines = [f"# Report: {name}", "", *opening, findings(df, claims), "", summary(df), ""]
+    first = list(first) or [findings(df, claims), ""]
+    lines = [f"# Report: {name}", "", *first, summary(df), "", *opening]
     if unreadable:
         lines += [f"**{len(unreadable)} record file(s) could not be read and are not in this report:**", "",
                   *[f"- {line}" for line in unreadable], ""]
@@ -222,6 +226,9 @@ def build_experiment(name: str, records: list[dict], out: Path, source: Path, un
             opening += [f"### {where.title}", "", where.note, "", markdown(where), ""]
     extra, notes = published_tables(df, name)
     tp_tables, claims = scaling_tables(df)
+    first, winner, winner_fig = first_screen(df, out, findings(df, claims, with_next=False))
+    if winner is not None:
+        tables.insert(0, winner)
     tables += extra + tp_tables
     written = [_write(out / f"{t.name}.tex", latex(t)) for t in tables]
     written.append(_write(out / "tables.md", f"# Tables: {name}\n\n" + "\n".join(_table_md(t, "##") for t in tables)))
@@ -229,9 +236,11 @@ def build_experiment(name: str, records: list[dict], out: Path, source: Path, un
     figures = all_figures(df, out, source) + scaling_figures(df, out)
     if not pairs.empty:
         figures.insert(0, fig)
+    if winner_fig is not None:
+        figures.insert(0, winner_fig)
     written += [p for f in figures for p in f.paths]
     written.append(_write(out / "README.md", readme(name, source, df, tables, skipped, figures, list(unreadable),
-                                                    notes, claims, opening)))
+                                                    notes, claims, opening, first)))
     for path in out.iterdir():
         if path.is_file() and GENERATED.match(path.name) and path not in written:
             path.unlink()

@@ -58,9 +58,9 @@ def group_findings(g: pd.DataFrame, group: str) -> list[str]:
     return out
 
 
-def findings(df: pd.DataFrame, extra: list[str] = ()) -> str:
+def findings(df: pd.DataFrame, extra: list[str] = (), with_next: bool = True) -> str:
     """The report's opening paragraph: the findings of the measured runs (else the first group), `extra` (the
-    tensor-parallel claims), then NEXT."""
+    tensor-parallel claims), then NEXT (with_next=False: the report's first screen puts it after its table)."""
     groups = list(df.groupby("group", sort=False))
     groups.sort(key=lambda kv: kv[0] != "real")
     lines = next((found for name, g in groups if (found := group_findings(g, name))), []) + list(extra)
@@ -73,4 +73,4 @@ def findings(df: pd.DataFrame, extra: list[str] = ()) -> str:
         lines.append(f"{failed} run(s) did not finish; they are listed at the end.")
     if not lines:
         lines = ["No run finished ok, so there is nothing to compare yet; the failures are listed at the end."]
-    return " ".join(lines) + "\n\n" + NEXT
+    return " ".join(lines) + ("\n\n" + NEXT if with_next else "")

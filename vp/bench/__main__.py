@@ -4,7 +4,6 @@ python -m vp.bench vocab     S+T of one vocabulary shard against the single-devi
 python -m vp.bench pipeline  real 2-rank CPU runs of a vocabulary-heavy GPT, against baseline and the simulator
 python -m vp.bench tp        tensor-parallel grids: bytes per layer measured against the closed form, time
 python -m vp.bench peer      the same GPT under torch.distributed.pipelining and under this project (vp/bench/peer.py)
-python -m vp.bench tpsim     the cost model's 1-D, 2-D and 2.5-D at the 2.5-D paper's scale (vp/bench/tpsim.py)
 python -m vp.bench sim       the schedule simulator's time and memory over a ladder of sizes (vp/bench/sim.py)
 """
 import argparse
@@ -16,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from vp.comm import Comm
+from vp.renamed import moved, refuse_renamed_flags
 from vp.schedule.methods import VOCAB
 from vp.vocab.output import Shard, c1_step, c2_step, naive_backward, naive_forward, s_pass, t_pass
 
@@ -71,19 +71,20 @@ def check_vocab_sizes(args) -> None:
     machine has available (each is held several times: logits, softmax, gradients)."""
     from vp.checks import MAX_BENCH_TOKENS, available_bytes
 
-    for flag, values in (("--hidden", [args.hidden]), ("--vocab", args.vocab), ("--tokens", [args.tokens]),
-                         ("--reps", [args.reps])):
+    for flag, values in (("--hidden", [args.hidden]), ("--vocab-size", args.vocab_size), ("--tokens", [args.tokens]),
+                         ("--rounds", [args.rounds])):
         bad = [v for v in values if v < 1]
         if bad:
             raise ValueError(f"{flag} {bad[0]} must be a positive integer")
     if args.tokens > MAX_BENCH_TOKENS:
         raise ValueError(f"--tokens {args.tokens} is above the limit of {MAX_BENCH_TOKENS}; use fewer tokens")
-    vocab = max(args.vocab)  # fp32 logits, weights and their gradients, held about four times over at the peak
+    vocab = max(args.vocab_size)  # fp32 logits, weights and their gradients, held about four times over at the peak
     need = 4 * 4 * (args.tokens * vocab + vocab * args.hidden + args.tokens * args.hidden)
     have = available_bytes()
     if have is not None and need > have:
-        raise ValueError(f"--tokens {args.tokens}, --vocab {vocab} and --hidden {args.hidden} need about {need / 2**30:.1f} GiB "
-                         f"but {have / 2**30:.1f} GiB are available; use fewer --tokens or a smaller --vocab")
+        raise ValueError(f"--tokens {args.tokens}, --vocab-size {vocab} and --hidden {args.hidden} need about "
+                         f"{need / 2**30:.1f} GiB but {have / 2**30:.1f} GiB are available; use fewer --tokens or a "
+                         "smaller --vocab-size")
 
 
 def predict_iteration(result, tail_s: list[float]) -> float:
@@ -150,15 +151,15 @@ def sim_main(args) -> int:
     try:
         sizes = [sim.parse_size(x) for x in args.sizes] if args.sizes else list(sim.LADDER)
         methods = args.methods or list(sim.METHODS)
-        if args.repeat < 1:
-            raise ValueError(f"--repeat {args.repeat} must be a positive integer")
+        if args.rounds < 1:
+            raise ValueError(f"--rounds {args.rounds} must be a positive integer")
         for method in methods:
             for pp, m in sizes:
                 check_config(RunConfig(method=method, pp=pp, microbatches=m, layers=pp * 2, vocab_size=max(1000, pp)))
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    sim.run(methods, sizes, args.repeat, args.json)
+    sim.run(methods, sizes, args.rounds, args.json)
     return 0
 
 
@@ -168,9 +169,9 @@ def main(argv=None) -> int:
     sub = ap.add_subparsers(dest="what", required=True)
     v = sub.add_parser("vocab")
     v.add_argument("--hidden", type=int, default=1024)
-    v.add_argument("--vocab", type=int, nargs="+", default=[32000, 128000])
+    v.add_argument("--vocab-size", type=int, nargs="+", default=[32000, 128000], metavar="V")
     v.add_argument("--tokens", type=int, default=256)
-    v.add_argument("--reps", type=int, default=3)
+    v.add_argument("--rounds", type=int, default=3, help="timings of every row; the best is reported")
     p = sub.add_parser("pipeline")
     p.add_argument("--methods", nargs="+", default=["baseline", "redis", "interlaced", "vocab-1", "vocab-2"])
     p.add_argument("--hidden", type=int, default=256)
@@ -193,21 +194,21 @@ def main(argv=None) -> int:
     q.add_argument("--json", action="store_true", help="print a list of one object per runner")
     t = sub.add_parser("tp")
     t.add_argument("--json", action="store_true", help="print a list of row objects")
-    ts = sub.add_parser("tpsim", help="simulated 1-D, 2-D and 2.5-D weak and strong scaling to 64 devices")
-    ts.add_argument("--json", action="store_true", help="print the rows and ratios as JSON")
     sm = sub.add_parser("sim", help="build + validate + simulate time and peak memory, 32x128 up to 256x1024")
     sm.add_argument("--json", action="store_true", help="print a list of row objects")
     sm.add_argument("--methods", nargs="+", default=None, help="default: vocab-2 vhalf-vocab-2 interleaved-vocab-2")
     sm.add_argument("--sizes", nargs="+", default=None, help="PPxMICROBATCHES, default: 32x128 64x256 128x512 256x1024")
-    sm.add_argument("--repeat", type=int, default=1, help="rounds over all rows; the fastest is shown with the spread")
+    sm.add_argument("--rounds", type=int, default=1, help="rounds over all rows; the fastest is shown with the spread")
+    for parser in (ap, v, p, q, t, sm):
+        refuse_renamed_flags(parser)
+    if argv is None:
+        argv = sys.argv[1:]
+    if argv[:1] == ["tpsim"]:  # merged into experiment=tp_scaling
+        ap.error(moved("vp.bench tpsim"))
     args = ap.parse_args(argv)
     if args.what == "sim":
         return sim_main(args)
-    if args.what == "tpsim":
-        from vp.bench.tpsim import run as run_tpsim
-
-        run_tpsim(args.json)
-    elif args.what == "tp":
+    if args.what == "tp":
         from vp.bench.tp import run
 
         run(args.json)
@@ -217,7 +218,7 @@ def main(argv=None) -> int:
         except ValueError as err:
             print(f"error: {err}", file=sys.stderr)
             return 2
-        bench_vocab(args.hidden, args.vocab, args.tokens, args.reps)
+        bench_vocab(args.hidden, args.vocab_size, args.tokens, args.rounds)
     elif args.what == "peer":
         return peer_main(args)
     else:

@@ -1,7 +1,7 @@
 """python -m vp.bench sim [--json]: how the schedule simulator's cost grows with the schedule; printed, never asserted.
 
 Each row builds, validates and simulates one schedule (unit costs, as `python -m vp.schedule simulate`) in a fresh
-process, so that its peak memory (RSS) is its own; rows run round-robin, `--repeat` times, and the round with the
+process, so that its peak memory (RSS) is its own; rows run round-robin, `--rounds` times, and the round with the
 least CPU time is shown with the spread of CPU times (most / least). seconds = build + validate + simulate on the
 wall clock, what the command spends after parsing its arguments; cpu_s the same on the process's CPU clock, which a
 loaded machine disturbs less (build, validate, simulate: each step's CPU seconds; simulate alone is what a sweep

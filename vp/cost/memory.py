@@ -8,8 +8,8 @@ Sharding per mode: 1-D splits the column-parallel weights and biases (qkv, fc1) 
 a grid holds q x q weight blocks and 1/q of every vector (biases, LayerNorms, position embedding), replicated
 over rows and depth. Vocabulary rows: 1/columns of each matrix in the tensor-parallel group, 1/(pp columns)
 as vocabulary-parallel shards."""
-from dataclasses import dataclass
 
+from vp.channels import Communicators
 from vp.config import RunConfig
 from vp.cost.profiles import Hardware
 from vp.cost.tensor import Split
@@ -57,14 +57,6 @@ def rank_params(cfg: RunConfig, sched: Schedule) -> list[int]:
 def static_bytes(cfg: RunConfig, hw: Hardware, sched: Schedule) -> list[float]:
     """Parameters, gradients and optimizer state per rank, plus the fixed overhead."""
     return [n * hw.bytes_per_param + hw.overhead_bytes for n in rank_params(cfg, sched)]
-
-
-@dataclass(frozen=True)
-class Communicators:
-    """The NCCL communicators one rank holds: `groups` run collectives (the world's and every group of two or more
-    ranks but a link's), `links` are point-to-point links of two ranks (vp.channels.link_channel)."""
-    groups: int
-    links: int
 
 
 def comm_buffer_bytes(held: Communicators, hw: Hardware) -> float:

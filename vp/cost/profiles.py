@@ -185,11 +185,13 @@ def _check_tables(measured, where: str) -> None:
 
 
 def write_profile(hw: Hardware, path, header: str) -> Path:
-    """The profile as a config of the Hydra `hardware` group (`# @package hardware`, then `name` and `profile`),
-    written whole or not at all; header: comment lines saying where it came from and how to use it."""
+    """The profile as a config of the Hydra `hardware` group (`# @package hardware`, a line saying what it
+    sets, then `name` and `profile`), written whole or not at all; header: comment lines saying where it came from
+    and how to use it."""
     import yaml
 
-    comments = "".join(f"# {line}\n" for line in header.splitlines())
+    comments = f"# hardware={hw.name}: a calibrated profile of the cost model (backend=sim)\n"
+    comments += "".join(f"# {line}\n" for line in header.splitlines())
     check_profile(hw.to_dict())  # what is written reads back (a fit that gave a NaN or inf stops here)
     body = yaml.safe_dump({"name": hw.name, "profile": hw.to_dict()}, sort_keys=False)
     return write_text_atomic(path, f"# @package hardware\n{comments}{body}")

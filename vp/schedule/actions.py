@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import NamedTuple
 
-from vp.schedule.methods import VocabAlgorithm, get_vocab
+from vp.schedule.algorithms import VocabAlgorithm, get_vocab
 
 
 COMPUTE = ("F", "B", "W", "S", "T", "IF", "IB")

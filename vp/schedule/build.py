@@ -29,7 +29,8 @@ from typing import NamedTuple
 
 from vp.schedule.actions import KINDS, P2P, Action, Schedule
 from vp.schedule.methods import VOCAB, chunks_for, get_method
-from vp.schedule.simulate import Costs, collector_paused, simulate
+from vp.schedule.costs import Costs
+from vp.schedule.simulate import collector_paused, simulate
 
 RECEIVES = ("RF", "RB")
 _RECEIVES = frozenset(RECEIVES)

@@ -17,7 +17,8 @@ from operator import itemgetter
 from vp.schedule.actions import KINDS, P2P, Schedule
 from vp.schedule.rules import members, rank_keys, shapes
 from vp.schedule.program import _program, p2p_in_order
-from vp.schedule.simulate import Costs, ScheduleError, collector_paused, simulate
+from vp.schedule.costs import Costs
+from vp.schedule.simulate import ScheduleError, collector_paused, simulate
 
 
 def _fail(s: Schedule, r: int, i: int, msg: str):

@@ -23,18 +23,16 @@ a stage pass at the same time, with its computation (which the official runtime 
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import TYPE_CHECKING, Callable
+from typing import Callable
 
-if TYPE_CHECKING:
-    from vp.schedule.actions import Schedule
-    from vp.schedule.simulate import Costs
+from vp.schedule.actions import Action, Schedule
+from vp.schedule.costs import Costs
 
 UNIT, HOP = 1000.0, 1.0  # the official unit cost of a stage pass and of a transfer between ranks
 
 
 def official_costs(s: Schedule) -> Costs:
     """The official generator's timing costs: F, B and W of every stage take UNIT, a transfer HOP."""
-    from vp.schedule.simulate import Costs  # imported here: methods (which the simulator reads) imports this module
     compute = {(k, st): UNIT for k in ("F", "B", "W") for st in range(s.n_stages)}
     return Costs(compute, {"P2P": HOP})
 
@@ -86,7 +84,6 @@ def _key(kind: str, k: int, t: float, m: int) -> tuple:
 def place_vocab_passes(s: Schedule, unit_times: Callable) -> Schedule:
     """Each rank's stage passes and vocabulary passes (S T IF IB C0 C1 C2), merged by their official times;
     unit_times(s, costs) times the stage passes (build.unit_times)."""
-    from vp.schedule.actions import Action  # imported here, as above
     m = s.microbatches
     times = unit_times(s, official_costs(s))
     at = vocab_times(s, times)

@@ -1,0 +1,41 @@
+"""The process groups of one rank, by channel (vp.channels names them): made once, in one order on every rank, and
+handed to vp.comm.Comm, which runs each channel's traffic on its group."""
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch.distributed as dist
+
+from vp.channels import parse_link
+
+
+@dataclass(frozen=True)
+class Group:
+    """One process group of this rank: the global ranks in group order and this rank's index among them."""
+    ranks: tuple[int, ...]
+    index: int
+    pg: object = None  # the torch ProcessGroup; None for a group of one (or without torch.distributed)
+
+    @property
+    def size(self) -> int:
+        return len(self.ranks)
+
+
+def make_groups(slices: dict[str, list[list[int]]], rank: int, timeout_s: float | None = None) -> dict[str, Group]:
+    """channel -> this rank's Group, creating every slice of every channel in the order given. new_group is
+    collective over the world, so every rank must call this with the same slices in the same order. A point-to-point
+    link's channel (link_channel) has a group per pipeline; a rank off the link is in none."""
+    timeout = timedelta(seconds=timeout_s) if timeout_s else None
+    out = {}
+    for channel, groups in slices.items():
+        for ranks in groups:
+            pg = dist.new_group(ranks, timeout=timeout) if dist.is_initialized() and len(ranks) > 1 else None
+            if rank in ranks:
+                assert channel not in out, f"rank {rank} is in two groups of channel {channel}"
+                out[channel] = Group(tuple(ranks), ranks.index(rank), pg)
+        assert channel in out or parse_link(channel), f"rank {rank} is in no group of channel {channel}"
+    return out
+
+
+def local_groups(channels, ranks: list[int], me: int) -> dict[str, Group]:
+    """Groups over one list of ranks for each channel (tests, one pipeline): me is this rank's index."""
+    return make_groups({ch: [list(ranks)] for ch in channels}, ranks[me])
