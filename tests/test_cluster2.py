@@ -20,7 +20,6 @@ from harness import dispatch, inflight, sharedfs, slurm
 from harness.jobs import Job
 from harness.slurm import JobState, Node, Partition, check_request, plan_request
 from harness_util import ROOT, TINY, records, sweep
-from test_harness_slurm import _partition
 from vp.config import RunConfig
 
 RUN = RunConfig(method="baseline", pp=2, layers=2, hidden=16, heads=2, seq_len=8, vocab_size=101, microbatches=2)
@@ -242,10 +241,10 @@ def _squeue_state(job_id: str) -> str:
 
 
 @pytest.mark.slurm
-def test_cluster2_slurm_rerun_attaches_to_the_job_in_flight(tmp_path):
+def test_cluster2_slurm_rerun_attaches_to_the_job_in_flight(tmp_path, partition):
     """cluster.wait=false submits and leaves; the same command again, while the job is queued or running, follows
     that job (no second submission) to its record."""
-    args = ["cluster=slurm", f"cluster.partition={_partition()}", *TINY, "grid.setups=[{run.pp: 2}]",
+    args = ["cluster=slurm", f"cluster.partition={partition}", *TINY, "grid.setups=[{run.pp: 2}]",
             "grid.product.vocab=[2k]", "grid.product.method=[baseline]", "run.iterations=2"]
     code, first = sweep(tmp_path, *args, "cluster.wait=false")
     assert code == 0 and sum(line.startswith("submitted") for line in first) == 1, first
@@ -262,9 +261,8 @@ def test_cluster2_slurm_rerun_attaches_to_the_job_in_flight(tmp_path):
 
 
 @pytest.mark.slurm
-def test_cluster2_slurm_ctrl_c_cancels_the_submitted_jobs(tmp_path):
+def test_cluster2_slurm_ctrl_c_cancels_the_submitted_jobs(tmp_path, partition):
     """SIGINT to a sweep following its two SLURM jobs: both are cancelled (one scancel), the message says which."""
-    partition = _partition()
     cmd = [sys.executable, "-m", "harness.sweep", "cluster=slurm", f"cluster.partition={partition}", *TINY,
            "grid.setups=[{run.pp: 2}]", "grid.product.vocab=[2k]", "grid.product.method=[baseline,vocab-2]",
            "run.iterations=200", f"results_dir={tmp_path}/results", f"cluster.folder={tmp_path}/sub", "logger=off",
