@@ -10,7 +10,7 @@ ARGS ?=
 # one stamp per requested torch: asking for another build makes it out of date
 TORCH_STAMP := $(VENV)/.torch-$(shell printf '%s' '$(TORCH)' | cksum | cut -d' ' -f1)
 
-.PHONY: help venv test sweep report paper-tables paper-artifact calibrate-paper plan-check model-check bench gpu-check slurm-up slurm-down clean
+.PHONY: help venv test sweep report dashboard paper-tables paper-artifact calibrate-paper plan-check model-check bench gpu-check slurm-up slurm-down clean
 
 help:  ## this list
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z-]+:.*## / {printf "  make %-13s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -52,8 +52,12 @@ else
 	$(PY) -m harness.sweep experiment=$(EXPERIMENT) cluster=$(CLUSTER) backend=both hardware=$$profile $(ARGS)
 endif
 
-report: venv  ## rebuild every report from results/
-	$(PY) -m harness.report $(ARGS)
+LOGGER ?= wandb
+report: venv  ## rebuild every report from results/, log it and the records W&B lacks to W&B (LOGGER=off: not)
+	$(PY) -m harness.report --logger $(LOGGER) $(ARGS)
+
+dashboard: venv  ## save the W&B workspace of an experiment (EXPERIMENT=smoke); online only: wandb login, wandb sync first
+	$(PY) -m harness.dashboard experiment=$(EXPERIMENT) $(ARGS)
 
 PAPER_HW ?= a100_paper
 paper-tables: venv  ## the papers' grids predicted with the cost model (paper_1f1b, paper_vhalf, vp_tp, tp_scaling), and their reports

@@ -174,6 +174,9 @@ def run(overrides: list[str], log=_print) -> int:
         for j, state, ask in zip(jobs, states, requests):
             log(f"  {j.index:>4}  {j.run_id}  {state:<5}  " + (f"{j.name:<{width}}  {ask}" if ask else j.name))
         return 0
+    sweep_id = new_sweep_id()
+    for job in todo:  # every record this sweep writes names it; W&B tags its runs with it (harness.wandb_log)
+        job.labels["sweep"] = sweep_id
     try:
         if cfg.backend == "sim":
             simulate(todo, cfg, log)
@@ -187,10 +190,21 @@ def run(overrides: list[str], log=_print) -> int:
         return 130
     if cfg.report:
         from harness.report import build_reports
+        from harness.report.wandb_report import log_report
 
         for path in build_reports(Path(cfg.results_dir), cfg.reports_dir, [cfg.experiment], reuse=True, log=log):
             log(f"report: {path}")
+        log_report(Path(cfg.results_dir), cfg.reports_dir, cfg.experiment, OmegaConf.to_container(cfg.logger),
+                   Path.cwd(), log)
     return 0
+
+
+def new_sweep_id() -> str:
+    """'sweep-20261206-031502-7f3a': when it started (UTC) and four random hex digits."""
+    import datetime
+    import secrets
+
+    return f"sweep-{datetime.datetime.now(datetime.timezone.utc):%Y%m%d-%H%M%S}-{secrets.token_hex(2)}"
 
 
 def _partition_line(partition) -> str:
