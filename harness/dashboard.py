@@ -77,7 +77,7 @@ def build_workspace(experiment: str, records: list[dict], entity: str, project: 
                 for name, panels in panels_spec()]
     base = baseline_run(records)
     runset = ws.RunsetSettings(
-        filters=[expr.Config("experiment") == experiment, expr.Metric("JobType") != "report"],
+        filters=expr.And(expr.Config("experiment") == experiment, expr.Metric("JobType") != "report"),
         groupby=[expr.Config(k) for k in GROUP_BY],
         pinned_columns=["config:method", "config:vocab", "summary:tokens_per_s", "summary:mfu",
                         "summary:max_peak_memory_bytes", "summary:status"],
@@ -116,16 +116,27 @@ def parse(argv: list[str]) -> dict:
     return opts
 
 
+def has_api_key(environ=os.environ) -> bool:
+    """Whether W&B has a key to use, where `wandb login` leaves one (WANDB_API_KEY, else the netrc entry of the W&B
+    host): asked before anything could prompt for a login. The key itself is never read out or kept."""
+    import netrc
+    from urllib.parse import urlparse
+
+    if environ.get("WANDB_API_KEY"):
+        return True
+    host = urlparse(environ.get("WANDB_BASE_URL", "https://api.wandb.ai")).hostname
+    try:
+        return netrc.netrc(environ.get("NETRC")).authenticators(host) is not None
+    except (OSError, netrc.NetrcParseError):
+        return False
+
+
 def offline_reason(run_ids: list[str], root: Path) -> str | None:
     """Why W&B cannot take the workspace now, with what to run first; None when it can."""
     mode = os.environ.get("WANDB_MODE", "")
     if mode in ("offline", "disabled", "dryrun"):
         return f"WANDB_MODE={mode}: a workspace is saved on W&B's server; unset WANDB_MODE, `wandb login`, then rerun"
-    from wandb.sdk.lib import apikey
-
-    import wandb
-
-    if not apikey.api_key(settings=wandb.setup().settings):
+    if not has_api_key():
         return "no W&B API key here: run `wandb login` (or set WANDB_API_KEY), then rerun"
     unsynced = [p for p in (root / "wandb").glob("offline-run-*") if p.name.rsplit("-", 1)[-1] in run_ids
                 and not list(p.glob("*.synced"))]

@@ -42,6 +42,8 @@ def config_of(record: dict) -> dict:
     out = {"method": cfg["method"], "vocab": labels.get("vocab") or str(cfg["vocab_size"])}
     out.update({k: labels[k] for k in LABELS if labels.get(k) is not None and k != "vocab"})
     out.update({f"run.{k}": v for k, v in cfg.items() if k != "method"})
+    for axis in ("run.dp", "run.tp"):  # records from before data and tensor parallelism: a mesh of one
+        out.setdefault(axis, 1)
     out.update({"backend": record["backend"], "experiment": record.get("experiment")})
     if labels.get("sweep"):
         out["sweep"] = labels["sweep"]
