@@ -136,7 +136,7 @@ def fill_run(run, record: dict, images: dict[str, Path] | None = None) -> None:
         if path is not None and Path(path).exists():
             run.log({key: wandb.Image(str(path))})
     run.summary.update(summary_of(record))
-    if record.get("labels", {}).get("sweep"):  # a rerun by another sweep: the tags name the sweep that made it
+    if tuple(run.tags or ()) != tuple(tags_of(record)):  # a live run opened as `running`: its status now
         run.tags = tuple(tags_of(record))
 
 
