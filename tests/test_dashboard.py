@@ -209,3 +209,24 @@ def test_dashboard_refuses_offline_with_what_to_run_first(tmp_path, monkeypatch,
     assert main(["experiment=nope", f"results_dir={tmp_path / 'results'}"]) == 2
     assert "run the sweep first" in capsys.readouterr().err
     assert main(["experimnt=mini"]) == 2 and "key one of experiment" in capsys.readouterr().err
+
+
+def test_dashboard_make_report_logs_the_records_w_and_b_lacks(tmp_path, monkeypatch, capsys):
+    """python -m harness.report --logger wandb (make report): the report run, and every record without a marker."""
+    from harness.report.__main__ import main
+    from harness.wandb_log import derived_id
+
+    results = tmp_path / "results" / "two"
+    results.mkdir(parents=True)
+    for path in sorted(MINI.glob("????????????.json"))[:2]:
+        rec = json.loads(path.read_text())
+        rec["experiment"] = "two"
+        (results / path.name).write_text(json.dumps(rec))
+    monkeypatch.chdir(tmp_path)
+    assert main(["--results-dir", str(tmp_path / "results"), "--logger", "nope"]) == 2
+    assert "--logger nope: not one of off, wandb, wandb_online" in capsys.readouterr().err
+    assert not (tmp_path / "wandb").exists()
+    assert main(["--results-dir", str(tmp_path / "results"), "--logger", "wandb"]) == 0
+    assert "logged 2 record(s) of two" in capsys.readouterr().err
+    assert len(list(results.glob("*.logged"))) == 2
+    assert set(_run_dirs(tmp_path)) == {p.stem for p in results.glob("*.json")} | {derived_id("report", "two")}
