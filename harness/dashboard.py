@@ -82,9 +82,19 @@ def build_workspace(experiment: str, records: list[dict], entity: str, project: 
         pinned_columns=["config:method", "config:vocab", "summary:tokens_per_s", "summary:mfu",
                         "summary:max_peak_memory_bytes", "summary:status"],
         **({"baseline_run": base} if base else {}))
-    return ws.Workspace(entity=entity, project=project, name=f"{experiment}: methods against baseline and "
-                        f"interleaved", sections=sections, runset_settings=runset,
-                        settings=ws.WorkspaceSettings(x_axis="iteration"))
+    workspace = ws.Workspace(entity=entity, project=project, name=f"{experiment}: methods against baseline and "
+                             f"interleaved", sections=sections, runset_settings=runset,
+                             settings=ws.WorkspaceSettings(x_axis="iteration"))
+    workspace._internal_name = view_name(experiment)  # saved over the experiment's earlier workspace, not beside it
+    return workspace
+
+
+def view_name(experiment: str) -> str:
+    """The workspace's internal name on W&B, derived from the experiment: W&B upserts a view by its name, so a second
+    `make dashboard` updates the experiment's workspace. The form of W&B's generated names: nw-<11 characters>-v."""
+    import hashlib
+
+    return f"nw-{hashlib.sha1(experiment.encode()).hexdigest()[:11]}-v"
 
 
 def build_report(experiment: str, readme: Path, figures: list[Path], entity: str, project: str):

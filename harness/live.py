@@ -100,7 +100,8 @@ def start(spec: dict, cfg, rank: int, local_rank: int, host: str) -> LiveRun | N
                "backend": "real", "config": spec["config"], "labels": spec["labels"]}
     label = f"rank{rank}-{host}"
     shared = logger["mode"] == "online" and cfg.world > 1  # more writers may join: every one in shared mode
-    return LiveRun(opening, {**logger, "shared": shared}, Path(spec["wandb_root"]), role, cfg.device == "cuda", label)
+    stats = cfg.device == "cuda" and (role == "primary" or local_rank == 0)  # one system monitor per node
+    return LiveRun(opening, {**logger, "shared": shared}, Path(spec["wandb_root"]), role, stats, label)
 
 
 def _write(q, opening: dict, logger: dict, root: str, role: str, stats: bool, label: str) -> None:
@@ -121,7 +122,7 @@ def _write(q, opening: dict, logger: dict, root: str, role: str, stats: bool, la
                 extra["x_update_finish_state"] = False
         if mode == "offline":
             drop_local_runs(Path(root), opening["run_id"])
-        run = open_run(opening, {**logger, "mode": mode}, Path(root), stats if role != "loss" else False, **extra)
+        run = open_run(opening, {**logger, "mode": mode}, Path(root), stats, **extra)
     except Exception:  # noqa: BLE001 - W&B trouble: keep draining, so the rank never waits on a full queue
         print(f"live W&B run could not be opened:\n{traceback.format_exc()}", file=sys.stderr)
     while True:

@@ -147,12 +147,13 @@ def check_outputs(cfg: DictConfig, jobs: list[J.Job]) -> None:
                              f"dry_run=true")
 
 
-def run(overrides: list[str], log=_print) -> int:
-    """The whole sweep; returns the exit code (2: refused before anything ran, 130: interrupted)."""
+def run(overrides: list[str], log=_print, sweep_id: str | None = None) -> int:
+    """The whole sweep; returns the exit code (2: refused before anything ran, 130: interrupted). sweep_id: the id
+    its records and W&B runs carry (new_sweep_id; backend=both gives its two halves one)."""
     try:
         base = compose_checked(split_overrides(overrides)[0])  # composed once: most of a sweep's start-up
         if base.backend == "both":
-            return run_both(overrides, log)
+            return run_both(overrides, log, sweep_id or new_sweep_id())
         cfg, jobs = plan(overrides, base)
         states = [j.status() for j in jobs]  # each reads the job's record
         todo = [j for j, state in zip(jobs, states) if cfg.force or state != "done"]  # todo and stale
@@ -174,7 +175,7 @@ def run(overrides: list[str], log=_print) -> int:
         for j, state, ask in zip(jobs, states, requests):
             log(f"  {j.index:>4}  {j.run_id}  {state:<5}  " + (f"{j.name:<{width}}  {ask}" if ask else j.name))
         return 0
-    sweep_id = new_sweep_id()
+    sweep_id = sweep_id or new_sweep_id()
     for job in todo:  # every record this sweep writes names it; W&B tags its runs with it (harness.wandb_log)
         job.labels["sweep"] = sweep_id
     try:
@@ -214,7 +215,7 @@ def _partition_line(partition) -> str:
             "CPUs per task and the time limit left to the partition; nothing checked against it")
 
 
-def run_both(overrides: list[str], log) -> int:
+def run_both(overrides: list[str], log, sweep_id: str) -> int:
     """backend=both: the sweep run for real, then the same jobs predicted with backend=sim and the hardware profile,
     into the same results folder; the report opens with predicted against measured. Both halves are planned and
     checked before either starts."""
@@ -224,8 +225,8 @@ def run_both(overrides: list[str], log) -> int:
     if not cfg.dry_run:
         check_outputs(cfg, jobs)
     real = [o for o in rest if o.split("=", 1)[0].lstrip("+") != "report"] + ["backend=real", "report=false"]
-    code = run(real, log)
-    return code if code else run(sim, log)
+    code = run(real, log, sweep_id)
+    return code if code else run(sim, log, sweep_id)
 
 
 def simulate(todo: list[J.Job], cfg: DictConfig, log) -> None:

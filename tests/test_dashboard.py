@@ -188,7 +188,10 @@ def test_dashboard_workspace_panels_read_keys_the_runs_log(logged):
     assert "experiment" in workspace.runset_settings.filters and "mini" in workspace.runset_settings.filters
     base = workspace.runset_settings.baseline_run
     assert base and next(r for r in records if r["run_id"] == base)["config"]["method"] == "baseline"
-    assert workspace._to_model().spec.section.panel_bank_config.sections  # serialises without network
+    model = workspace._to_model()  # serialises without network, under the experiment's own name
+    assert model.spec.section.panel_bank_config.sections and model.name == build_workspace(
+        "mini", records[:1], "an-entity", "vocab-parallelism")._to_model().name != build_workspace(
+        "other", records, "an-entity", "vocab-parallelism")._to_model().name
 
 
 def test_dashboard_refuses_offline_with_what_to_run_first(tmp_path, monkeypatch, capsys):
