@@ -233,3 +233,15 @@ def test_dashboard_make_report_logs_the_records_w_and_b_lacks(tmp_path, monkeypa
     assert "logged 2 record(s) of two" in capsys.readouterr().err
     assert len(list(results.glob("*.logged"))) == 2
     assert set(_run_dirs(tmp_path)) == {p.stem for p in results.glob("*.json")} | {derived_id("report", "two")}
+
+
+def test_dashboard_every_record_of_a_sweep_carries_its_id_and_the_next_sweep_another(tmp_path):
+    from harness_util import TINY, records, sweep
+
+    grid = [*TINY, "backend=sim", "grid.product.vocab=[2k]", "grid.product.method=[baseline,vocab-1]"]
+    assert sweep(tmp_path, *grid)[0] == 0
+    first = {r["labels"]["sweep"] for r in records(tmp_path)}
+    assert len(first) == 1 and next(iter(first)).startswith("sweep-")
+    assert sweep(tmp_path, *grid, "grid.product.method=[vocab-1]", "force=true")[0] == 0
+    ids = {r["config"]["method"]: r["labels"]["sweep"] for r in records(tmp_path)}
+    assert ids["baseline"] in first and ids["vocab-1"] not in first
