@@ -27,7 +27,9 @@ def test_sim_sweep_writes_records_and_resumes_and_is_not_logged_unless_asked(tmp
     assert "not logged to W&B; logger.sim=true logs them" in lines[-1] and not (tmp_path / "wandb").exists()
     recs = records(tmp_path, "paper_1f1b")
     assert len(recs) == 4 and all(r["status"] == "ok" and r["backend"] == "sim" for r in recs)
-    assert all(r["labels"] == {"model": "4b", "vocab": r["labels"]["vocab"], "hardware": "a100_80g"} for r in recs)
+    sweep_id = recs[0]["labels"]["sweep"]  # the sweep's id (harness.sweep.new_sweep_id), one for all its records
+    assert all(r["labels"] == {"model": "4b", "vocab": r["labels"]["vocab"], "hardware": "a100_80g", "sweep": sweep_id}
+               for r in recs)
     code, lines = sweep(tmp_path, *grid, "force=no")  # a YAML boolean: false, not a truthy string
     assert "4 jobs, 4 done, 0 to run" in lines[0]
     code, lines = sweep(tmp_path, *grid, "force=true")
