@@ -68,13 +68,15 @@ class LiveRun:
         except queue.Full:
             self.dropped += 1
 
-    def finish(self, record: dict | None = None, path: Path | None = None, timeout_s: float | None = None) -> bool:
+    def finish(self, record: dict | None = None, path: Path | None = None, timeout_s: float | None = None,
+               failed: bool = False) -> bool:
         """Hand the record (rank 0) to the writer and wait for it at most timeout_s (logger.live_timeout_s); True when
-        W&B holds it, and the record is then marked logged. A writer still busy after that is killed."""
+        W&B holds it, and the record is then marked logged. A writer still busy after that is killed. failed: the
+        rank failed (no record): the W&B run ends as failed, and the driver's failure record follows on its id."""
         from harness.wandb_log import mark_logged
 
         try:
-            self.queue.put(("end", record, str(path) if path else None, self.dropped), timeout=5)
+            self.queue.put(("end", record, str(path) if path else None, self.dropped, failed), timeout=5)
         except queue.Full:
             pass
         self.process.join(self.timeout_s if timeout_s is None else timeout_s)
@@ -137,7 +139,7 @@ def _write(q, opening: dict, logger: dict, root: str, role: str, stats: bool, la
             row["live/loss"] = loss
         if len(row) > 1:
             run.log(row)
-    _, record, path, dropped = item
+    _, record, path, dropped, failed = item
     if run is None:
         sys.exit(3)
     if dropped:
@@ -153,4 +155,4 @@ def _write(q, opening: dict, logger: dict, root: str, role: str, stats: bool, la
         finally:
             for picture in images.values():
                 picture.unlink(missing_ok=True)
-    run.finish()
+    run.finish(exit_code=1 if failed else 0)

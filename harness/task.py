@@ -76,7 +76,7 @@ def run_task(spec: dict) -> dict | None:
         write_error(Path(spec["folder"]) / f"error-{env.job_id}-{rank}.txt", traceback.format_exc(),
                     getattr(err, "failed_at", None))
         if live is not None:  # the driver writes the failure record onto the same W&B run id
-            live.finish(timeout_s=10)
+            live.finish(timeout_s=10, failed=True)
         raise
     if rank != 0:
         if live is not None:
