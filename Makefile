@@ -10,7 +10,7 @@ ARGS ?=
 # one stamp per requested torch: asking for another build makes it out of date
 TORCH_STAMP := $(VENV)/.torch-$(shell printf '%s' '$(TORCH)' | cksum | cut -d' ' -f1)
 
-.PHONY: help venv test sweep plan report paper-tables paper-artifact gpu-check calibrate-paper plan-check model-check bench slurm-up slurm-down clean
+.PHONY: help venv test sweep plan report dashboard paper-tables paper-artifact gpu-check calibrate-paper plan-check model-check bench slurm-up slurm-down clean
 
 # Make variables are the Hydra keys in capitals (EXPERIMENT= is experiment=, HARDWARE= is hardware=, ...). Renamed
 # ones (vp/renamed.py MAKE_VARIABLES) are refused for one release with a pointer to the new name.
@@ -68,8 +68,12 @@ else
 	$(PY) -m harness.sweep experiment=$(EXPERIMENT) cluster=$(CLUSTER) backend=both hardware=$$profile $(ARGS)
 endif
 
-report: venv  ## rebuild every report from results/
-	$(PY) -m harness.report $(ARGS)
+LOGGER ?= wandb
+report: venv  ## rebuild every report from results/, log it and the records W&B lacks to W&B (LOGGER=off: not)
+	$(PY) -m harness.report --logger $(LOGGER) $(ARGS)
+
+dashboard: venv  ## save the W&B workspace of an experiment (EXPERIMENT=smoke); online only: wandb login, wandb sync first
+	$(PY) -m harness.dashboard experiment=$(EXPERIMENT) $(ARGS)
 
 # HARDWARE=NAME: the profile of the predicting targets (paper-tables, paper-artifact: a100_paper; plan-check,
 # model-check: this machine's measured one; plan: the plan's hardware=)

@@ -21,6 +21,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from harness import inflight, slurm
+from harness.live import live_logger
 from harness.records import failure_record, finish_run, log_run, status_of, trace_path
 from harness.task import run_task
 
@@ -42,7 +43,7 @@ def _spec(job, cfg) -> dict:
     return {"config": job.run.to_dict(), "path": str(job.path.resolve()), "experiment": cfg.experiment,
             "labels": job.labels, "folder": str(folder), "rendezvous": cfg.cluster.rendezvous,
             "logger": None if _driver_logs(cfg) else OmegaConf.to_container(cfg.logger, resolve=True),
-            "trace": str(trace_path(job.path).resolve()),
+            "trace": str(trace_path(job.path).resolve()), "live": live_logger(cfg),
             "wandb_root": str(Path.cwd()), "fault": job.fault}
 
 

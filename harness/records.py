@@ -28,18 +28,22 @@ def finish_run(record: dict, path: Path, logger=None, wandb_root: Path = Path(".
 
 
 def log_run(record: dict, path: Path, logger=None, wandb_root: Path = Path(".")) -> None:
-    """Log a written record to W&B (with its timeline pictures) when a logger is configured (mode not disabled)."""
+    """Log a written record to W&B (with its timeline pictures) when a logger is configured (mode not disabled),
+    unless W&B already holds this very record (a live run logged it: harness.live); then mark it logged."""
     if logger is None or logger.get("mode", "disabled") == "disabled":
         return
     from harness.timeline import timeline_images
-    from harness.wandb_log import log_record
+    from harness.wandb_log import is_logged, log_record, mark_logged
 
+    if is_logged(path):
+        return
     images = timeline_images(record, path, trace_path(path)) if record.get("metrics") else {}
     try:
         log_record(record, logger, wandb_root, images)
     finally:
         for picture in images.values():
             picture.unlink(missing_ok=True)
+    mark_logged(path)
 
 
 def failure_record(config: dict, experiment: str, backend: str, labels: dict, status: str, error: str,

@@ -72,6 +72,9 @@ class LoggerSchema:
     project: str | None = None
     entity: str | None = None
     sim: bool = False  # also log backend=sim records (predictions) to W&B
+    live: bool | None = None  # the run's W&B run opens when it starts (harness.live); null: on for cluster=slurm
+    live_timeout_s: float = ranged(1, 3600, default=120.0,
+                                   fix="seconds a live run's W&B writer gets to log the record and finish")
 
 
 @dataclass

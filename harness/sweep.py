@@ -148,12 +148,13 @@ def check_outputs(cfg: DictConfig, jobs: list[J.Job]) -> None:
                              f"dry_run=true")
 
 
-def run(overrides: list[str], log=_print) -> int:
-    """The whole sweep; returns the exit code (2: refused before anything ran, 130: interrupted)."""
+def run(overrides: list[str], log=_print, sweep_id: str | None = None) -> int:
+    """The whole sweep; returns the exit code (2: refused before anything ran, 130: interrupted). sweep_id: the id
+    its records and W&B runs carry (new_sweep_id; backend=both gives its two halves one)."""
     try:
         base = compose_checked(split_overrides(overrides)[0])  # composed once: most of a sweep's start-up
         if base.backend == "both":
-            return run_both(overrides, log)
+            return run_both(overrides, log, sweep_id or new_sweep_id())
         cfg, jobs = plan(overrides, base)
         states = [j.status() for j in jobs]  # each reads the job's record
         todo = [j for j, state in zip(jobs, states) if cfg.force or state != "done"]  # todo and stale
@@ -185,6 +186,9 @@ def run(overrides: list[str], log=_print) -> int:
             log(f"  {j.index:>4}  {j.run_id}  {state:<7}  " + (f"{j.name:<{width}}  {ask}" if ask else j.name))
         return 0
     began = time.time()
+    sweep_id = sweep_id or new_sweep_id()
+    for job in todo:  # every record this sweep writes names it; W&B tags its runs with it (harness.wandb_log)
+        job.labels["sweep"] = sweep_id
     try:
         if cfg.backend == "sim":
             simulate(todo, cfg, log)
@@ -196,9 +200,12 @@ def run(overrides: list[str], log=_print) -> int:
         return 130
     if cfg.report:
         from harness.report import build_reports
+        from harness.report.wandb_report import log_report
 
         for path in build_reports(Path(cfg.results_dir), cfg.reports_dir, [cfg.experiment], reuse=True, log=log):
             log(f"report: {path}")
+        log_report(Path(cfg.results_dir), cfg.reports_dir, cfg.experiment, OmegaConf.to_container(cfg.logger),
+                   Path.cwd(), log)
     return 0
 
 
@@ -215,6 +222,14 @@ def interrupted_message(jobs, todo, cfg, began: float) -> str:
             f"command to resume (runs already done are skipped)")
 
 
+def new_sweep_id() -> str:
+    """'sweep-20261206-031502-7f3a': when it started (UTC) and four random hex digits."""
+    import datetime
+    import secrets
+
+    return f"sweep-{datetime.datetime.now(datetime.timezone.utc):%Y%m%d-%H%M%S}-{secrets.token_hex(2)}"
+
+
 def _partition_line(partition) -> str:
     if partition is not None:
         return partition.describe()
@@ -222,7 +237,7 @@ def _partition_line(partition) -> str:
             "CPUs per task and the time limit left to the partition; nothing checked against it")
 
 
-def run_both(overrides: list[str], log) -> int:
+def run_both(overrides: list[str], log, sweep_id: str) -> int:
     """backend=both: the sweep run for real, then the same jobs predicted with backend=sim and the hardware profile,
     into the same results folder; the report opens with predicted against measured. Both halves are planned and
     checked before either starts."""
@@ -232,8 +247,8 @@ def run_both(overrides: list[str], log) -> int:
     if not cfg.dry_run:
         check_outputs(cfg, jobs)
     real = [o for o in rest if o.split("=", 1)[0].lstrip("+") != "report"] + ["backend=real", "report=false"]
-    code = run(real, log)
-    return code if code else run(sim, log)
+    code = run(real, log, sweep_id)
+    return code if code else run(sim, log, sweep_id)
 
 
 def simulate(todo: list[J.Job], cfg: DictConfig, log) -> None:

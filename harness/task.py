@@ -3,8 +3,10 @@
 Rank, world size and the first node's address come from submitit's job environment (local processes or
 SLURM tasks); ranks meet there over TCP, or through a fresh file in the job's folder (cluster.rendezvous).
 Rank 0 writes the measured timeline (`<run_id>.trace.json`, Chrome/Perfetto) and the record beside it; it logs
-the record to W&B only when no sweep driver follows the run (SLURM with cluster.wait=false: harness.dispatch). A rank that fails leaves its traceback in the job folder, from
-which the sweep driver writes the failure record (harness.dispatch).
+the record to W&B only when no sweep driver follows the run (SLURM with cluster.wait=false: harness.dispatch), or,
+for a live run (harness.live: SLURM runs, logger.live=true), hands it to its live W&B writer once it is written. A
+rank that fails leaves its traceback in the job folder, from which the sweep driver writes the failure record
+(harness.dispatch).
 """
 import faulthandler
 import os
@@ -14,6 +16,7 @@ import subprocess
 import traceback
 from pathlib import Path
 
+from harness.live import start as start_live
 from harness.records import finish_run
 
 
@@ -63,19 +66,26 @@ def run_task(spec: dict) -> dict | None:
     path = Path(spec["path"])
     init = rendezvous(spec, env)
     os.environ[PROGRESS_ENV] = str(Path(spec["folder"]) / f"progress-{env.job_id}-{rank}.txt")
+    live = start_live(spec, cfg, rank, local_rank, socket.gethostname()) if spec.get("live") else None
     try:
         record = run_rank(cfg, rank, world, init, local_rank, fault=spec.get("fault"), experiment=spec["experiment"],
-                          trace_path=spec.get("trace"))
+                          trace_path=spec.get("trace"), observer=live)
     except BaseException as err:
         # every failing rank leaves its traceback, stamped with the time it failed; the sweep driver names the
         # culprit (the first to fail on its own) in the run's record
         write_error(Path(spec["folder"]) / f"error-{env.job_id}-{rank}.txt", traceback.format_exc(),
                     getattr(err, "failed_at", None))
+        if live is not None:  # the driver writes the failure record onto the same W&B run id
+            live.finish(timeout_s=10, failed=True)
         raise
     if rank != 0:
+        if live is not None:
+            live.finish()
         return None
     record["labels"] = spec["labels"]
     record["env"]["nodes"] = list(env.hostnames)
-    finish_run(record, path, spec["logger"], Path(spec["wandb_root"]))
+    finish_run(record, path, None if live else spec["logger"], Path(spec["wandb_root"]))
+    if live is not None:
+        live.finish(record, path)  # marks the record logged once W&B holds it; else the driver or `make report` logs it
     return {"run_id": record["run_id"], "status": record["status"],
             "iteration_time_s": record["metrics"]["iteration_time_s"]}

@@ -119,7 +119,8 @@ def local_runs_fork_their_ranks():
 #   not once per worker that runs one of them.
 # The groups are named here, by test address, for the scheduler: pytest 9 ignores the renamed node ids by which
 # pytest-xdist carries xdist_group marks to it. pytest_collection_modifyitems checks that they cover those tests.
-GROUPS = {"test_harness_slurm.py": "slurm", "test_cluster2.py::test_cluster2_slurm_": "slurm", "test_report.py": "report", "test_tp_report.py": "tp_report",
+GROUPS = {"test_harness_slurm.py": "slurm", "test_cluster2.py::test_cluster2_slurm_": "slurm",
+          "test_report.py": "report", "test_tp_report.py": "tp_report", "test_dashboard.py": "dashboard",
           "test_harness_runs.py::test_killed_rank_": "real_sweep", "test_harness_runs.py::test_wandb_": "real_sweep",
           **dict.fromkeys(["test_mesh_train.py", "test_nccl.py", "test_runtime.py", "test_tp_bench.py",
                            "test_tp_layers.py", "test_tp_train.py", "test_vocab.py", "test_precision.py"], "gloo")}

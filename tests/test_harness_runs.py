@@ -1,6 +1,7 @@
 """Sweeps that run: simulated and real, resumed, concurrent, interrupted by Ctrl-C, with a killed rank, a failed
 forced rerun, W&B offline logging and traces."""
 import json
+from hashlib import sha1
 import os
 import signal
 import struct
@@ -26,7 +27,9 @@ def test_sim_sweep_writes_records_and_resumes_and_is_not_logged_unless_asked(tmp
     assert "not logged to W&B; logger.sim=true logs them" in lines[-1] and not (tmp_path / "wandb").exists()
     recs = records(tmp_path, "paper_1f1b")
     assert len(recs) == 4 and all(r["status"] == "ok" and r["backend"] == "sim" for r in recs)
-    assert all(r["labels"] == {"model": "4b", "vocab": r["labels"]["vocab"], "hardware": "a100_80g"} for r in recs)
+    sweep_id = recs[0]["labels"]["sweep"]  # the sweep's id (harness.sweep.new_sweep_id), one for all its records
+    assert all(r["labels"] == {"model": "4b", "vocab": r["labels"]["vocab"], "hardware": "a100_80g", "sweep": sweep_id}
+               for r in recs)
     code, lines = sweep(tmp_path, *grid, "force=no")  # a YAML boolean: false, not a truthy string
     assert "4 jobs, 4 done, 0 to run" in lines[0]
     code, lines = sweep(tmp_path, *grid, "force=true")
@@ -153,8 +156,11 @@ def killed_and_logged(tmp_path_factory):
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("WANDB_API_KEY", SECRET)
         patch.chdir(root)
-        first = sweep(root, *LOGGED, "fault={method: vocab-2, at: '1:F2:exit'}", logger="wandb", report=True)
-        rerun = sweep(root, *LOGGED, "grid.product.method=[baseline]", "force=true", logger="wandb")
+        # logger.live=true: the runs' W&B runs open as they start (harness.live), as on a cluster
+        first = sweep(root, *LOGGED, "fault={method: vocab-2, at: '1:F2:exit'}", "logger.live=true", logger="wandb",
+                      report=True)
+        rerun = sweep(root, *LOGGED, "grid.product.method=[baseline]", "force=true", "logger.live=true",
+                      logger="wandb")
     return root, first, rerun
 
 
@@ -169,7 +175,8 @@ def test_killed_rank_is_recorded_failed_and_a_failed_forced_rerun_keeps_the_ok_r
     assert recs["baseline"]["status"] == "ok"
     assert any("failed in" in line for line in lines)
     [summary] = [line for line in lines if line.startswith("[2/2 done")]
-    assert "1 failed, 1 ok" in summary and lines[-1].startswith("report: ")  # the sweep's report follows it
+    assert "1 failed, 1 ok" in summary and lines[-2].startswith("report: ")  # the sweep's report follows it,
+    assert lines[-1].startswith("W&B: report run report-smoke-")  # then its run on W&B
     # a forced rerun that fails keeps the earlier ok record; the record was just written (as when the rerun follows
     # within a second), so a check by modification time would take it for the rerun's own
     path = tmp_path / "results" / "smoke" / f"{recs['baseline']['run_id']}.json"
@@ -215,9 +222,10 @@ def test_wandb_offline_one_run_per_record_with_the_records_numbers(killed_and_lo
     tmp_path, first, rerun = killed_and_logged
     assert first[0] == 0 and rerun[0] == 0  # the rerun (force=true) replaces, never adds, a run
     recs = records(tmp_path)  # the failed vocab-2 run and the ok baseline, each one W&B run named by its run_id
-    runs = {r.name.rsplit("-", 1)[1]: r for r in (tmp_path / "wandb").glob("offline-run-*")}
-    assert len(runs) == len(list((tmp_path / "wandb").glob("offline-run-*"))) == 2
-    assert sorted(runs) == sorted(r["run_id"] for r in recs)
+    runs = {r.name.split("-", 3)[-1]: r for r in (tmp_path / "wandb").glob("offline-run-*")}
+    assert len(runs) == len(list((tmp_path / "wandb").glob("offline-run-*"))) == 3  # and the report's run
+    assert sorted(runs) == sorted([r["run_id"] for r in recs] + ["report-smoke-" + sha1(b"smoke").hexdigest()[:6]])
+    assert all((tmp_path / "results" / "smoke" / f"{r['run_id']}.logged").is_file() for r in recs)
     rec = next(r for r in recs if r["config"]["method"] == "baseline")
     runs = [runs[rec["run_id"]]]
     summary = {}
@@ -227,7 +235,10 @@ def test_wandb_offline_one_run_per_record_with_the_records_numbers(killed_and_lo
     assert summary["iteration_time_s"] == m["iteration_time_s"]  # the record's median, not the last iteration
     assert summary["mfu"] == m["mfu"] and summary["tokens_per_s"] == m["tokens_per_s"]
     assert summary["max_peak_memory_bytes"] == max(m["peak_memory_bytes"]) and summary["status"] == "ok"
-    [run_record] = _wandb_records(runs[0], "run")
+    history = {item.key or "/".join(item.nested_key) for h in _wandb_records(runs[0], "history") for item in h.item}
+    assert {"live/time_s", "iteration/loss", "iteration/time_s"} <= history  # live as it ran, then the record
+    run_record = _wandb_records(runs[0], "run")[-1]  # a live run: opened tagged running, then tagged ok
+    assert list(run_record.tags) == ["ok", rec["labels"]["sweep"]] and rec["labels"]["sweep"].startswith("sweep-")
     assert run_record.display_name == "baseline pp2 tiny V2k seq64" and run_record.run_id == rec["run_id"]
     [table] = runs[0].glob("files/media/table/per_rank_*.table.json")
     rows = json.loads(table.read_text())["data"]

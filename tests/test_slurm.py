@@ -200,7 +200,7 @@ def test_runs_the_driver_follows_leave_w_and_b_to_it_and_the_others_log_from_ran
     logger = {"mode": "offline", "project": "p"}
 
     def spec(name, **extra):
-        cfg = OmegaConf.create({"experiment": "x", "logger": logger, "cluster": {
+        cfg = OmegaConf.create({"experiment": "x", "backend": "real", "logger": logger, "cluster": {
             "name": name, "folder": str(tmp_path), "rendezvous": "file", **extra}})
         return dispatch._spec(job, cfg)["logger"]
 

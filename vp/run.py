@@ -48,10 +48,12 @@ def build_rank_model(cfg: RunConfig, sched, rank: int, device: torch.device,
 
 
 def train_rank(cfg: RunConfig, rank: int, comm: Comm, device: torch.device, fault=None,
-               free_before_groups: int | None = None) -> RankMeasurement:
+               free_before_groups: int | None = None, observer=None) -> RankMeasurement:
     """Run every iteration on this (global) rank, process groups already up (channels(cfg): with tp > 1 also the
     tensor-parallel ones of vp.tp.context); returns its measurements. free_before_groups (CUDA): the device's free
-    bytes before the process groups were made, to measure the memory outside the allocator (NCCL's buffers)."""
+    bytes before the process groups were made, to measure the memory outside the allocator (NCCL's buffers).
+    observer: called after each iteration with (iteration, loss or None where this rank does not know it, seconds);
+    it must return at once (the harness's live W&B logging hands the values to another process)."""
     where = cfg.mesh.coords(rank)
     tp = TensorParallel.of(cfg.mesh, rank, comm) if cfg.tp > 1 else None
     sched = validate_schedule(build(cfg.method, cfg.pp, cfg.microbatches, cfg.n_chunks))
@@ -59,7 +61,11 @@ def train_rank(cfg: RunConfig, rank: int, comm: Comm, device: torch.device, faul
     runtime = Runtime(cfg, sched, where.p, model, comm, device, fault, replica=where.d, global_rank=rank)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    results = [runtime.iteration(it) for it in range(cfg.iterations)]
+    results = []
+    for it in range(cfg.iterations):
+        results.append(runtime.iteration(it))
+        if observer is not None:
+            observer(it, results[-1]["loss"], results[-1]["seconds"])
     n_params = sum(p.numel() for p in model.parameters())
     if device.type == "cuda":
         peak = torch.cuda.max_memory_allocated(device)
@@ -111,10 +117,11 @@ def link_probe(comm: Comm, me: int, pp: int, sizes=(4096, 262144, 4194304), reps
 
 def run_rank(cfg: RunConfig, rank: int, world: int, init_method: str, local_rank: int = 0, fault=None,
              experiment: str | None = None, trace_path: str | None = None,
-             local_world: int | None = None) -> dict | None:
+             local_world: int | None = None, observer=None) -> dict | None:
     """One process of a run: process groups, training, gathering; returns the record on rank 0, which also
     writes the Chrome trace of the measured iterations to trace_path when given. local_world: the processes on this
-    node when they all see the same GPUs (vp.launch, torchrun; None: unknown, e.g. SLURM with per-task binding)."""
+    node when they all see the same GPUs (vp.launch, torchrun; None: unknown, e.g. SLURM with per-task binding).
+    observer: see train_rank (vp never imports a logger; the caller supplies one)."""
     if world != cfg.world:
         raise ValueError(f"world size {world} differs from dp x pp x tp = {cfg.world}; launch exactly that many "
                          f"processes")
@@ -139,7 +146,7 @@ def run_rank(cfg: RunConfig, rank: int, world: int, init_method: str, local_rank
         comm.connect(run_links(sched))
         peak, how = device_peak(device)
         probe = link_probe(comm, cfg.mesh.coords(rank).p, cfg.pp)
-        mine = train_rank(cfg, rank, comm, device, fault, free_before_groups)
+        mine = train_rank(cfg, rank, comm, device, fault, free_before_groups, observer)
         mine.peak_flops = peak
         gathered = [None] * world
         dist.all_gather_object(gathered, mine)

@@ -103,6 +103,19 @@ def mfu_memory(g: pd.DataFrame, group: str) -> Table:
                  f"ended, – marks a run that does not exist.", _frame(columns, rows), blocks=3)
 
 
+def reference_run(cells: dict, key: tuple, reference: str) -> dict | None:
+    """The ok run of the reference method with a throughput for the cell key (mesh_key, seq_len, method, variant,
+    vocab_size) of _runs_by_cell: same setup, vocabulary and variant (else the reference without a variant)."""
+    mk, seq, _, variant, size = key
+    ref = cells.get((mk, seq, reference, variant, size)) or cells.get((mk, seq, reference, "", size))
+    return None if ref is None or ref["status"] != "ok" or pd.isna(ref["tokens_per_s"]) else ref
+
+
+def throughput_ratio(run: dict, ref: dict) -> float:
+    """tokens/s of a run over its reference run's (reference_run); above 1 is faster."""
+    return run["tokens_per_s"] / ref["tokens_per_s"]
+
+
 def speedup(g: pd.DataFrame, group: str, reference: str) -> Table | None:
     """tokens/s of each method over the reference method's, same setup, vocabulary and variant."""
     cells, keys, vocabs = _runs_by_cell(g), _row_keys(g), _vocabs(g)
@@ -114,11 +127,11 @@ def speedup(g: pd.DataFrame, group: str, reference: str) -> Table | None:
     for (mk, seq, method, variant), row in zip(keys, rows):
         for size, _ in vocabs:
             run = cells.get((mk, seq, method, variant, size))
-            ref = cells.get((mk, seq, reference, variant, size)) or cells.get((mk, seq, reference, "", size))
-            if ref is None or ref["status"] != "ok" or pd.isna(ref["tokens_per_s"]):
+            ref = reference_run(cells, (mk, seq, method, variant, size), reference)
+            if ref is None:
                 row.append(MISSING if run is None or run["status"] == "ok" else STATUS_LABEL[run["status"]])
             else:
-                row.append(_cell(run, lambda r: r["tokens_per_s"] / ref["tokens_per_s"], ".3f"))
+                row.append(_cell(run, lambda r: throughput_ratio(r, ref), ".3f"))
     return Table(f"speedup_vs_{reference}_{slug(group)}", f"Throughput relative to {reference}, {group}",
                  f"tokens/s of each method divided by that of {reference} for the same setup and vocabulary, "
                  f"where {reference} ran ok; above 1 is faster.", _frame(columns, rows), blocks=3)
