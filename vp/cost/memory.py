@@ -37,9 +37,9 @@ def layer_activation_bytes(cfg: RunConfig, hw: Hardware) -> float:
     return 34 * cfg.seq_len * cfg.micro_batch_size * cfg.hidden * hw.act_bytes / 2 * share
 
 
-def rank_params(cfg: RunConfig, sched: Schedule) -> list[int]:
-    """Parameters held by one device of each pipeline rank: its layers, its vocabulary shard(s) or its part of
-    the vocabulary layers."""
+def stage_params(cfg: RunConfig, sched: Schedule) -> tuple[list[int], list[int]]:
+    """(parameters one device holds of each global stage: its layers and, where the vocabulary is local, its part
+    of the vocabulary layers; per pipeline rank, those of its vocabulary-parallel shards, else 0)."""
     v, h, split = cfg.padded_vocab_size, cfg.hidden, Split.of(cfg)
     vector = h // split.q if split.mode.grid else h  # the hidden columns of a vector parameter on one device
     per_stage = [n * device_layer_params(cfg, split) for n in cfg.stage_layers]
@@ -48,7 +48,15 @@ def rank_params(cfg: RunConfig, sched: Schedule) -> list[int]:
     if not sched.vocab_parallel:
         per_stage[0] += split.vocab_rows(v) * h
         per_stage[-1] += split.vocab_rows(v) * h
-    out = [2 * split.vocab_rows(v, cfg.pp) * h if sched.vocab_parallel else 0 for _ in range(cfg.pp)]
+    shards = [2 * split.vocab_rows(v, cfg.pp) * h if sched.vocab_parallel else 0 for _ in range(cfg.pp)]
+    return per_stage, shards
+
+
+def rank_params(cfg: RunConfig, sched: Schedule) -> list[int]:
+    """Parameters held by one device of each pipeline rank: its layers, its vocabulary shard(s) or its part of
+    the vocabulary layers."""
+    per_stage, out = stage_params(cfg, sched)
+    out = list(out)
     for st, n in enumerate(per_stage):
         out[sched.where(st)[0]] += n
     return out
@@ -56,7 +64,22 @@ def rank_params(cfg: RunConfig, sched: Schedule) -> list[int]:
 
 def static_bytes(cfg: RunConfig, hw: Hardware, sched: Schedule) -> list[float]:
     """Parameters, gradients and optimizer state per rank, plus the fixed overhead."""
-    return [n * hw.bytes_per_param + hw.overhead_bytes for n in rank_params(cfg, sched)]
+    sharded = (hw.bytes_per_param - hw.act_bytes - GRAD_BYTES) * (1 - 1 / cfg.dp) if cfg.zero else 0.0
+    return [n * (hw.bytes_per_param - sharded) + hw.overhead_bytes for n in rank_params(cfg, sched)]
+
+
+GRAD_BYTES = 4  # fp32 gradients (the runs accumulate into fp32 .grad; Megatron's fp32 gradient buffer)
+
+
+def static_breakdown(cfg: RunConfig, hw: Hardware, sched: Schedule) -> list[dict]:
+    """Per pipeline rank, one device's bytes of `parameters` (the weights in the compute type: act_bytes each),
+    `gradients` (fp32) and `optimizer_states` (the rest of bytes_per_param: fp32 master weights where the weights
+    are not fp32, and AdamW's two moments), the last sharded over the dp group under zero 1 (the distributed
+    optimizer, vp.runtime.data_parallel; its padding to a multiple of dp, under dp elements, is not counted)."""
+    states = hw.bytes_per_param - hw.act_bytes - GRAD_BYTES
+    share = 1 / cfg.dp if cfg.zero else 1.0
+    return [{"parameters": n * hw.act_bytes, "gradients": n * GRAD_BYTES, "optimizer_states": n * states * share}
+            for n in rank_params(cfg, sched)]
 
 
 @dataclass(frozen=True)

@@ -138,10 +138,3 @@ class DataParallel:
         """Zero 1: every replica's updated shards to every replica (an in-place all-gather per bucket)."""
         for lo, hi in self.buckets if self.zero else ():
             self.comm.all_gather_flat(self.param_flat[lo:hi], CHANNEL)
-
-    # -- memory, as the run holds it (the record's memory_breakdown) --------------------------------
-    def breakdown(self, optimizer: torch.optim.Optimizer) -> dict:
-        states = sum(t.numel() * t.element_size() for s in optimizer.state.values() for t in s.values()
-                     if torch.is_tensor(t) and t.dim() > 0)
-        return {"parameters": self.param_flat.nbytes, "gradients": self.grad_flat.nbytes,
-                "optimizer_states": states, "comm_buffers": 0}

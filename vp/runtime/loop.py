@@ -10,7 +10,7 @@ import torch
 
 from vp.runtime.data_parallel import DataParallel
 from vp.runtime.executor import Executor, RankModel
-from vp.runtime.memory import ActivationMeter
+from vp.runtime.memory import ActivationMeter, held_static
 from vp.runtime.state import IterState
 from vp.schedule import Schedule
 from vp.schedule.rules import enters, waits_on
@@ -150,6 +150,11 @@ class Runtime:
         loss = self.model.total_loss(loss)
         return {"loss": loss, "seconds": seconds, "events": self.timer.collect(), "stepped": stepped,
                 "cpu": self.timer.cpu}
+
+    def held_memory(self) -> dict:
+        """Bytes of parameters, gradients and optimizer states this rank holds (vp.runtime.memory.held_static)."""
+        flat = (self.dp.param_flat, self.dp.grad_flat) if self.dp else ()
+        return held_static(self.params, self.optimizer, flat)
 
     def _dispatch(self, a):
         """launch (a collective entered at the start) -> wait for consumed collectives -> compute -> launch (at
