@@ -173,3 +173,51 @@ def test_prod_features_simulator_prices_the_overlap():
     assert tail_s(over, hw, sched, result) < tail_s(cfg, hw, sched, result)
     assert tail_s(over, hw, sched) == tail_s(cfg, hw, sched)  # without a timeline, nothing is hidden
     assert exposed_reduce_per_rank(cfg.with_(dp=1), hw, sched, result) == [0.0, 0.0]
+
+
+def run_mesh_plain_reference(results, cfg):
+    """The losses of `cfg` are the plain run's (no recomputation, no dp knobs) on the single-process model."""
+    assert_reference_losses(results, cfg.with_(recompute="none", zero=0, overlap_grad_reduce=False))
+
+
+@pytest.mark.parametrize("method, recompute", [("vhalf-vocab-2", "full"), ("vhalf-vocab-2", "selective"),
+                                               ("interleaved-vocab-1", "full")])
+def test_prod_features_recompute_pp2(pools, method, recompute):
+    """Recomputation on pipelines, V-Half's split backward (B recomputes, W uses what B made) included: the plain
+    run's losses; full recomputation holds less than none (the memory meter's peak activations)."""
+    cfg = mesh_cfg(method, layers=8 if method.startswith("vhalf") else 8, recompute=recompute)
+    results = pools(2).run(run_mesh, cfg)
+    run_mesh_plain_reference(results, cfg)
+    if recompute == "full":
+        plain = pools(2).run(run_mesh, cfg.with_(recompute="none"))
+        for kept, whole in zip(results, plain):
+            assert kept.memory_breakdown["activations"] < 0.8 * whole.memory_breakdown["activations"]
+
+
+def test_prod_features_recompute_full_zero1_overlap_on_dp2_x_pp2(pools):
+    """Every knob at once on dp 2 x pp 2: the plain run's losses."""
+    cfg = mesh_cfg("vhalf-vocab-2", dp=2, zero=1, overlap_grad_reduce=True, bucket_mb=SMALL, recompute="full")
+    run_mesh_plain_reference(pools(4).run(run_mesh, cfg), cfg)
+
+
+@pytest.mark.parametrize("recompute", ["full", "selective"])
+def test_prod_features_recompute_pp2_x_tp2(pools, recompute):
+    """Recomputed 1-D tensor-parallel layers (their collectives run again inside B): the plain run's losses."""
+    cfg = mesh_cfg("vocab-2", tp=2, recompute=recompute)
+    run_mesh_plain_reference(pools(4).run(run_mesh, cfg), cfg)
+
+
+def test_prod_features_recompute_in_the_cost_model():
+    """B carries the forward again (full) or the attention core (selective); full keeps one s b h per layer."""
+    hw = Hardware("h", 989e12)
+    cfg = RunConfig(method="vhalf-vocab-2", pp=4, layers=16, hidden=2048, heads=16, seq_len=2048, vocab_size=32000,
+                    microbatches=8)
+    sched = build(cfg.method, cfg.pp, cfg.microbatches, cfg.n_chunks)
+    costs = {r: pass_costs(cfg.with_(recompute=r), hw, sched) for r in ("none", "selective", "full")}
+    b = {r: c.time("B", 0) for r, c in costs.items()}
+    assert b["none"] < b["selective"] < b["full"]
+    assert b["full"] - b["none"] == pytest.approx(costs["none"].time("F", 0), rel=0.05)
+    assert costs["full"].mem("F", 0) == pytest.approx(costs["none"].mem("F", 0) / 17)  # 2 of 34 s b h
+    assert costs["selective"].mem("F", 0) == costs["none"].mem("F", 0)
+    with pytest.raises(ValueError, match="recompute='some' is unknown"):
+        check_config(cfg.with_(recompute="some"))

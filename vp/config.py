@@ -46,6 +46,7 @@ class RunConfig:
     zero: int = 0  # 1: the distributed optimizer (Adam states and master shard per dp rank; vp.runtime.data_parallel)
     overlap_grad_reduce: bool = False  # dp reduction of each bucket launched in the last backward, on its own stream
     bucket_mb: float = 25.0  # MiB of fp32 gradients per dp reduction bucket
+    recompute: str = "none"  # activation recomputation: none | selective (attention core) | full (vp.recompute)
 
     @property
     def ffn(self) -> int:
@@ -188,6 +189,9 @@ def check_config(cfg: RunConfig) -> RunConfig:
             raise ValueError(f"emulate_nccl={cfg.emulate_nccl} emulates NCCL on CPU (gloo); device={cfg.device} "
                              f"runs NCCL itself: drop emulate_nccl")
     check_data_parallel(cfg)
+    if cfg.recompute not in RECOMPUTE:
+        raise ValueError(f"recompute={cfg.recompute!r} is unknown; use one of {', '.join(RECOMPUTE)} (selective: "
+                         f"the attention core, full: each transformer layer)")
     chunks = chunks_for(spec, cfg.chunks)
     padded_vocab_size(cfg.vocab_size, cfg.pad_multiple, cfg.vocab_shards)
     stage_layers(cfg)
@@ -213,6 +217,7 @@ def check_tensor_parallel(cfg: RunConfig, spec: Method) -> None:
 
 
 ZERO_STAGES = (0, 1)
+RECOMPUTE = ("none", "selective", "full")  # vp.recompute.MODES (this module stays free of torch)
 
 
 def check_data_parallel(cfg: RunConfig) -> None:

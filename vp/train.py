@@ -70,6 +70,9 @@ def parse_args(argv=None):
                          "final, on the dp group's own communicator and stream (needs --dp >= 2)")
     ap.add_argument("--bucket-mb", type=float, default=d.bucket_mb,
                     help="MiB of fp32 gradients per dp reduction bucket")
+    ap.add_argument("--recompute", default=d.recompute, metavar="none|selective|full",
+                    help="activation recomputation: selective recomputes the attention core in backward, full each "
+                         "transformer layer from its kept input")
     ap.add_argument("--json", action="store_true", help="print the result record as one JSON object")
     ap.add_argument("--max-tokens", type=int, default=MAX_TOKENS_PER_MICROBATCH,
                     help="refuse micro_batch_size x seq_len above this (a sanity limit against typos)")

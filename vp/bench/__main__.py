@@ -6,6 +6,7 @@ python -m vp.bench tp        tensor-parallel grids: bytes per layer measured aga
 python -m vp.bench peer      the same GPT under torch.distributed.pipelining and under this project (vp/bench/peer.py)
 python -m vp.bench tpsim     the cost model's 1-D, 2-D and 2.5-D at the 2.5-D paper's scale (vp/bench/tpsim.py)
 python -m vp.bench sim       the schedule simulator's time and memory over a ladder of sizes (vp/bench/sim.py)
+python -m vp.bench overlap   real CPU runs with and without --overlap-grad-reduce, alternated (vp/bench/overlap.py)
 """
 import argparse
 import json
@@ -15,6 +16,8 @@ import time
 import torch
 import torch.nn.functional as F
 
+from vp.bench.overlap import add_parser as add_overlap_parser
+from vp.bench.overlap import run as run_overlap
 from vp.comm import Comm
 from vp.schedule.methods import VOCAB
 from vp.vocab.output import Shard, c1_step, c2_step, naive_backward, naive_forward, s_pass, t_pass
@@ -180,7 +183,11 @@ def main(argv=None) -> int:
     sm.add_argument("--methods", nargs="+", default=None, help="default: vocab-2 vhalf-vocab-2 interleaved-vocab-2")
     sm.add_argument("--sizes", nargs="+", default=None, help="PPxMICROBATCHES, default: 32x128 64x256 128x512 256x1024")
     sm.add_argument("--repeat", type=int, default=1, help="rounds over all rows; the fastest is shown with the spread")
+    add_overlap_parser(sub)
     args = ap.parse_args(argv)
+    if args.what == "overlap":
+        run_overlap(args)
+        return 0
     if args.what == "sim":
         return sim_main(args)
     if args.what == "tpsim":
