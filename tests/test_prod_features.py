@@ -221,3 +221,25 @@ def test_prod_features_recompute_in_the_cost_model():
     assert costs["selective"].mem("F", 0) == costs["none"].mem("F", 0)
     with pytest.raises(ValueError, match="recompute='some' is unknown"):
         check_config(cfg.with_(recompute="some"))
+
+
+def test_prod_features_are_hydra_axes_of_a_sim_sweep(tmp_path, monkeypatch):
+    """run.zero, run.overlap_grad_reduce and run.recompute are axes a sweep varies (simulated here); the records
+    carry them and the modelled memory_breakdown; zero 1 holds fewer optimizer bytes, full recomputation fewer
+    activations; zero without dp is refused before anything is submitted."""
+    from harness_util import sweep
+    from test_harness_runs import records
+
+    monkeypatch.chdir(tmp_path)
+    setups = ", ".join(f"{{model: 4b, run.pp: 8, vocab: 32k, run.zero: {z}, run.recompute: {r}}}"
+                       for z in (0, 1) for r in ("none", "full"))
+    grid = ["experiment=paper_1f1b", "backend=sim", f"grid.setups=[{setups}]",
+            "grid.product={run.seq_len: [2048], method: [vocab-2]}", "run.dp=2", "run.overlap_grad_reduce=true"]
+    code, lines = sweep(tmp_path, *grid)
+    assert code == 0 and "4 jobs" in lines[0], lines
+    recs = {(r["config"]["zero"], r["config"]["recompute"]): r["metrics"]["memory_breakdown"][0]
+            for r in records(tmp_path, "paper_1f1b")}
+    assert recs[(1, "none")]["optimizer_states"] == pytest.approx(recs[(0, "none")]["optimizer_states"] / 2)
+    assert recs[(0, "full")]["activations"] < recs[(0, "none")]["activations"]
+    code, _ = sweep(tmp_path, *grid[:4])  # dp 1
+    assert code == 2
