@@ -196,7 +196,8 @@ class Metrics:
                    bytes_sent=per_rank(bytes_sent), device_memory_bytes=device_memory_bytes,
                    tail_s=per_rank([tail_s] * len(result.busy)),
                    memory_breakdown=per_rank([{**parts, "activations": a, "comm_buffers": c} for parts, a, c in
-                                              zip(static_parts, result.peak_activations, comm)]) if static_parts else [],
+                                              zip(static_parts, result.peak_activations, comm)])
+                   if static_parts else [],
                    **throughput(cfg, t, cfg.dp * len(result.busy) * cfg.tp, peak_flops))
 
 

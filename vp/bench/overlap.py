@@ -1,8 +1,8 @@
 """python -m vp.bench overlap: does --overlap-grad-reduce shorten a real CPU run's iteration where the dp reduction
 is large? Real gloo runs (vp.launch.launch_local) of one config with and without the overlap, alternated round by
-round so that the machine's load falls on both alike; per round the ratio of the median iteration times
-(overlapped / not), then the median ratio and its spread over the rounds, and the simulator's ratio for the
-same config on the default profile's figures is not claimed here (a CPU run's cost profile is docs/cost-model.md's)."""
+round (which goes first alternates too) so that the machine's load falls on both alike; per round the ratio of the
+median iteration times (overlapped / not) and each run's longest tail (after the last pipeline action: the wait for
+the reduction, the step); then the median ratio and its spread over the rounds."""
 import statistics
 
 from vp.config import RunConfig, check_config

@@ -22,8 +22,8 @@ later one launches on the count.
 Zero 1: the optimizer holds, per replica d, the d-th 1/dp of each bucket as its parameters (views: the fp32
 master weights are the weights themselves, as the runs train fp32 weights under autocast) with those shards of the
 gradient buffer, where the reduce-scatter left their sums, as their gradients, so AdamW's states are 1/dp of the
-replicated optimizer's; after the step an in-place all-gather per bucket gives every replica the updated weights. Adam is elementwise, so the step
-is the replicated optimizer's exactly.
+replicated optimizer's; after the step an in-place all-gather per bucket gives every replica the updated weights.
+Adam is elementwise, so the step is the replicated optimizer's exactly.
 """
 import torch
 
