@@ -13,6 +13,7 @@ from pathlib import Path
 
 from vp.channels import rank_communicators
 from vp.cost import pass_costs, static_bytes, tail_s, traffic
+from vp.cost.memory import static_breakdown
 from vp.metrics import Metrics
 from vp.record import make_record, now
 from vp.schedule import build, simulate
@@ -47,8 +48,9 @@ def simulate_job(run, hw, experiment: str, labels: dict) -> dict:
     sent = [sum(channels.values()) for channels in traffic(run, sched)]
     held = rank_communicators(run, sched)  # per global rank; replica 0's device 0 of each stage stands for all
     metrics = Metrics.from_simulation(run, result, hw.peak_flops, static_bytes(run, hw, sched), sent,
-                                      hw.memory_bytes, tail_s(run, hw, sched),
-                                      [held[run.mesh.rank(0, p, 0)] for p in range(run.pp)], hw)
+                                      hw.memory_bytes, tail_s(run, hw, sched, result),
+                                      [held[run.mesh.rank(0, p, 0)] for p in range(run.pp)], hw,
+                                      static_breakdown(run, hw, sched))
     peak = metrics.peak_memory_bytes
     over = [r for r, b in enumerate(peak) if b > hw.memory_bytes]
     status, error = "ok", None

@@ -116,7 +116,25 @@ def record_digest(case: dict) -> dict:
     rec = simulate_job(RunConfig.from_dict(record["config"]), Hardware.from_dict(case["hardware"]),
                        record["experiment"], record.get("labels") or {})
     rec = json.loads(json.dumps({k: v for k, v in rec.items() if k not in ("env", "run_id")}))
-    return {"hardware": case["hardware"], "record": without_nccl_buffers(rec)}
+    return {"hardware": case["hardware"], "record": without_prod_features(without_nccl_buffers(rec), case["hardware"])}
+
+
+def without_prod_features(rec: dict, hardware: dict) -> dict:
+    """The record as it was before the production knobs (issue 42): their config fields, at their defaults (zero 0,
+    no overlap: the paper grids' runs), taken out, and the memory_breakdown taken out after checking that its
+    parameters, gradients and optimizer states are the static bytes less the profile's fixed overhead, and its
+    activations the peak activations."""
+    from vp.record import OMITTED_AT_DEFAULT
+
+    for name in ("zero", "overlap_grad_reduce", "bucket_mb", "recompute"):
+        assert rec["config"].pop(name) == OMITTED_AT_DEFAULT[name]
+    m = rec["metrics"]
+    overhead = hardware.get("overhead_bytes", 2 * 2**30)
+    for parts, detail in zip(m.pop("memory_breakdown"), m["memory_detail"]):
+        static = parts["parameters"] + parts["gradients"] + parts["optimizer_states"] + overhead
+        assert abs(static - detail["static"]) <= 1e-6 * detail["static"] and parts["activations"] == \
+            detail["activations"], (parts, detail)
+    return rec
 
 
 def without_nccl_buffers(rec: dict) -> dict:

@@ -32,6 +32,9 @@ from vp.nccl import Emulation, Pending, Watchdog, acked_recv, acked_send, connec
 # torch 2.13 deprecates reduce_scatter_tensor for reduce_scatter_single, which torch 2.11 and older (pyproject's
 # floor among them) lack: every rank of a grid run would print the warning once
 warnings.filterwarnings("ignore", r"`torch\.distributed\.reduce_scatter_tensor` is deprecated", FutureWarning)
+# the flat (single-tensor) collectives under their current names, the older ones where torch predates them
+_REDUCE_SCATTER = getattr(dist, "reduce_scatter_single", dist.reduce_scatter_tensor)
+_ALL_GATHER = getattr(dist, "all_gather_single", dist.all_gather_into_tensor)
 
 
 class Comm(TrafficCounts):
@@ -221,6 +224,28 @@ class Comm(TrafficCounts):
             out.view(-1, *t.shape[2:]) if t.dim() > 1 else out.view(1), t.reshape(-1, *t.shape[2:]) if t.dim() > 1
             else t, group=self._pg(channel), async_op=True))
         return out
+
+    def reduce_scatter_flat(self, t: torch.Tensor, channel: str) -> torch.Tensor:
+        """In place: a flat [size * n] buffer summed over the group, this rank's [n] slice of the sum written into
+        its own slice (the other slices keep what they held); returns that slice. Counts the whole input."""
+        self._count(channel, "reduce_scatter", t)
+        n = t.numel() // self.size(channel)
+        mine = t[self.index(channel) * n:(self.index(channel) + 1) * n]
+        if self.size(channel) > 1:
+            self._collective(channel, "reduce_scatter", lambda: _REDUCE_SCATTER(mine, t, group=self._pg(channel),
+                                                                                async_op=True))
+        return mine
+
+    def all_gather_flat(self, t: torch.Tensor, channel: str) -> torch.Tensor:
+        """In place: every rank's [n] slice of a flat [size * n] buffer (its own slice at its index) to every rank.
+        Counts the slice sent."""
+        n = t.numel() // self.size(channel)
+        mine = t[self.index(channel) * n:(self.index(channel) + 1) * n]
+        self._count(channel, "all_gather", mine)
+        if self.size(channel) > 1:
+            self._collective(channel, "all_gather", lambda: _ALL_GATHER(t, mine, group=self._pg(channel),
+                                                                        async_op=True))
+        return t
 
     # -- asynchronous collectives: the caller waits on the returned work (overlap with its next GEMM) ----
     def ibroadcast(self, t: torch.Tensor, src: int, channel: str):

@@ -43,6 +43,10 @@ class RunConfig:
     lr: float = 1e-3
     timeout_s: float = 300.0
     emulate_nccl: str | None = None  # CPU runs: keep NCCL's rules on gloo, lazy | queue | p2p | both | all (vp.nccl)
+    zero: int = 0  # 1: the distributed optimizer (Adam states and master shard per dp rank; vp.runtime.data_parallel)
+    overlap_grad_reduce: bool = False  # dp reduction of each bucket launched in the last backward, on its own stream
+    bucket_mb: float = 25.0  # MiB of fp32 gradients per dp reduction bucket
+    recompute: str = "none"  # activation recomputation: none | selective (attention core) | full (vp.recompute)
 
     @property
     def ffn(self) -> int:
@@ -184,6 +188,10 @@ def check_config(cfg: RunConfig) -> RunConfig:
         if cfg.device != "cpu":
             raise ValueError(f"emulate_nccl={cfg.emulate_nccl} emulates NCCL on CPU (gloo); device={cfg.device} "
                              f"runs NCCL itself: drop emulate_nccl")
+    check_data_parallel(cfg)
+    if cfg.recompute not in RECOMPUTE:
+        raise ValueError(f"recompute={cfg.recompute!r} is unknown; use one of {', '.join(RECOMPUTE)} (selective: "
+                         f"the attention core, full: each transformer layer)")
     chunks = chunks_for(spec, cfg.chunks)
     padded_vocab_size(cfg.vocab_size, cfg.pad_multiple, cfg.vocab_shards)
     stage_layers(cfg)
@@ -210,3 +218,24 @@ def check_tensor_parallel(cfg: RunConfig, spec: Method) -> None:
                              f"[2, 2, 1] grid) or drop tp_mode")
         return
     check_sizes(get_mode(cfg.tp_mode), cfg.tp, cfg.tp_depth, cfg.hidden, cfg.heads, cfg.ffn, cfg.micro_batch_size)
+
+
+ZERO_STAGES = (0, 1)
+RECOMPUTE = ("none", "selective", "full")  # vp.recompute.MODES (this module stays free of torch)
+
+
+def check_data_parallel(cfg: RunConfig) -> None:
+    """The data-parallel knobs (vp.runtime.data_parallel): each needs replicas to act on."""
+    if cfg.zero not in ZERO_STAGES or isinstance(cfg.zero, bool):
+        raise ValueError(f"zero={cfg.zero!r} is unknown; use 0 (replicated optimizer) or 1 (distributed optimizer: "
+                         f"Adam states and fp32 master weights sharded over the dp group)")
+    if cfg.zero and cfg.dp < 2:
+        raise ValueError(f"zero={cfg.zero} shards the optimizer over data-parallel replicas, but dp={cfg.dp}; "
+                         f"set dp >= 2 or drop zero")
+    if not isinstance(cfg.overlap_grad_reduce, bool):
+        raise ValueError(f"overlap_grad_reduce={cfg.overlap_grad_reduce!r} must be true or false")
+    if cfg.overlap_grad_reduce and cfg.dp < 2:
+        raise ValueError(f"overlap_grad_reduce overlaps the data-parallel gradient reduction, but dp={cfg.dp}; "
+                         f"set dp >= 2 or drop overlap_grad_reduce")
+    if isinstance(cfg.bucket_mb, bool) or not isinstance(cfg.bucket_mb, (int, float)) or not cfg.bucket_mb > 0:
+        raise ValueError(f"bucket_mb={cfg.bucket_mb!r} must be a positive number of MiB (default 25)")

@@ -41,6 +41,8 @@ class RankMeasurement:
     communicators: int = 0  # NCCL communicators this rank holds (vp.comm.Comm.communicators)
     links: int = 0  # of which point-to-point links of two ranks (vp.comm.Comm.held)
     cpu: list = field(default_factory=list)  # CPU runs, per measured iteration: {pass kind: [CPU seconds of each]}
+    memory_breakdown: dict = field(default_factory=dict)  # parameters, gradients, optimizer_states, activations,
+    #                                                       comm_buffers (bytes; vp.runtime.memory.held_static)
 
     def pass_times(self) -> tuple[dict, dict]:
         """(mean seconds, passes per iteration) of each compute pass kind over the measured iterations."""
@@ -114,6 +116,9 @@ class Metrics:
     # real CPU runs: per pass kind and rank, the mean CPU seconds the rank's thread spent in the pass's compute; the
     # rest of pass_time_s it waited for a core (other processes, communication threads, the system)
     pass_cpu_time_s: dict = field(default_factory=dict)
+    # per rank: bytes of parameters, gradients, optimizer_states, activations, comm_buffers (a real run: as it held
+    # them; simulated: vp.cost.memory.memory_breakdown)
+    memory_breakdown: list = field(default_factory=list)
 
     def to_dict(self) -> dict:
         """The fields as they are (plain numbers, lists and dicts): dataclasses.asdict's deep copy cost a Python
@@ -140,6 +145,7 @@ class Metrics:
                    pass_count={k: [counts.get(k, 0) for _, counts in passes] for k in kinds},
                    peak_memory_bytes=[r.peak_memory_bytes for r in per_rank],
                    memory_detail=[r.memory_detail for r in per_rank], bubble_fraction=bubble,
+                   memory_breakdown=[r.memory_breakdown for r in per_rank],
                    bubble_rate=statistics.fmean(bubble), bytes_sent=[r.bytes_sent for r in per_rank],
                    bytes_by_channel=[r.bytes_by_channel for r in per_rank],
                    collectives=[r.collectives for r in per_rank],
@@ -153,11 +159,12 @@ class Metrics:
     @classmethod
     def from_simulation(cls, cfg, result, peak_flops: float, static_bytes: list, bytes_sent: list,
                         device_memory_bytes: float, tail_s: float = 0.0, communicators: list | None = None,
-                        hw=None) -> "Metrics":
+                        hw=None, static_parts: list | None = None) -> "Metrics":
         """The run's metrics from a simulated iteration (vp.schedule.SimResult) with the cost model's figures;
         tail_s: what follows the pipeline's flush on every rank (the tensor-parallel grid's and the data-parallel
         gradient all-reduces); communicators: the vp.cost.memory.Communicators of each pipeline rank, whose NCCL
-        buffers (at hw's sizes) count in the peak memory; the cost model's lists hold one device per pipeline rank."""
+        buffers (at hw's sizes) count in the peak memory; static_parts: vp.cost.memory.static_breakdown, for the
+        memory_breakdown; the cost model's lists hold one device per pipeline rank."""
         t = result.makespan + tail_s
         sums: dict[tuple[str, int], list] = {}  # (kind, rank) -> [seconds, passes]
         for r, (actions, starts, ends) in enumerate(result.spans):  # each kind's end - start summed in order, in C
@@ -189,6 +196,9 @@ class Metrics:
                    bubble_fraction=per_rank(bubble), bubble_rate=statistics.fmean(bubble),
                    bytes_sent=per_rank(bytes_sent), device_memory_bytes=device_memory_bytes,
                    tail_s=per_rank([tail_s] * len(result.busy)),
+                   memory_breakdown=per_rank([{**parts, "activations": a, "comm_buffers": c} for parts, a, c in
+                                              zip(static_parts, result.peak_activations, comm)])
+                   if static_parts else [],
                    **throughput(cfg, t, cfg.dp * len(result.busy) * cfg.tp, peak_flops))
 
 

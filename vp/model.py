@@ -12,6 +12,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from vp.recompute import attention, run_layers
 from vp.tp.stage import TensorParallelStage
 from vp.vocab.output import Shard, local_loss
 from vp.wgrad import WeightGradStore, linear
@@ -52,6 +53,7 @@ class Block(nn.Module):
         name = f"layers.{index}"
         out_std = STD / math.sqrt(2 * layers)  # GPT-2 scaling of the residual projections
         self.heads = heads
+        self.recompute = "none"  # vp.recompute: the Stage that holds the block sets it
         self.ln1 = nn.LayerNorm(hidden)
         self.qkv = Linear(seeded_normal((3 * hidden, hidden), seed, f"{name}.qkv"))
         self.proj = Linear(seeded_normal((hidden, hidden), seed, f"{name}.proj", out_std))
@@ -63,7 +65,7 @@ class Block(nn.Module):
         b, s, h = x.shape
         # q, k, v: [b, heads, s, h/heads]
         q, k, v = self.qkv(self.ln1(x), wgrad).view(b, s, 3, self.heads, h // self.heads).permute(2, 0, 3, 1, 4)
-        att = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        att = attention(q, k, v, self.recompute)
         x = x + self.proj(att.transpose(1, 2).reshape(b, s, h), wgrad)
         return x + self.fc2(F.gelu(self.fc1(self.ln2(x), wgrad)), wgrad)
 
@@ -87,6 +89,9 @@ class Stage(nn.Module):
                 self.embed = nn.Parameter(vocab_rows(seed, "embed.weight", v, 0, vp, h))
         self.layers = nn.ModuleDict({str(i): Block(h, cfg.heads, cfg.ffn, cfg.layers, seed, i)
                                      for i in range(first_layer, first_layer + n_layers)})
+        self.recompute = getattr(cfg, "recompute", "none")
+        for block in self.layers.values():
+            block.recompute = self.recompute
         if last:
             self.final_norm = nn.LayerNorm(h)
             if local_vocab:
@@ -98,8 +103,7 @@ class Stage(nn.Module):
             if self.local_vocab:
                 x = F.embedding(x, self.embed)
             x = x + self.pos[: x.shape[1]]
-        for block in self.layers.values():
-            x = block(x, wgrad)
+        x = run_layers(self.layers.values(), x, wgrad, self.recompute)
         return self.final_norm(x) if self.last else x
 
     def logits(self, x, wgrad: WeightGradStore | None = None):

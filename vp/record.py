@@ -9,7 +9,9 @@ from vp.files import write_json_atomic
 
 STATUSES = ("ok", "failed", "oom", "timeout")
 NOT_SEMANTIC = ("timeout_s",)  # changing these does not change what a run measures
-OMITTED_AT_DEFAULT = {"emulate_nccl": None}  # fields added later: hashed only when set, so older run ids hold
+# fields added later: hashed only when set, so older run ids hold
+OMITTED_AT_DEFAULT = {"emulate_nccl": None, "zero": 0, "overlap_grad_reduce": False, "bucket_mb": 25.0,
+                      "recompute": "none"}
 
 
 def run_id(config: dict, backend: str, hardware: dict | None = None) -> str:

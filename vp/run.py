@@ -67,23 +67,27 @@ def train_rank(cfg: RunConfig, rank: int, comm: Comm, device: torch.device, faul
         if observer is not None:
             observer(it, results[-1]["loss"], results[-1]["seconds"])
     n_params = sum(p.numel() for p in model.parameters())
+    breakdown = runtime.held_memory()
     if device.type == "cuda":
         peak = torch.cuda.max_memory_allocated(device)
         detail = {"allocated": peak, "reserved": torch.cuda.max_memory_reserved(device)}
         if free_before_groups is not None:  # taken since then and not the allocator's: NCCL's buffers, workspaces
             detail["outside_allocator"] = (free_before_groups - torch.cuda.mem_get_info(device)[0]
                                            - torch.cuda.memory_reserved(device))
-    else:  # fp32 parameter, gradient and two AdamW moments; activations as accounted
-        static = 16 * n_params
+        breakdown["activations"] = peak - sum(breakdown.values())  # what the allocator held beyond them
+    else:  # fp32 parameters, gradients and AdamW moments as held; activations as accounted
+        breakdown["activations"] = runtime.meter.peak
+        static = breakdown["parameters"] + breakdown["gradients"] + breakdown["optimizer_states"]
         detail = {"static": static, "activations": runtime.meter.peak}
         peak = static + runtime.meter.peak
+    breakdown["comm_buffers"] = 0  # in-place collectives; NCCL's own buffers are metrics.comm_buffer_bytes
     its, mbs = cfg.iterations, cfg.iterations * cfg.microbatches
     return RankMeasurement(
         rank=rank, replica=where.d, host=socket.gethostname(),
         device=torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         losses=[r["loss"] for r in results], seconds=[r["seconds"] for r in results],
         events=[r["events"] for r in results[cfg.warmup:]], cpu=[r["cpu"] for r in results[cfg.warmup:]],
-        peak_memory_bytes=peak, memory_detail=detail,
+        peak_memory_bytes=peak, memory_detail=detail, memory_breakdown=breakdown,
         parameters=n_params, bytes_sent=sum(comm.bytes_sent.values()) / its,
         bytes_by_channel={k: v / its for k, v in comm.by_channel(comm.bytes_sent).items()},
         collectives={k: v / its for k, v in comm.by_op(comm.calls).items()},

@@ -65,6 +65,17 @@ def parse_args(argv=None):
                          "transfers and collectives in one order, sends done when received; both: lazy and queue; "
                          "all, the default form: every rule); waits end only by the watchdog after --timeout-s "
                          "(docs/gpu-path.md)")
+    ap.add_argument("--zero", type=int, default=d.zero, metavar="0|1",
+                    help="1: distributed optimizer, Adam states sharded over the dp group, gradients reduce-scattered "
+                         "and weights all-gathered after the step (needs --dp >= 2)")
+    ap.add_argument("--overlap-grad-reduce", action="store_true",
+                    help="launch each gradient bucket's dp reduction during the last backward as its gradients are "
+                         "final, on the dp group's own communicator and stream (needs --dp >= 2)")
+    ap.add_argument("--bucket-mb", type=float, default=d.bucket_mb,
+                    help="MiB of fp32 gradients per dp reduction bucket")
+    ap.add_argument("--recompute", default=d.recompute, metavar="none|selective|full",
+                    help="activation recomputation: selective recomputes the attention core in backward, full each "
+                         "transformer layer from its kept input")
     ap.add_argument("--json", action="store_true", help="print the result record as one JSON object")
     ap.add_argument("--max-tokens", type=int, default=MAX_TOKENS_PER_MICROBATCH,
                     help="refuse micro_batch_size x seq_len above this (a sanity limit against typos)")

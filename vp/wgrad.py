@@ -62,6 +62,15 @@ def _grad_weight(x: torch.Tensor, grad_out: torch.Tensor) -> torch.Tensor:
 def _accumulate(weight: torch.Tensor, grad: torch.Tensor):
     grad = grad.to(weight.dtype)
     weight.grad = grad if weight.grad is None else weight.grad.add_(grad)
+    accumulated(weight)
+
+
+def accumulated(param: torch.Tensor):
+    """A pass added to param.grad by hand: tell whoever watches the gradient (vp.runtime.data_parallel sets
+    grad_ready_hook), as autograd's post-accumulate-grad hooks hear of what autograd adds."""
+    hook = getattr(param, "grad_ready_hook", None)
+    if hook is not None:
+        hook(param)
 
 
 class _Linear(torch.autograd.Function):

@@ -5,6 +5,7 @@ python -m vp.bench pipeline  real 2-rank CPU runs of a vocabulary-heavy GPT, aga
 python -m vp.bench tp        tensor-parallel grids: bytes per layer measured against the closed form, time
 python -m vp.bench peer      the same GPT under torch.distributed.pipelining and under this project (vp/bench/peer.py)
 python -m vp.bench sim       the schedule simulator's time and memory over a ladder of sizes (vp/bench/sim.py)
+python -m vp.bench overlap   real CPU runs with and without --overlap-grad-reduce, alternated (vp/bench/overlap.py)
 """
 import argparse
 import json
@@ -14,6 +15,8 @@ import time
 import torch
 import torch.nn.functional as F
 
+from vp.bench.overlap import add_parser as add_overlap_parser
+from vp.bench.overlap import run as run_overlap
 from vp.comm import Comm
 from vp.renamed import moved, refuse_renamed_flags
 from vp.schedule.methods import VOCAB
@@ -199,6 +202,7 @@ def main(argv=None) -> int:
     sm.add_argument("--methods", nargs="+", default=None, help="default: vocab-2 vhalf-vocab-2 interleaved-vocab-2")
     sm.add_argument("--sizes", nargs="+", default=None, help="PPxMICROBATCHES, default: 32x128 64x256 128x512 256x1024")
     sm.add_argument("--rounds", type=int, default=1, help="rounds over all rows; the fastest is shown with the spread")
+    add_overlap_parser(sub)
     for parser in (ap, v, p, q, t, sm):
         refuse_renamed_flags(parser)
     if argv is None:
@@ -206,6 +210,9 @@ def main(argv=None) -> int:
     if argv[:1] == ["tpsim"]:  # merged into experiment=tp_scaling
         ap.error(moved("vp.bench tpsim"))
     args = ap.parse_args(argv)
+    if args.what == "overlap":
+        run_overlap(args)
+        return 0
     if args.what == "sim":
         return sim_main(args)
     if args.what == "tp":

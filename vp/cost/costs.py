@@ -4,8 +4,9 @@ and the Costs a recorded run implies, for replaying it."""
 import statistics
 
 from vp.config import RunConfig
+from vp.cost.data_parallel import exposed_reduce_per_rank, gather_per_rank, reduce_s
 from vp.cost.memory import held_bytes, rank_params
-from vp.cost.network import ALL_REDUCE, OPS, Network, fit_link, groups
+from vp.cost.network import OPS, Network, fit_link, groups
 from vp.cost.passes import compute_times, pass_times
 from vp.cost.profiles import Hardware
 from vp.cost.tensor import Split, vocab_row_steps
@@ -85,17 +86,21 @@ def comm_cpu_times(cfg: RunConfig, hw: Hardware, sched: Schedule) -> dict:
     return {kind: s for kind, s in out.items() if s > 0}
 
 
-def tail_s(cfg: RunConfig, hw: Hardware, sched: Schedule) -> float:
+def tail_s(cfg: RunConfig, hw: Hardware, sched: Schedule, result=None) -> float:
     """Seconds after the pipeline's flush on the slowest device: its tensor-parallel group's once-per-iteration
-    all-reduces (grid: depth and token-block replicas' gradients, the loss), then the data-parallel one, then the
-    optimizer step over its parameters (where the profile measured it). Where devices share cores (a CPU profile's
-    `cores`) the data-parallel all-reduce and the step are slowed by devices / cores: every device runs them at
-    once (a gloo all-reduce of the gradients copies and sums them on the CPU)."""
+    all-reduces (grid: depth and token-block replicas' gradients, the loss), then what is exposed of the
+    data-parallel reduction (vp.cost.data_parallel: all of it, or with overlap_grad_reduce and the simulated
+    iteration `result` what the dp stream has left at the flush), then the optimizer step over its parameters
+    (zero 1: its 1/dp shard) where the profile measured it, then zero 1's all-gather of the weights. Where devices
+    share cores (a CPU profile's `cores`) the data-parallel collectives and the step are slowed by devices / cores:
+    every device runs them at once (a gloo all-reduce of the gradients copies and sums them on the CPU)."""
     net = Network.of(hw, cfg.world)
     slower = hw.contention(min(cfg.world, hw.gpus_per_node))
-    dp = [slower * s for s in dp_allreduce_per_rank(cfg, hw, sched)]
-    step = [slower * optimizer_s(hw, n, vocab) for n, vocab in zip(rank_params(cfg, sched),
-                                                                   vocab_tensors(cfg, sched))]
+    dp = [slower * (r + g) for r, g in zip(exposed_reduce_per_rank(cfg, hw, sched, result),
+                                           gather_per_rank(cfg, hw, sched))]
+    share = cfg.dp if cfg.zero else 1
+    step = [slower * optimizer_s(hw, n // share, [t // share for t in vocab])
+            for n, vocab in zip(rank_params(cfg, sched), vocab_tensors(cfg, sched))]
     return max(tp_tail_s(cfg, net, sched, p) + dp[p] + step[p] for p in range(cfg.pp))
 
 
@@ -137,13 +142,9 @@ def dp_allreduce_s(cfg: RunConfig, hw: Hardware, sched: Schedule) -> float:
 
 
 def dp_allreduce_per_rank(cfg: RunConfig, hw: Hardware, sched: Schedule) -> list[float]:
-    """Per pipeline rank: one flat fp32 buffer of a device's parameters over its replicas' group."""
-    if cfg.dp < 2:
-        return [0.0] * cfg.pp
-    net = Network.of(hw, cfg.world)
-    dp_groups = {g[0]: g for g in groups(cfg.mesh, "dp")}  # first member = the rank in replica 0
-    where = groups(cfg.mesh, "pp")[0]
-    return [net.collective(ALL_REDUCE, dp_groups[where[p]], 4.0 * n) for p, n in enumerate(rank_params(cfg, sched))]
+    """Per pipeline rank: the reduction of a device's fp32 gradients over its replicas' group, not overlapped (zero
+    1: the reduce-scatter)."""
+    return [reduce_s(cfg, hw, p, n) for p, n in enumerate(rank_params(cfg, sched))]
 
 
 def pass_costs(cfg: RunConfig, hw: Hardware, sched: Schedule) -> Costs:

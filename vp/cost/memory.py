@@ -32,14 +32,21 @@ def device_layer_params(cfg: RunConfig, split: Split) -> int:
 def layer_activation_bytes(cfg: RunConfig, hw: Hardware) -> float:
     """Saved activations of one layer for one microbatch on one device: 34 s b h bytes at 2 bytes/element
     (Korthikanti et al. 2022, no recomputation, with flash attention so no s^2 term), scaled to the profile's
-    element size; with tensor parallelism the device's share (grid 1/tp, 1-D (10 + 24/t)/34: Split)."""
+    element size; with tensor parallelism the device's share (grid 1/tp, 1-D (10 + 24/t)/34: Split). Recomputation
+    (vp.recompute): full keeps the layer's input alone (2 s b h bytes in bf16); selective keeps what none keeps
+    here, since the 34 s b h already leaves out the attention core's s^2 probabilities (flash attention), which is
+    what selective recomputation saves on a device without it. Under full recomputation and a split backward, the
+    tensors B makes again and W needs are held from B to W: the simulator does not count them."""
     share = Split.of(cfg).activation_share()
+    if cfg.recompute == "full":  # only the layer's input [s, b, h], whole on a 1-D device, 1/tp of it on a grid
+        return cfg.seq_len * cfg.micro_batch_size * cfg.hidden * hw.act_bytes * (share if Split.of(cfg).mode.grid
+                                                                                  else 1.0)
     return 34 * cfg.seq_len * cfg.micro_batch_size * cfg.hidden * hw.act_bytes / 2 * share
 
 
-def rank_params(cfg: RunConfig, sched: Schedule) -> list[int]:
-    """Parameters held by one device of each pipeline rank: its layers, its vocabulary shard(s) or its part of
-    the vocabulary layers."""
+def stage_params(cfg: RunConfig, sched: Schedule) -> tuple[list[int], list[int]]:
+    """(parameters one device holds of each global stage: its layers and, where the vocabulary is local, its part
+    of the vocabulary layers; per pipeline rank, those of its vocabulary-parallel shards, else 0)."""
     v, h, split = cfg.padded_vocab_size, cfg.hidden, Split.of(cfg)
     vector = h // split.q if split.mode.grid else h  # the hidden columns of a vector parameter on one device
     per_stage = [n * device_layer_params(cfg, split) for n in cfg.stage_layers]
@@ -48,7 +55,15 @@ def rank_params(cfg: RunConfig, sched: Schedule) -> list[int]:
     if not sched.vocab_parallel:
         per_stage[0] += split.vocab_rows(v) * h
         per_stage[-1] += split.vocab_rows(v) * h
-    out = [2 * split.vocab_rows(v, cfg.pp) * h if sched.vocab_parallel else 0 for _ in range(cfg.pp)]
+    shards = [2 * split.vocab_rows(v, cfg.pp) * h if sched.vocab_parallel else 0 for _ in range(cfg.pp)]
+    return per_stage, shards
+
+
+def rank_params(cfg: RunConfig, sched: Schedule) -> list[int]:
+    """Parameters held by one device of each pipeline rank: its layers, its vocabulary shard(s) or its part of
+    the vocabulary layers."""
+    per_stage, out = stage_params(cfg, sched)
+    out = list(out)
     for st, n in enumerate(per_stage):
         out[sched.where(st)[0]] += n
     return out
@@ -56,7 +71,22 @@ def rank_params(cfg: RunConfig, sched: Schedule) -> list[int]:
 
 def static_bytes(cfg: RunConfig, hw: Hardware, sched: Schedule) -> list[float]:
     """Parameters, gradients and optimizer state per rank, plus the fixed overhead."""
-    return [n * hw.bytes_per_param + hw.overhead_bytes for n in rank_params(cfg, sched)]
+    sharded = (hw.bytes_per_param - hw.act_bytes - GRAD_BYTES) * (1 - 1 / cfg.dp) if cfg.zero else 0.0
+    return [n * (hw.bytes_per_param - sharded) + hw.overhead_bytes for n in rank_params(cfg, sched)]
+
+
+GRAD_BYTES = 4  # fp32 gradients (the runs accumulate into fp32 .grad; Megatron's fp32 gradient buffer)
+
+
+def static_breakdown(cfg: RunConfig, hw: Hardware, sched: Schedule) -> list[dict]:
+    """Per pipeline rank, one device's bytes of `parameters` (the weights in the compute type: act_bytes each),
+    `gradients` (fp32) and `optimizer_states` (the rest of bytes_per_param: fp32 master weights where the weights
+    are not fp32, and AdamW's two moments), the last sharded over the dp group under zero 1 (the distributed
+    optimizer, vp.runtime.data_parallel; its padding to a multiple of dp, under dp elements, is not counted)."""
+    states = hw.bytes_per_param - hw.act_bytes - GRAD_BYTES
+    share = 1 / cfg.dp if cfg.zero else 1.0
+    return [{"parameters": n * hw.act_bytes, "gradients": n * GRAD_BYTES, "optimizer_states": n * states * share}
+            for n in rank_params(cfg, sched)]
 
 
 def comm_buffer_bytes(held: Communicators, hw: Hardware) -> float:

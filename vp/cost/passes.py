@@ -172,6 +172,10 @@ def pass_work(cfg: RunConfig, hw: Hardware, sched: Schedule) -> dict:
             parts = {kind: sh.layer(kind).times(layers)}
             if kind == "B" and not sched.split_w:
                 parts[kind] = parts[kind] + sh.layer("W").times(layers)
+            if kind == "B" and cfg.recompute != "none":  # B makes again the whole forward (full) or the attention
+                fwd = sh.layer("F")  # core (selective) of its layers (vp.recompute), at F's calibrated factor
+                parts["F"] = (fwd if cfg.recompute == "full" else
+                              Work(attention_flops=fwd.attention_flops, attention=fwd.attention)).times(layers)
             if not sched.vocab_parallel and st == last:
                 backward = OUTPUT_GEMMS[1:2] if sched.split_w else OUTPUT_GEMMS[1:]
                 head = {"F": ("S", sh.output(v, OUTPUT_GEMMS[:1], True)), "B": ("T", sh.output(v, backward, False)),

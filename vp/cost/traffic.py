@@ -47,8 +47,8 @@ def traffic(cfg: RunConfig, sched: Schedule) -> list[dict[str, float]]:
                     sent[channel] = sent.get(channel, 0.0) + n * nbytes
         for channel, nbytes in by_channel(rank_tp_collectives(cfg, sched, r)).items():
             sent[channel] = sent.get(channel, 0.0) + nbytes
-        if cfg.dp > 1:  # the gradient all-reduce over the replicas, one flat fp32 buffer
-            sent["dp"] = 4.0 * rank_params(cfg, sched)[r]
+        if cfg.dp > 1:  # the gradient reduction over the replicas (vp.runtime.data_parallel)
+            sent["dp"] = dp_bytes(cfg, rank_params(cfg, sched)[r])
         out.append(dict(sorted(sent.items())))
     return out
 
@@ -71,3 +71,13 @@ def _sends(sched: Schedule) -> list[dict[tuple[str, str], int]]:
             counts[(channel, kind)] = counts.get((channel, kind), 0) + n
         out.append(counts)
     return out
+
+
+def dp_bytes(cfg: RunConfig, params: int) -> float:
+    """Bytes one device sends per iteration on the dp channel, as vp.comm counts them: zero 0 all-reduces the fp32
+    gradients (counted whole); zero 1 reduce-scatters them (counted whole, padded to a multiple of dp) and
+    all-gathers its 1/dp of the weights after the step."""
+    if not cfg.zero:
+        return 4.0 * params
+    padded = -(-params // cfg.dp) * cfg.dp
+    return 4.0 * padded + 4.0 * padded / cfg.dp

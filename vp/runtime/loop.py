@@ -8,8 +8,9 @@ import time
 
 import torch
 
+from vp.runtime.data_parallel import DataParallel
 from vp.runtime.executor import Executor, RankModel
-from vp.runtime.memory import ActivationMeter
+from vp.runtime.memory import ActivationMeter, held_static
 from vp.runtime.state import IterState
 from vp.schedule import Schedule
 from vp.schedule.rules import enters, waits_on
@@ -61,8 +62,9 @@ class ActionTimer:
 class LossScaler:
     """Dynamic loss scaling for fp16: skip the step and halve the scale when any rank overflowed."""
 
-    def __init__(self, enabled: bool, comm, scale: float = 2.0**16, growth_interval: int = 1000):
+    def __init__(self, enabled: bool, comm, channels=("step",), scale: float = 2.0**16, growth_interval: int = 1000):
         self.enabled, self.comm, self.scale, self.growth_interval, self.good = enabled, comm, scale, growth_interval, 0
+        self.channels = channels  # where the overflow verdict is agreed: a replica, and the dp group under zero 1
 
     def step(self, optimizer, params) -> bool:
         if not self.enabled:
@@ -70,7 +72,9 @@ class LossScaler:
             return True
         grads = [p.grad for p in params if p.grad is not None]
         bad = torch.stack([(~torch.isfinite(g)).any() for g in grads]).any().float().reshape(1)
-        if self.comm.all_reduce(bad, "step", op=torch.distributed.ReduceOp.MAX).item():
+        for channel in self.channels:
+            bad = self.comm.all_reduce(bad, channel, op=torch.distributed.ReduceOp.MAX)
+        if bad.item():
             self.scale, self.good = self.scale / 2, 0
             return False
         for g in grads:
@@ -92,10 +96,15 @@ class Runtime:
         self.comm = comm
         self.actions = sched.ranks[rank]
         self.params = model.parameters()
+        # dp > 1: the parameters move into the flat buffers of the gradient reduction (before the meter notes them)
+        self.dp = DataParallel(self.params, comm, cfg.zero, cfg.overlap_grad_reduce, cfg.bucket_mb) if cfg.dp > 1 \
+            else None
         self.meter = ActivationMeter(self.params)
         self.ex = Executor(cfg, sched, rank, model, comm, device, self.meter, replica)
-        self.optimizer = torch.optim.AdamW(self.params, lr=cfg.lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.01)
-        self.scaler = LossScaler(cfg.dtype == "fp16", comm)
+        self.optimizer = torch.optim.AdamW(self.dp.step_params if self.dp else self.params, lr=cfg.lr,
+                                           betas=(0.9, 0.95), eps=1e-8, weight_decay=0.01)
+        # zero 1: each replica checks its own shard of the gradients for overflow, so the verdict spans the dp group
+        self.scaler = LossScaler(cfg.dtype == "fp16", comm, ("step", "dp") if cfg.zero else ("step",))
         self.timer = ActionTimer(device)
         self.show_chunk = sched.chunks > 1
 
@@ -103,7 +112,10 @@ class Runtime:
         st = IterState(it)
         self.ex.st = st
         self.ex.loss_scale = self.scaler.scale if self.scaler.enabled else 1.0
-        self.optimizer.zero_grad(set_to_none=True)
+        if self.dp:
+            self.dp.zero_grad()
+        else:
+            self.optimizer.zero_grad(set_to_none=True)
         if self.device.type == "cuda":
             torch.cuda.synchronize()
         begin = time.perf_counter()
@@ -125,10 +137,12 @@ class Runtime:
                               f"{type(err).__name__}: {err}") from err
         left = st.leftovers()
         assert not left, f"rank {self.me}: state left over after iteration {it}: {sorted(left)}"
+        if self.dp:  # the data-parallel sum first (overlapped: already under way), then the grid's replicas'
+            self.dp.finish(self.cfg.timeout_s)
         self.model.reduce_grads()  # parameters replicated inside a tensor-parallel grid
-        if self.cfg.dp > 1:
-            self.reduce_gradients()
-        stepped = self.scaler.step(self.optimizer, self.params)
+        stepped = self.scaler.step(self.optimizer, self.dp.step_params if self.dp else self.params)
+        if self.dp and stepped:
+            self.dp.after_step()
         if self.device.type == "cuda":
             torch.cuda.synchronize()
         seconds = time.perf_counter() - begin
@@ -137,16 +151,10 @@ class Runtime:
         return {"loss": loss, "seconds": seconds, "events": self.timer.collect(), "stepped": stepped,
                 "cpu": self.timer.cpu}
 
-    def reduce_gradients(self):
-        """Sum every gradient over the data-parallel replicas, in one all-reduce of one flat fp32 buffer (the
-        loss weights already divide by the global batch, so the sum is the global batch's gradient)."""
-        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
-        flat = torch.cat([g.reshape(-1).float() for g in grads])
-        self.comm.all_reduce(flat, "dp")
-        offset = 0
-        for p, g in zip(self.params, grads):
-            p.grad = flat[offset:offset + g.numel()].view_as(g).to(g.dtype)
-            offset += g.numel()
+    def held_memory(self) -> dict:
+        """Bytes of parameters, gradients and optimizer states this rank holds (vp.runtime.memory.held_static)."""
+        flat = (self.dp.param_flat, self.dp.grad_flat) if self.dp else ()
+        return held_static(self.params, self.optimizer, flat)
 
     def _dispatch(self, a):
         """launch (a collective entered at the start) -> wait for consumed collectives -> compute -> launch (at

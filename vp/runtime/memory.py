@@ -35,3 +35,18 @@ class ActivationMeter:
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             yield
         self.add(key, sum(seen.values()))
+
+
+def held_static(params, optimizer: torch.optim.Optimizer, flat: list[torch.Tensor] = ()) -> dict:
+    """Bytes of the tensors a rank holds for training: its `parameters` and `gradients` (the flat data-parallel
+    buffers where they exist, padding included, else each parameter's own) and its `optimizer_states` (AdamW's
+    moments of what it steps: every parameter, or its shard under zero 1)."""
+    if flat:
+        weights, grads = flat
+        held = {"parameters": weights.nbytes, "gradients": grads.nbytes}
+    else:
+        held = {"parameters": sum(p.nbytes for p in params),
+                "gradients": sum(p.grad.nbytes for p in params if p.grad is not None)}
+    held["optimizer_states"] = sum(t.nbytes for state in optimizer.state.values() for t in state.values()
+                                   if torch.is_tensor(t) and t.dim() > 0)  # the moments, not the step count
+    return held

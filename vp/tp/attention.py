@@ -6,13 +6,15 @@ device of column c (1-D: device t) gets [q, k, v] of its heads c*H/q .. (c+1)*H/
 expects. On a grid each device holds whole sequences of its token block, so the causal mask needs nothing else.
 """
 import torch
-import torch.nn.functional as F
+
+from vp.recompute import attention
 
 
-def local_attention(qkv: torch.Tensor, heads: int) -> torch.Tensor:
-    """qkv [b, s, 3 * heads * dh] (this device's heads, head-major) -> [b, s, heads * dh]."""
+def local_attention(qkv: torch.Tensor, heads: int, recompute: str = "none") -> torch.Tensor:
+    """qkv [b, s, 3 * heads * dh] (this device's heads, head-major) -> [b, s, heads * dh]; recompute: vp.recompute's
+    mode (selective: the core recomputed in backward)."""
     b, s, width = qkv.shape
     dh = width // (3 * heads)
     q, k, v = qkv.view(b, s, 3, heads, dh).permute(2, 0, 3, 1, 4)  # each [b, heads, s, dh]
-    att = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # [b, heads, s, dh]
+    att = attention(q, k, v, recompute)  # [b, heads, s, dh]
     return att.transpose(1, 2).reshape(b, s, heads * dh)

@@ -31,10 +31,12 @@ class MegatronBlock(nn.Module):
         self.proj = RowLinear(full.proj, tp)  # [h, h/t]
         self.fc1 = ColumnLinear(full.fc1, tp)  # [ffn/t, h]
         self.fc2 = RowLinear(full.fc2, tp)  # [h, ffn/t]
+        self.recompute = full.recompute  # vp.recompute
 
     def forward(self, x, wgrad=None):
         """x [b, s, h] -> [b, s, h], the same on every device."""
-        att = local_attention(self.qkv(copy_to_tp(self.ln1(x), self.tp), wgrad), self.heads)  # [b, s, h/t]
+        att = local_attention(self.qkv(copy_to_tp(self.ln1(x), self.tp), wgrad), self.heads,
+                              self.recompute)  # [b, s, h/t]
         x = x + self.proj(att, wgrad)
         return x + self.fc2(F.gelu(self.fc1(copy_to_tp(self.ln2(x), self.tp), wgrad)), wgrad)
 
@@ -50,10 +52,11 @@ class GridBlock(nn.Module):
         self.proj = GridLinear(full.proj, tp)  # [h/q, h/q]
         self.fc1 = GridLinear(full.fc1, tp)  # [h/q, ffn/q]
         self.fc2 = GridLinear(full.fc2, tp)  # [ffn/q, h/q]
+        self.recompute = full.recompute  # vp.recompute
 
     def forward(self, x, wgrad=None):
         """x [b/(dq), s, h/q] -> the same block of the output."""
-        x = x + self.proj(local_attention(self.qkv(self.ln1(x), wgrad), self.heads), wgrad)
+        x = x + self.proj(local_attention(self.qkv(self.ln1(x), wgrad), self.heads, self.recompute), wgrad)
         return x + self.fc2(F.gelu(self.fc1(self.ln2(x), wgrad)), wgrad)
 
 

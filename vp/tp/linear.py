@@ -13,11 +13,12 @@ import torch.nn as nn
 from vp.tp import summa
 from vp.tp.context import TensorParallel
 from vp.tp.layout import block, grid_weight
-from vp.wgrad import WeightGradStore
+from vp.wgrad import WeightGradStore, accumulated
 
 
 def _accumulate(param: torch.Tensor, grad: torch.Tensor):
     param.grad = grad if param.grad is None else param.grad.add_(grad)
+    accumulated(param)
 
 
 class _GridLinear(torch.autograd.Function):

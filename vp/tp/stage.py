@@ -11,6 +11,7 @@ import copy
 import torch
 import torch.nn as nn
 
+from vp.recompute import run_layers
 from vp.tp.block import shard_block
 from vp.tp.context import TensorParallel
 from vp.tp.grads import reduce_replicated
@@ -46,6 +47,7 @@ class TensorParallelStage(nn.Module):
             if embed_rows is not None:
                 self.embed = VocabEmbedding(embed_rows, shard, tp)
         self.layers = nn.ModuleDict({name: shard_block(b, tp) for name, b in full.layers.items()})
+        self.recompute = full.recompute  # vp.recompute
         if self.last:
             self.final_norm = GridLayerNorm(full.final_norm, tp) if tp.mode.grid else copy.deepcopy(full.final_norm)
             if head_rows is not None:
@@ -60,8 +62,7 @@ class TensorParallelStage(nn.Module):
         block (on a first stage without one: the block of the summed embedding)."""
         if self.first:
             x = (self.embed(self.local(x)) if self.embed is not None else x) + self.pos.weight[: x.shape[1]]
-        for blk in self.layers.values():
-            x = blk(x, wgrad)
+        x = run_layers(self.layers.values(), x, wgrad, self.recompute)
         return self.final_norm(x) if self.last else x
 
     def loss(self, x, targets, weights, wgrad: WeightGradStore | None = None):

@@ -20,7 +20,7 @@ import torch.nn as nn
 
 from vp.tp.context import TensorParallel
 from vp.vocab.output import Shard, check_inputs
-from vp.wgrad import WeightGradStore
+from vp.wgrad import WeightGradStore, accumulated
 
 
 def _gather_hidden(x: torch.Tensor, tp: TensorParallel) -> torch.Tensor:
@@ -99,6 +99,7 @@ class _VocabLoss(torch.autograd.Function):
         def weight_grad():  # [V/q, h]
             g = (grad_y.t().to(xf.dtype) @ xf).to(w.dtype)
             w.grad = g if w.grad is None else w.grad.add_(g)
+            accumulated(w)
 
         if ctx.store is None:
             return grad_x, (grad_y.t().to(xf.dtype) @ xf).to(w.dtype), None, None, None, None, None

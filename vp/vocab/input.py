@@ -8,6 +8,7 @@ IB: the first stage's gradient of that embedding is sent to every rank, and each
 import torch
 
 from vp.vocab.output import Shard, check_inputs
+from vp.wgrad import accumulated
 
 
 def local_lookup(shard: Shard, weight: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
@@ -25,3 +26,4 @@ def accumulate_grad(shard: Shard, weight: torch.Tensor, ids: torch.Tensor, grad:
         if weight.grad is None:
             weight.grad = torch.zeros_like(weight)
         weight.grad.index_add_(0, local[inside], grad.reshape(-1, grad.shape[-1])[inside].to(weight.dtype))
+    accumulated(weight)

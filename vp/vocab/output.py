@@ -30,6 +30,7 @@ import torch.distributed as dist
 
 from vp.comm import Comm
 from vp.schedule.methods import VOCAB, VocabAlgorithm
+from vp.wgrad import accumulated
 
 
 @dataclass(frozen=True)
@@ -230,9 +231,10 @@ def accumulate_product(param: torch.Tensor, a: torch.Tensor, b: torch.Tensor):
     fresh [V/p, h] product costs page faults and another pass over memory."""
     if param.grad is not None and a.dtype == b.dtype == param.grad.dtype:
         param.grad.addmm_(a, b)
-        return
-    grad = (a.to(b.dtype) @ b).to(param.dtype)
-    param.grad = grad if param.grad is None else param.grad.add_(grad)
+    else:
+        grad = (a.to(b.dtype) @ b).to(param.dtype)
+        param.grad = grad if param.grad is None else param.grad.add_(grad)
+    accumulated(param)
 
 
 class LocalOutputLoss(torch.autograd.Function):

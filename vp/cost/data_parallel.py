@@ -1,0 +1,68 @@
+"""The data-parallel gradient reduction's time (vp.runtime.data_parallel): what of it a device waits for after the
+pipeline's flush.
+
+Zero 0 all-reduces a device's fp32 gradients over its dp group; zero 1 reduce-scatters them and, after the
+optimizer step over its 1/dp shard, all-gathers the weights (the all-gather always follows the step: exposed).
+Without overlap the reduction starts at the flush. With overlap_grad_reduce, a bucket can start only when its last
+gradient is made, and the dp stream reduces them one after another: a stage's (a chunk's) layers become final
+during its last B or W (the pass that makes its weight gradients), bucket by bucket evenly over the pass as
+backward walks the layers in reverse; a rank's vocabulary-parallel shards at the end of its last T and IB; what
+the stream has left when the rank's pipeline flushes is exposed. Each bucket is one collective (its own latency),
+in the order the buckets become final (the runtime launches them in buffer order, which backward follows)."""
+from vp.config import RunConfig
+from vp.cost.memory import rank_params, stage_params
+from vp.cost.network import ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER, Network, groups
+from vp.cost.profiles import Hardware
+from vp.schedule import Schedule
+
+
+def _seconds(cfg: RunConfig, hw: Hardware, p: int, params: float, op) -> float:
+    net = Network.of(hw, cfg.world)
+    dp_groups = {g[0]: g for g in groups(cfg.mesh, "dp")}  # first member = the rank in replica 0
+    nbytes = 4.0 * params / (cfg.dp if op is ALL_GATHER else 1)
+    return net.collective(op, dp_groups[groups(cfg.mesh, "pp")[0][p]], nbytes)
+
+
+def reduce_s(cfg: RunConfig, hw: Hardware, p: int, params: float) -> float:
+    """Seconds to reduce `params` fp32 gradients of pipeline rank p over its dp group (0 without replicas)."""
+    if cfg.dp < 2 or params <= 0:
+        return 0.0
+    return _seconds(cfg, hw, p, params, REDUCE_SCATTER if cfg.zero else ALL_REDUCE)
+
+
+def gather_per_rank(cfg: RunConfig, hw: Hardware, sched: Schedule) -> list[float]:
+    """Zero 1, per pipeline rank: the all-gather of the updated weights after the step (0 under zero 0)."""
+    if cfg.dp < 2 or not cfg.zero:
+        return [0.0] * cfg.pp
+    return [_seconds(cfg, hw, p, n, ALL_GATHER) for p, n in enumerate(rank_params(cfg, sched))]
+
+
+def exposed_reduce_per_rank(cfg: RunConfig, hw: Hardware, sched: Schedule, result=None) -> list[float]:
+    """Per pipeline rank, seconds of the gradient reduction after the flush: all of it, or with overlap_grad_reduce
+    and a simulated iteration (vp.schedule.SimResult) what remains of the dp stream at the rank's last action."""
+    params = rank_params(cfg, sched)
+    if not cfg.overlap_grad_reduce or result is None:
+        return [reduce_s(cfg, hw, p, n) for p, n in enumerate(params)]
+    per_stage, shards = stage_params(cfg, sched)
+    bucket = max(1, int(cfg.bucket_mb * 2**20 / 4))
+    out = []
+    for p, (actions, starts, ends) in enumerate(result.spans):
+        last: dict = {}  # what becomes final -> (start, end) of the pass that makes it final
+        for a, start, end in zip(actions, starts, ends):
+            key = ("stage", a.chunk) if a.kind in ("B", "W") else "shards" if a.kind in ("T", "IB") else None
+            if key is not None and end >= last.get(key, (0.0, 0.0))[1]:
+                last[key] = (start, end)
+        ready = []
+        for c in range(sched.chunks):  # backward walks the layers in reverse: buckets final evenly over the pass
+            start, end = last.get(("stage", c), (0.0, 0.0))
+            n = per_stage[sched.stage(p, c)]
+            k = -(-n // bucket)
+            ready += [(start + (i + 1) / k * (end - start), min(bucket, n - i * bucket)) for i in range(k)]
+        if shards[p]:
+            ready.append((last.get("shards", (0.0, 0.0))[1], shards[p]))
+        stream = 0.0
+        for at, n in sorted(ready):
+            stream = max(stream, at) + reduce_s(cfg, hw, p, n)
+        flush = ends[-1] if ends else 0.0
+        out.append(max(0.0, stream - flush))
+    return out
