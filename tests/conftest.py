@@ -77,7 +77,8 @@ def local_runs_fork_their_ranks():
 GROUPS = {"test_harness_slurm.py": "slurm", "test_report.py": "report", "test_tp_report.py": "tp_report",
           "test_harness_runs.py::test_killed_rank_": "real_sweep", "test_harness_runs.py::test_wandb_": "real_sweep",
           **dict.fromkeys(["test_mesh_train.py", "test_nccl.py", "test_runtime.py", "test_tp_bench.py",
-                           "test_tp_layers.py", "test_tp_train.py", "test_vocab.py", "test_precision.py"], "gloo")}
+                           "test_tp_layers.py", "test_tp_train.py", "test_vocab.py", "test_precision.py",
+                           "test_gpu_trust.py"], "gloo")}
 
 
 def group_of(nodeid: str) -> str | None:

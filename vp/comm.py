@@ -25,6 +25,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from vp.buffers import touch
 from vp.channels import PIPELINE_CHANNELS, parse_link
 from vp.cost.memory import Communicators
 from vp.comm_stream import CommStream, Handle
@@ -144,6 +145,7 @@ class Comm:
 
     # -- bookkeeping --------------------------------------------------------------------------------
     def _count(self, channel: str, op: str, t: torch.Tensor, sends: bool = True):
+        touch(t)  # inside a communication step under VP_CHECK_BUFFERS=1: a tensor whose lifetime is checked
         self.calls[(channel, op)] += 1
         if sends:
             self.bytes_sent[(channel, op)] += t.numel() * t.element_size()

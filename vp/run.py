@@ -124,6 +124,8 @@ def run_rank(cfg: RunConfig, rank: int, world: int, init_method: str, local_rank
         device = torch.device("cuda", device_index(local_rank, torch.cuda.device_count(), local_world))
         torch.cuda.set_device(device)
         nccl_environment()
+        if cfg.dtype == "fp32":  # an fp32 run's GEMMs on TF32 tensor cores, as every framework's fp32 baseline does
+            torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
     # the CUDA context exists once this returns; what NCCL allocates from here on, the allocator does not see
     free_before_groups = torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else None
     emulate = Emulation.of(cfg.emulate_nccl)
@@ -156,7 +158,8 @@ def run_rank(cfg: RunConfig, rank: int, world: int, init_method: str, local_rank
     metrics = Metrics.from_measurements(cfg, gathered)
     env = {"torch": torch.__version__, "python": sys.version.split()[0], "device": gathered[0].device,
            "hosts": sorted({r.host for r in gathered}), "git_commit": git_commit(), "start": started,
-           "end": now(), "peak_flops_source": how, "world_size": world, "link_probe": probe}
+           "end": now(), "peak_flops_source": how, "world_size": world, "link_probe": probe,
+           "tf32": device.type == "cuda" and torch.backends.cuda.matmul.allow_tf32}
     record = make_record(cfg.to_dict(), metrics.to_dict(), env, experiment=experiment)
     if trace_path:
         write_trace(trace_path, [r.events for r in gathered], [r.seconds[cfg.warmup:] for r in gathered],

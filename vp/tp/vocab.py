@@ -20,7 +20,7 @@ import torch.nn as nn
 
 from vp.tp.context import TensorParallel
 from vp.vocab.output import Shard, check_inputs
-from vp.wgrad import WeightGradStore
+from vp.wgrad import WeightGradStore, compute_dtype, compute_weight
 
 
 def _gather_hidden(x: torch.Tensor, tp: TensorParallel) -> torch.Tensor:
@@ -75,7 +75,9 @@ class _VocabLoss(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, targets, weights, shard, tp, store):
         xf = _gather_hidden(x, tp)  # [n, h]
-        y = (xf @ weight.t().to(xf.dtype)).float()  # [n, V/q]
+        dtype = compute_dtype(xf) or xf.dtype  # the GEMMs' dtype, forward and backward (docs/gpu-path.md, precision)
+        xf = xf.to(dtype)
+        y = (xf @ compute_weight(weight, dtype).t()).float()  # [n, V/q]
         if shard.valid < shard.rows:
             y[:, shard.valid:] = float("-inf")  # padding rows: no probability, no gradient
         m = tp.all_reduce(y.max(-1).values.clamp_min(torch.finfo(y.dtype).min), "row", dist.ReduceOp.MAX)  # [n]
@@ -94,7 +96,7 @@ class _VocabLoss(torch.autograd.Function):
         grad_y = probs  # softmax restricted to this shard, in place: [n, V/q]
         grad_y[inside, local[inside]] -= 1.0
         grad_y.mul_((weights * grad_loss)[:, None])  # w (softmax - onehot)
-        grad_x = _sum_hidden((grad_y.to(w.dtype) @ w).to(ctx.x_dtype), ctx.tp)  # [n, h/q] (1-D: [n, h])
+        grad_x = _sum_hidden((grad_y.to(xf.dtype) @ compute_weight(w, xf.dtype)).to(ctx.x_dtype), ctx.tp)
 
         def weight_grad():  # [V/q, h]
             g = (grad_y.t().to(xf.dtype) @ xf).to(w.dtype)

@@ -1,0 +1,116 @@
+"""Numbers to trust on CUDA, checked on CPU (issue 41; docs/gpu-path.md): the buffer-lifetime check of the NCCL
+emulation, one precision policy, a sync-free microbatch path, the meta-device build, communicators by splitting."""
+import os
+
+import pytest
+import torch
+
+from vp.channels import channels, run_links
+from vp.comm import Comm, make_groups
+from vp.nccl import Emulation
+from vp.reference import train_reference
+from vp.metrics import replica_sum
+from vp.run import train_rank
+from vp.runtime.loop import RankFailure
+from vp.schedule import build
+from vp.schedule.methods import METHODS
+
+from test_nccl import tiny
+
+CPU = torch.device("cpu")
+
+
+def checked_run(rank, world, cfg, form="all", revert_ib=False):
+    """Train with VP_CHECK_BUFFERS=1 under the emulation; ('ok', losses) or ('failed', report). revert_ib: the IB
+    launch without naming its buffer (the fix of issue 41 undone)."""
+    from vp import comm as comm_module
+
+    os.environ["VP_CHECK_BUFFERS"] = "1"
+    submit = comm_module.Comm.submit
+    if revert_ib:
+        def unnamed(self, channel, step, what=None, reads=()):
+            return submit(self, channel, step, what, () if channel == "IB" else reads)
+        comm_module.Comm.submit = unnamed
+    sched = build(cfg.method, cfg.pp, cfg.microbatches, cfg.n_chunks)
+    comm = Comm(make_groups(channels(cfg, sched), rank, 2 * cfg.timeout_s), CPU, Emulation.of(form), cfg.timeout_s,
+                rank)
+    failed = False
+    try:
+        comm.connect(run_links(sched))
+        return "ok", train_rank(cfg, rank, comm, CPU)
+    except RankFailure as err:
+        failed = True
+        return "failed", str(err)
+    finally:
+        comm_module.Comm.submit = submit
+        os.environ.pop("VP_CHECK_BUFFERS", None)
+        comm.close(failed=failed)
+
+
+def test_gpu_trust_buffer_check_fails_with_the_ib_fix_reverted(pools):
+    """IB's buffer not named at its launch: the root drops it at its IB while the broadcast may still read it. The
+    check poisons it and names the step."""
+    cfg = tiny("vocab-2", 2, iterations=1, warmup=0, timeout_s=4.0)  # the peer of the failed rank: its watchdog
+    results = pools(2).run(checked_run, cfg, "all", True)
+    reports = [r[1] for r in results if r[0] == "failed"]
+    assert any("BufferLifetimeError: IB:" in r and "dropped its last reference" in r for r in reports), results
+
+
+@pytest.mark.parametrize("pp", [2, 4])
+@pytest.mark.parametrize("method", list(METHODS))
+def test_gpu_trust_every_method_trains_clean_under_the_buffer_check(pools, method, pp):
+    """Every method at pp 2 and 4 trains with the check on, loss parity at 1e-5 (fp32)."""
+    assert_clean(pools, tiny(method, pp, iterations=1, warmup=0))
+
+
+def test_gpu_trust_a_tensor_parallel_grid_trains_clean_under_the_buffer_check(pools):
+    assert_clean(pools, tiny("vocab-2", 2, layers=4, tp=4, tp_mode="2d", micro_batch_size=2, iterations=1,
+                             warmup=0))
+
+
+def assert_clean(pools, cfg):
+    results = pools(cfg.world).run(checked_run, cfg)
+    assert all(r[0] == "ok" for r in results), "\n".join(r[1] for r in results if r[0] != "ok")
+    losses = replica_sum([r[1] for r in results])
+    torch.testing.assert_close(torch.tensor(losses), torch.tensor(train_reference(cfg)[0]), rtol=1e-5, atol=0)
+
+
+GEMMS = ("aten::mm", "aten::addmm", "aten::addmm_", "aten::bmm", "aten::baddbmm", "aten::baddbmm_", "aten::addbmm",
+         "aten::addbmm_", "aten::_scaled_mm")
+
+
+def profiled_bf16(rank, world, cfg):
+    """One iteration in bf16 on CPU (autocast, as on CUDA) under torch.profiler, which records every thread's ops
+    with their input dtypes: (fp32 GEMMs as (op, shapes), losses). The run config refuses bf16 on CPU (CPU runs are
+    for fp32 parity), so the executor is given it directly."""
+    from torch.profiler import profile
+
+    sched = build(cfg.method, cfg.pp, cfg.microbatches, cfg.n_chunks)
+    comm = Comm(make_groups(channels(cfg, sched), rank, 2 * cfg.timeout_s), CPU, None, cfg.timeout_s, rank)
+    try:
+        comm.connect(run_links(sched))
+        from vp.run import build_rank_model
+        from vp.runtime.loop import Runtime
+
+        runtime = Runtime(cfg, sched, rank, build_rank_model(cfg, sched, rank, CPU), comm, CPU)
+        runtime.ex.dtype = torch.bfloat16
+        with profile(record_shapes=True) as prof:
+            loss = runtime.iteration(0)["loss"]
+    finally:
+        comm.close()
+    fp32 = [(e.name, e.input_shapes) for e in prof.events()
+            if e.name in GEMMS and "float" in (getattr(e, "input_dtypes", None) or [])]
+    return fp32, loss, sum(e.name in GEMMS for e in prof.events())
+
+
+@pytest.mark.parametrize("method", list(METHODS))
+def test_gpu_trust_every_gemm_of_a_bf16_step_runs_in_bf16(pools, method):
+    """Under bf16 autocast no GEMM of a step (compute thread and communication threads) takes fp32 inputs: not the
+    output layer's grad W (in-place addmm_ escapes autocast), not a backward that runs outside autocast. The loss
+    stays within bf16's tolerance of the fp32 reference (docs/gpu-path.md, precision)."""
+    cfg = tiny(method, 2, iterations=1, warmup=0)
+    results = pools(2).run(profiled_bf16, cfg)
+    for fp32, _, gemms in results:
+        assert gemms > 0 and not fp32, fp32
+    loss = next(r[1] for r in results if r[1] is not None)
+    assert abs(loss - train_reference(cfg)[0][0]) < 2e-2 * abs(loss)
