@@ -75,6 +75,21 @@ def assert_clean(pools, cfg):
     torch.testing.assert_close(torch.tensor(losses), torch.tensor(train_reference(cfg)[0]), rtol=1e-5, atol=0)
 
 
+def make_runtime(cfg, rank):
+    """(the Runtime of a global rank, as train_rank builds it, its Comm): groups made and connected."""
+    from vp.runtime.loop import Runtime
+    from vp.run import build_rank_model
+    from vp.tp.context import TensorParallel
+
+    sched = build(cfg.method, cfg.pp, cfg.microbatches, cfg.n_chunks)
+    comm = Comm(make_groups(channels(cfg, sched), rank, 2 * cfg.timeout_s), CPU, None, cfg.timeout_s, rank)
+    comm.connect(run_links(sched))
+    where = cfg.mesh.coords(rank)
+    tp = TensorParallel.of(cfg.mesh, rank, comm) if cfg.tp > 1 else None
+    model = build_rank_model(cfg, sched, where.p, CPU, tp)
+    return Runtime(cfg, sched, where.p, model, comm, CPU, replica=where.d, global_rank=rank), comm
+
+
 GEMMS = ("aten::mm", "aten::addmm", "aten::addmm_", "aten::bmm", "aten::baddbmm", "aten::baddbmm_", "aten::addbmm",
          "aten::addbmm_", "aten::_scaled_mm")
 
@@ -85,14 +100,8 @@ def profiled_bf16(rank, world, cfg):
     for fp32 parity), so the executor is given it directly."""
     from torch.profiler import profile
 
-    sched = build(cfg.method, cfg.pp, cfg.microbatches, cfg.n_chunks)
-    comm = Comm(make_groups(channels(cfg, sched), rank, 2 * cfg.timeout_s), CPU, None, cfg.timeout_s, rank)
+    runtime, comm = make_runtime(cfg, rank)
     try:
-        comm.connect(run_links(sched))
-        from vp.run import build_rank_model
-        from vp.runtime.loop import Runtime
-
-        runtime = Runtime(cfg, sched, rank, build_rank_model(cfg, sched, rank, CPU), comm, CPU)
         runtime.ex.dtype = torch.bfloat16
         with profile(record_shapes=True) as prof:
             loss = runtime.iteration(0)["loss"]
@@ -114,3 +123,68 @@ def test_gpu_trust_every_gemm_of_a_bf16_step_runs_in_bf16(pools, method):
         assert gemms > 0 and not fp32, fp32
     loss = next(r[1] for r in results if r[1] is not None)
     assert abs(loss - train_reference(cfg)[0][0]) < 2e-2 * abs(loss)
+
+
+def counted_syncs(rank, world, cfg):
+    """Host synchronisations per iteration: calls of Tensor.item, tolist, nonzero (method and function) and
+    indexing with a boolean tensor, from every thread, during iterations 1 and 2 (after the first, which may set
+    things up)."""
+    import threading
+    import traceback
+
+    counts, lock = [], threading.Lock()
+    patched = {}
+
+    def counting(owner, name, boolean_index=False):
+        original = getattr(owner, name)
+        patched[(owner, name)] = original
+
+        def wrapper(*args, **kwargs):
+            if not boolean_index or any(isinstance(a, torch.Tensor) and a.dtype == torch.bool
+                                        for a in (args[1] if isinstance(args[1], tuple) else (args[1],))):
+                frames = traceback.extract_stack()[:-1]
+                # AdamW's step count is a CPU scalar by design (not capturable): not a device sync
+                if not any("torch/optim/" in f.filename for f in frames):
+                    where = next((f"{f.filename.split('/vp/')[-1]}:{f.name}" for f in reversed(frames)
+                                  if "/vp/" in f.filename), "?")
+                    with lock:
+                        counts.append(f"{name} in {where}")
+            return original(*args, **kwargs)
+        setattr(owner, name, wrapper)
+
+    per_iteration = []
+    runtime, comm = make_runtime(cfg, rank)
+    try:
+        runtime.iteration(0)
+        for owner, name in ((torch.Tensor, "item"), (torch.Tensor, "tolist"), (torch.Tensor, "nonzero"),
+                            (torch, "nonzero")):
+            counting(owner, name)
+        counting(torch.Tensor, "__getitem__", boolean_index=True)
+        for it in (1, 2):
+            counts.clear()
+            runtime.iteration(it)
+            per_iteration.append(list(counts))
+    finally:
+        for (owner, name), original in patched.items():
+            setattr(owner, name, original)
+        comm.close()
+    return per_iteration
+
+
+REPORT = {"item in runtime/loop.py:iteration", "item in runtime/executor.py:total_loss"}
+
+
+@pytest.mark.parametrize("mesh", [dict(), dict(tp=2, layers=4), dict(tp=4, tp_mode="2d", micro_batch_size=2,
+                                                                       layers=4)], ids=["pp", "pp-tp", "pp-grid"])
+@pytest.mark.parametrize("method", list(METHODS))
+def test_gpu_trust_the_microbatch_path_has_no_host_sync(pools, method, mesh):
+    """The only host synchronisation of a steady-state iteration is the loss report (one .item() at the end, on the
+    ranks that know the loss; with a grid, its sum over the batch group): none per microbatch, whatever the count
+    of microbatches."""
+    if mesh and method not in ("baseline", "vocab-1", "vocab-2", "interlaced"):
+        pytest.skip("tensor parallelism: one method of each output-layer kind")
+    cfg = tiny(method, 2, iterations=3, warmup=0, **mesh)
+    for per_iteration in pools(cfg.world).run(counted_syncs, cfg):
+        for counts in per_iteration:
+            # the loss report: the rank's sum over microbatches, and with tensor parallelism its sum over the batch group
+            assert set(counts) <= REPORT and len(counts) == len(set(counts)), counts

@@ -53,7 +53,8 @@ class _Embedding(torch.autograd.Function):
         local, inside = ctx.saved_tensors
         grad = _gather_hidden(grad, ctx.tp)  # [b, s, h]
         w = ctx.weight
-        grad_w = torch.zeros_like(w).index_add_(0, local[inside], grad[inside].to(w.dtype))
+        grad_w = torch.zeros_like(w).index_add_(0, local.flatten(), (grad.to(w.dtype) * inside[..., None])
+                                                .reshape(-1, grad.shape[-1]))  # masked: no host sync
         return grad_w, None, None, None
 
 
@@ -94,7 +95,7 @@ class _VocabLoss(torch.autograd.Function):
         xf, probs, weights, local, inside = ctx.saved_tensors
         w = ctx.weight
         grad_y = probs  # softmax restricted to this shard, in place: [n, V/q]
-        grad_y[inside, local[inside]] -= 1.0
+        grad_y.scatter_add_(1, local[:, None], -inside[:, None].to(grad_y.dtype))  # masked: no host sync
         grad_y.mul_((weights * grad_loss)[:, None])  # w (softmax - onehot)
         grad_x = _sum_hidden((grad_y.to(xf.dtype) @ compute_weight(w, xf.dtype)).to(ctx.x_dtype), ctx.tp)
 

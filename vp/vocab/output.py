@@ -125,14 +125,15 @@ def s_pass(shard: Shard, weight: torch.Tensor, x: torch.Tensor, targets: torch.T
         exp, stats = _local_stats(shard, y, targets)
         state = OutputState(x, targets, weights, exp, stats)
         if algo.grad_x_in_s:
+            # every row's (clamped) target column, masked arithmetic: no host sync (nonzero, boolean indexing)
             local, inside = shard.local_targets(targets)
-            rows = inside.nonzero()[:, 0]
+            column = local[:, None]
             s = _nonzero(stats[1])
-            exp_target = exp[rows, local[rows]]
-            exp[rows, local[rows]] -= s[rows]  # s_i (P_i - onehot_i(y)), in fp32
+            exp_target = exp.gather(1, column)
+            exp.scatter_add_(1, column, -(s * inside)[:, None])  # s_i (P_i - onehot_i(y)), in fp32; - 0 elsewhere
             # A'_i = (P_i - onehot_i(y)) W_i; under autocast a bf16 GEMM of an fp32-exact difference
             state.a = (exp @ weight).div_(s[:, None])
-            exp[rows, local[rows]] = exp_target  # exp(Y_i - m_i) again, exactly, for T
+            exp.scatter_(1, column, exp_target)  # exp(Y_i - m_i) again, exactly, for T
             state.e = weight[local].float() * inside[:, None]  # [n, h], exact
         return state
 
@@ -223,8 +224,7 @@ def _grad_y_(shard: Shard, exp: torch.Tensor, scale: torch.Tensor, targets: torc
     in one pass (the normalisation and the loss weights are folded into one factor per token)."""
     grad_y = exp.mul_((weights * scale)[:, None])
     local, inside = shard.local_targets(targets)
-    grad_y[inside, local[inside]] -= weights[inside]
-    return grad_y
+    return grad_y.scatter_add_(1, local[:, None], -(weights * inside)[:, None])  # no host sync: - 0 off the shard
 
 
 def accumulate_product(param: torch.Tensor, a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype | None = None):
