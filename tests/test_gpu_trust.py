@@ -188,3 +188,73 @@ def test_gpu_trust_the_microbatch_path_has_no_host_sync(pools, method, mesh):
         for counts in per_iteration:
             # the loss report: the rank's sum over microbatches, and with tensor parallelism its sum over the batch group
             assert set(counts) <= REPORT and len(counts) == len(set(counts)), counts
+
+
+def host_peak(build) -> tuple[int, object]:
+    """(the most bytes torch's CPU allocator held at once while build() ran, above what it held before; its
+    result), from torch.profiler's memory events (allocations by the op that made them, frees as [memory])."""
+    from torch.profiler import profile
+
+    with profile(profile_memory=True) as prof:
+        out = build()
+    live = top = 0
+    for e in sorted((e for e in prof.events() if e.self_cpu_memory_usage), key=lambda e: e.time_range.start):
+        live += e.self_cpu_memory_usage
+        top = max(top, live)
+    return top, out
+
+
+def tp_of(cfg, rank):
+    from vp.channels import tp_slices
+    from vp.tp.context import TensorParallel
+
+    return TensorParallel.of(cfg.mesh, rank, Comm(make_groups(tp_slices(cfg.mesh), rank), CPU))
+
+
+STAGE = dict(method="baseline", pp=3, layers=6, hidden=192, heads=4, seq_len=16, vocab_size=3000, microbatches=3)
+
+
+@pytest.mark.parametrize("stage,tp", [(0, 1), (1, 1), (2, 1), (1, 2), (1, 4)])
+def test_gpu_trust_building_a_stage_peaks_below_1_3x_its_parameters(stage, tp):
+    """On the meta device, materialised parameter by parameter (a tensor-parallel stage: one whole block at a
+    time): the host never holds the stage twice, nor a parameter's temporaries, nor the whole stage of a tensor-
+    parallel part. A tensor-parallel part holds one whole block besides itself: below 1.3 + tp / layers. The eager
+    build it replaces peaked at 1.33x for a one-layer middle stage (randn and its scaled copy) and at tp + 1 times the
+    part for tensor parallelism."""
+    from vp.config import RunConfig
+    from vp.model import build_stage
+
+    cfg = RunConfig(**STAGE, tp=tp)
+    tp_ctx = tp_of(cfg, 0) if tp > 1 else None
+    top, built = host_peak(lambda: build_stage(cfg, 5, stage, cfg.stage_layers, True, tp_ctx))
+    params = sum(p.numel() * p.element_size() for p in built.parameters())
+    assert top < (1.3 + (tp / cfg.stage_layers[stage] if tp > 1 else 0)) * params, (top, params, top / params)
+
+
+@pytest.mark.parametrize("tp,mode", [(1, "1d"), (2, "1d"), (4, "2d")])
+def test_gpu_trust_the_meta_build_gives_the_eager_builds_weights(tp, mode):
+    """The same seed gives the same weights, bit for bit: the meta build against the eager one (the stage built in
+    fp32 on the host, for tensor parallelism cut from the whole stage), and the in-place draw against randn * std."""
+    from vp.config import RunConfig
+    from vp.model import Stage, build_stage, seeded_normal
+    from vp.tp.stage import TensorParallelStage
+    from vp.vocab.output import Shard
+    from vp.model import vocab_rows
+
+    out = torch.empty(7, 5)
+    gen = torch.Generator().manual_seed(__import__("zlib").crc32(b"5/x"))
+    assert torch.equal(seeded_normal((7, 5), 5, "x", 0.3, out=out), torch.randn((7, 5), generator=gen) * 0.3)
+    cfg = RunConfig(**{**STAGE, "hidden": 32, "vocab_size": 2500}, tp=tp, tp_mode=mode)
+    for stage in range(cfg.pp):
+        first, last = stage == 0, stage == cfg.pp - 1
+        tp_ctx = tp_of(cfg, 1 if tp > 1 else 0) if tp > 1 else None
+        meta_built = build_stage(cfg, 5, stage, cfg.stage_layers, True, tp_ctx)
+        eager = Stage(cfg, 5, 2 * stage, 2, first, last, local_vocab=tp == 1)
+        if tp_ctx is not None:
+            shard = Shard.of(tp_ctx.c, tp_ctx.columns, cfg.padded_vocab_size, cfg.vocab_size)
+            rows = lambda n: vocab_rows(5, n, cfg.vocab_size, shard.start, shard.start + shard.rows, cfg.hidden)
+            eager = TensorParallelStage(eager, tp_ctx, shard, rows("embed.weight") if first else None,
+                                        rows("head.weight") if last else None)
+        a, b = dict(meta_built.named_parameters()), dict(eager.named_parameters())
+        assert a.keys() == b.keys()
+        assert all(torch.equal(a[k], b[k]) for k in a), [k for k in a if not torch.equal(a[k], b[k])]

@@ -32,7 +32,7 @@ def build_rank_model(cfg: RunConfig, sched, rank: int, device: torch.device,
                      tp: TensorParallel | None = None) -> RankModel:
     """rank: the pipeline rank; tp: this process's place in its stage's tensor-parallel group (tp > 1)."""
     vp_on = sched.vocab_parallel
-    stages = {c: build_stage(cfg, cfg.seed, sched.stage(rank, c), cfg.stage_layers, not vp_on, tp).to(device)
+    stages = {c: build_stage(cfg, cfg.seed, sched.stage(rank, c), cfg.stage_layers, not vp_on, tp, device)
               for c in range(sched.chunks)}
     if not vp_on:
         return RankModel(stages, tp=tp)
