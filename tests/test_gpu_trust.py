@@ -258,3 +258,66 @@ def test_gpu_trust_the_meta_build_gives_the_eager_builds_weights(tp, mode):
         a, b = dict(meta_built.named_parameters()), dict(eager.named_parameters())
         assert a.keys() == b.keys()
         assert all(torch.equal(a[k], b[k]) for k in a), [k for k in a if not torch.equal(a[k], b[k])]
+
+
+@pytest.mark.parametrize("mesh", [dict(tp=8), dict(tp=8, tp_mode="2.5d", tp_depth=2)], ids=["1d", "2.5d"])
+@pytest.mark.parametrize("method", list(METHODS))
+def test_gpu_trust_1024_ranks_make_few_world_wide_creations_and_hold_few_communicators(method, mesh):
+    """dp 8 x pp 16 x tp 8: at most 32 world-wide creation calls (splits) and 24 communicators per rank, where one
+    new_group per group made thousands; python -m vp.bench comms prints the same figures."""
+    from vp.bench.comms import config, report
+
+    r = report(config(method, 8, 16, **mesh))
+    assert r["world_wide_creations"] <= 32 and r["communicators_per_rank_max"] <= 24, r
+    assert r["world_wide_creations_without_split"] > 1000
+
+
+def split_run(rank, world, cfg):
+    """Train with make_groups splitting: split_group stood in for by one new_group per group (gloo cannot split),
+    counting the world-wide calls; ('ok', measurement, calls) on every rank."""
+    import torch.distributed as dist
+
+    from vp import comm as comm_module
+
+    calls = []
+
+    def fake_split(split_ranks, timeout, pg_options, group_desc):
+        calls.append((group_desc, [list(g) for g in split_ranks]))
+        mine = None
+        for g in split_ranks:  # disjoint groups of one split: every rank in at most one
+            pg = dist.new_group(g, timeout=timeout)
+            mine = pg if rank in g else mine
+        return mine
+
+    splitting = comm_module.splitting
+    comm_module.splitting = lambda: fake_split
+    try:
+        sched = build(cfg.method, cfg.pp, cfg.microbatches, cfg.n_chunks)
+        comm = Comm(make_groups(channels(cfg, sched), rank, 2 * cfg.timeout_s), CPU, Emulation.of("all"),
+                    cfg.timeout_s, rank)
+    finally:
+        comm_module.splitting = splitting
+    try:
+        comm.connect(run_links(sched))
+        return train_rank(cfg, rank, comm, CPU), calls
+    finally:
+        comm.close()
+
+
+def test_gpu_trust_groups_made_by_splitting_train_like_the_reference(pools):
+    """Every group comes from one split call per creation split, each split's groups disjoint; the run trains under
+    every NCCL rule with loss parity at 1e-5."""
+    from vp.channels import creation_splits
+
+    cfg = tiny("interleaved-vocab-2", 4, dp=2, microbatches=4, iterations=1, warmup=0)
+    results = pools(8).run(split_run, cfg)
+    sched = build(cfg.method, cfg.pp, cfg.microbatches, cfg.n_chunks)
+    splits = creation_splits(channels(cfg, sched))
+    for _, calls in results:
+        assert [name for name, _ in calls] == [name for name, _ in splits]
+        for _, groups in calls:
+            ranks = [r for g in groups for r in g]
+            assert len(ranks) == len(set(ranks))
+    assert len(splits) < sum(len(g) for g in channels(cfg, sched).values())
+    losses = replica_sum([m for m, _ in results])
+    torch.testing.assert_close(torch.tensor(losses), torch.tensor(train_reference(cfg)[0]), rtol=1e-5, atol=0)

@@ -26,11 +26,11 @@ import torch
 import torch.distributed as dist
 
 from vp.buffers import touch
-from vp.channels import PIPELINE_CHANNELS, parse_link
+from vp.channels import PIPELINE_CHANNELS, creation_splits, parse_link
 from vp.cost.memory import Communicators
 from vp.comm_stream import CommStream, Handle
 from vp.failure import Progress
-from vp.nccl import Emulation, Pending, Watchdog, acked_recv, acked_send, connect, create
+from vp.nccl import Emulation, Pending, Watchdog, acked_recv, acked_send, connect, create, nccl_options, splitting
 
 # torch 2.13 deprecates reduce_scatter_tensor for reduce_scatter_single, which torch 2.11 and older (pyproject's
 # floor among them) lack: every rank of a grid run would print the warning once
@@ -50,17 +50,30 @@ class Group:
 
 
 def make_groups(slices: dict[str, list[list[int]]], rank: int, timeout_s: float | None = None) -> dict[str, Group]:
-    """channel -> this rank's Group, creating every slice of every channel in the order given. new_group is
-    collective over the world, so every rank must call this with the same slices in the same order. A point-to-point
-    link's channel (link_channel) has a group per pipeline; a rank off the link is in none."""
+    """channel -> this rank's Group, creating every slice of every channel in the order given; every rank must call
+    this with the same slices in the same order. Where NCCL can split (vp.nccl.splitting), one world-wide
+    `split_group` per creation split (vp.channels.creation_splits: a channel's groups, or links packed so that no rank
+    is twice in one split), each an ncclCommSplit of the world's communicator: the count of world-wide calls does not
+    grow with the world. Elsewhere (gloo; a torch without split_group) one `new_group` per slice, collective over the
+    world. A point-to-point link's channel (link_channel) has a group per pipeline; a rank off the link is in none."""
     timeout = timedelta(seconds=timeout_s) if timeout_s else None
+    pgs: dict[tuple[str, tuple[int, ...]], object] = {}  # (channel, ranks) -> this rank's group
+    if dist.is_initialized() and (split := splitting()):
+        for name, members in creation_splits(slices):
+            mine = next(((ch, tuple(g)) for ch, g in members if rank in g), None)
+            pg = split(split_ranks=[g for _, g in members], timeout=timeout,
+                       pg_options=nccl_options(link=name.startswith("links/")), group_desc=name)
+            if mine is not None:
+                pgs[mine] = pg
     out = {}
     for channel, groups in slices.items():
         for ranks in groups:
-            pg = dist.new_group(ranks, timeout=timeout) if dist.is_initialized() and len(ranks) > 1 else None
+            key = (channel, tuple(ranks))
+            if key not in pgs and dist.is_initialized() and len(ranks) > 1:
+                pgs[key] = dist.new_group(ranks, timeout=timeout, pg_options=nccl_options(bool(parse_link(channel))))
             if rank in ranks:
                 assert channel not in out, f"rank {rank} is in two groups of channel {channel}"
-                out[channel] = Group(tuple(ranks), ranks.index(rank), pg)
+                out[channel] = Group(tuple(ranks), ranks.index(rank), pgs.get(key))
         assert channel in out or parse_link(channel), f"rank {rank} is in no group of channel {channel}"
     return out
 

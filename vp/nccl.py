@@ -25,7 +25,8 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
-from vp.channels import link_channel
+from vp.channels import link_channel, parse_link
+from vp.cost.profiles import LINK_MAX_CTAS
 
 FORMS = ("lazy", "queue", "p2p", "both", "all")
 ACK_TAG = 1  # the tag of the p2p form's acknowledgements (data travels with tag 0)
@@ -147,6 +148,34 @@ def acked_recv(comm, t: torch.Tensor, src: int, channel: str, what: str):
     comm.block(f"{what} (taking it)", dist.isend(torch.zeros(1), group=pg, group_dst=src, tag=ACK_TAG))
 
 
+
+
+def splitting():
+    """torch.distributed.split_group where communicators can be made by splitting the world's (NCCL with the default
+    group bound to a device: init_process_group(device_id=...)); None elsewhere (gloo; a torch older than
+    split_group, which the floor 2.6 may be: vp.comm.make_groups then calls new_group per group)."""
+    split = getattr(dist, "split_group", None)
+    if split is None or not dist.is_initialized() or dist.get_backend() != "nccl":
+        return None
+    return split if getattr(dist.group.WORLD, "bound_device_id", None) is not None else None
+
+
+def nccl_options(link: bool):
+    """ProcessGroupNCCL's options for a new communicator, None off NCCL. Every communicator's internal streams get
+    high priority (communication kernels start ahead of queued GEMMs, the GEMMs keep the rest of the SMs); a link's
+    (point-to-point only) uses at most LINK_MAX_CTAS channels, which also caps its buffers: NCCL allocates them per
+    channel and peer (vp.cost.memory.link_buffer_bytes)."""
+    pg_nccl = getattr(dist, "ProcessGroupNCCL", None)
+    if pg_nccl is None or not dist.is_initialized() or dist.get_backend() != "nccl":
+        return None
+    options = pg_nccl.Options()
+    options.is_high_priority_stream = True
+    if link and hasattr(options, "config") and hasattr(options.config, "max_ctas"):
+        options.config.max_ctas = LINK_MAX_CTAS
+        options.config.min_ctas = 1
+    return options
+
+
 def connect(comm, links=()):
     """Create every communicator of `comm` (a vp.comm.Comm) eagerly, in one order shared by all ranks: each
     channel's group in make_groups' order (a point-to-point link's own group among them), then a token through each
@@ -179,7 +208,11 @@ def create(comm, key: tuple):
     if key in comm.created:
         return
     channel = key[1]
-    if comm.size(channel) > 1:
+    if key[0] == "group" and parse_link(channel) and comm.size(channel) == 2:
+        # a link carries point-to-point only: met by its one pair, never by a collective, whose ring buffers NCCL
+        # would allocate on first use and keep for the communicator's life
+        create(comm, ("pair", channel, 0, 1))
+    elif comm.size(channel) > 1:
         token = torch.zeros(1, device=comm.device)
         pg = comm.groups[channel].pg
         if key[0] == "group":
