@@ -321,3 +321,20 @@ def test_gpu_trust_groups_made_by_splitting_train_like_the_reference(pools):
     assert len(splits) < sum(len(g) for g in channels(cfg, sched).values())
     losses = replica_sum([m for m, _ in results])
     torch.testing.assert_close(torch.tensor(losses), torch.tensor(train_reference(cfg)[0]), rtol=1e-5, atol=0)
+
+
+def test_gpu_trust_side_streams_come_from_the_loaded_cuda_runtime_at_high_priority(monkeypatch):
+    """The CUDA runtime is found among the process's libraries (/proc/self/maps); without one (this CPU torch),
+    the side stream is a pool stream of high priority (priority -1)."""
+    from vp import comm_stream
+
+    maps = ("7f00-7f01 r-xp 0 08:01 1 /usr/lib/libc.so.6\n"
+            "7f02-7f03 r-xp 0 08:01 2 /site-packages/nvidia/cuda_runtime/lib/libcudart.so.12\n")
+    opened = []
+    monkeypatch.setattr(comm_stream.ctypes, "CDLL", lambda path: opened.append(path) or "lib")
+    assert comm_stream._cudart(maps) == "lib" and opened == ["/site-packages/nvidia/cuda_runtime/lib/libcudart.so.12"]
+    assert comm_stream._cudart("7f00-7f01 r-xp 0 08:01 1 /usr/lib/libc.so.6\n") is None
+    made = []
+    monkeypatch.setattr(comm_stream, "_cudart", lambda: None)
+    monkeypatch.setattr(torch.cuda, "Stream", lambda device, priority=0: made.append(priority) or "pool stream")
+    assert comm_stream.side_stream(torch.device("cuda", 0)) == "pool stream" and made == [-1]

@@ -3,10 +3,12 @@ a worker thread (CPU: gloo blocks its caller) or a CUDA side stream (GPU); a Han
 the tensors crossing between the compute stream and the side stream are recorded on the stream that reads them
 (record_stream), so that the caching allocator never reuses their memory while the other stream still uses it."""
 import contextlib
+import ctypes
 import queue
 import threading
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
+from pathlib import Path
 
 import torch
 
@@ -56,6 +58,39 @@ def _tensors(result) -> list[torch.Tensor]:
     return []
 
 
+def _cudart(maps: str | None = None):
+    """The CUDA runtime library this process has loaded (torch's), by ctypes; None when none is loaded (CPU)."""
+    if maps is None:
+        try:
+            maps = Path("/proc/self/maps").read_text()
+        except OSError:
+            return None
+    path = next((line.split()[-1] for line in maps.splitlines() if "libcudart.so" in line), None)
+    return ctypes.CDLL(path) if path else None
+
+
+def side_stream(device: torch.device):
+    """A communication stream of its own at the device's highest priority. Its kernels (NCCL's, and a step's small
+    ones) are scheduled ahead of queued compute kernels, so a collective the compute stream will wait for is not
+    stuck behind GEMMs that do not need it. Made with cudaStreamCreateWithPriority, outside torch's stream pool: the
+    pool hands out 32 streams per priority round-robin, and ProcessGroupNCCL draws every communicator's stream from
+    it too, so the 33rd draw would silently share a stream, and serialise two channels. Where the CUDA runtime
+    cannot be reached by ctypes, a pool stream of high priority (aliasing possible past 32 draws)."""
+    lib = _cudart()
+    if lib is None:
+        return torch.cuda.Stream(device, priority=-1)
+    least, greatest = ctypes.c_int(), ctypes.c_int()
+    handle = ctypes.c_void_p()
+    with torch.cuda.device(device):
+        if lib.cudaDeviceGetStreamPriorityRange(ctypes.byref(least), ctypes.byref(greatest)) != 0 or \
+                lib.cudaStreamCreateWithPriority(ctypes.byref(handle), NON_BLOCKING, greatest) != 0:
+            raise RuntimeError(f"cudaStreamCreateWithPriority failed on {device}")
+    return torch.cuda.ExternalStream(handle.value, device=device)  # lives as long as the process
+
+
+NON_BLOCKING = 1  # cudaStreamNonBlocking: no implicit sync with the legacy default stream (as torch's pool streams)
+
+
 class CommStream:
     """Runs communication steps off the compute path, in submission order: a worker thread on CPU (gloo
     blocks the caller), a CUDA stream on GPU (NCCL and the step's small kernels run there; the caller waits
@@ -64,7 +99,7 @@ class CommStream:
     def __init__(self, device: torch.device, channel: str, watchdog: Watchdog | None = None):
         self.device, self.channel, self.watchdog = device, channel, watchdog
         if device.type == "cuda":
-            self.stream = torch.cuda.Stream(device)
+            self.stream = side_stream(device)
         else:
             self.steps: queue.SimpleQueue = queue.SimpleQueue()
             self.thread = threading.Thread(target=self._work, name=f"comm-{channel}", daemon=True)
