@@ -83,7 +83,9 @@ def channels(cfg: RunConfig, sched: Schedule | None = None) -> dict[str, list[li
     if sched is None:
         return out
     used = set(schedule_channels(sched, cfg)) - set(P2P_CHANNELS)
-    out = {ch: groups for ch, groups in out.items() if ch not in PIPELINE_CHANNELS or ch in used}
+    # the within-stage halves of C0, IF, IB (ROW_STEPS) only where the schedule has the step: each is a communicator
+    out = {ch: groups for ch, groups in out.items()
+           if (ch not in PIPELINE_CHANNELS or ch in used) and (ch not in ROW_STEPS or ch.split(".")[0] in used)}
     pipelines = cfg.mesh.groups("pp")
     for channel, sender, receiver in run_links(sched):
         out[link_channel(channel, sender, receiver)] = [sorted((pipe[sender], pipe[receiver])) for pipe in pipelines]
