@@ -204,24 +204,25 @@ def connect(comm, links=()):
 def create(comm, key: tuple):
     """Make one communicator, key ("group", channel) or ("pair", channel, a, b): a token through the whole group,
     or both ways between a pair (the lower index sends first), blocking until its members are all there. NCCL
-    creates the communicator right here; gloo made it with the group, and the token only meets the members."""
+    creates the communicator right here; gloo made it with the group, and the token only meets the members.
+    A link's group (two ranks, point-to-point only) is met by a token both ways, never by a collective, whose ring
+    buffers NCCL would allocate on first use and keep for the communicator's life; its pair (NCCL's point-to-point
+    connection) stays a creation of its own, which connect warms up."""
     if key in comm.created:
         return
     channel = key[1]
-    if key[0] == "group" and parse_link(channel) and comm.size(channel) == 2:
-        # a link carries point-to-point only: met by its one pair, never by a collective, whose ring buffers NCCL
-        # would allocate on first use and keep for the communicator's life
-        create(comm, ("pair", channel, 0, 1))
-    elif comm.size(channel) > 1:
+    if comm.size(channel) > 1:
         token = torch.zeros(1, device=comm.device)
         pg = comm.groups[channel].pg
-        if key[0] == "group":
+        link = key[0] == "group" and parse_link(channel) is not None and comm.size(channel) == 2
+        if key[0] == "group" and not link:
             comm.block(f"creation of the {channel} communicator", dist.all_reduce(token, group=pg, async_op=True))
         else:
+            a, b = (0, 1) if link else key[2:]
             me = comm.index(channel)
-            peer = key[3] if me == key[2] else key[2]
+            peer = b if me == a else a
             steps = [lambda: dist.isend(token, group=pg, group_dst=peer),
                      lambda: dist.irecv(token, group=pg, group_src=peer)]
-            for step in steps if me == key[2] else steps[::-1]:
+            for step in steps if me == a else steps[::-1]:
                 comm.block(f"creation of the {channel} communicator with rank {peer}", step())
     comm.created.add(key)
