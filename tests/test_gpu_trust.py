@@ -174,15 +174,16 @@ def counted_syncs(rank, world, cfg):
 REPORT = {"item in runtime/loop.py:iteration", "item in runtime/executor.py:total_loss"}
 
 
-@pytest.mark.parametrize("mesh", [dict(), dict(tp=2, layers=4), dict(tp=4, tp_mode="2d", micro_batch_size=2,
-                                                                       layers=4)], ids=["pp", "pp-tp", "pp-grid"])
-@pytest.mark.parametrize("method", list(METHODS))
-def test_gpu_trust_the_microbatch_path_has_no_host_sync(pools, method, mesh):
+TP_MESHES = {"pp-tp": dict(tp=2, layers=4), "pp-grid": dict(tp=4, tp_mode="2d", micro_batch_size=2, layers=4)}
+SYNC_CASES = [(m, "pp", {}) for m in METHODS] + [
+    (m, name, mesh) for name, mesh in TP_MESHES.items() for m in ("baseline", "interlaced", "vocab-1", "vocab-2")]
+
+
+@pytest.mark.parametrize("method,name,mesh", SYNC_CASES, ids=[f"{m}-{n}" for m, n, _ in SYNC_CASES])
+def test_gpu_trust_the_microbatch_path_has_no_host_sync(pools, method, name, mesh):
     """The only host synchronisation of a steady-state iteration is the loss report (one .item() at the end, on the
     ranks that know the loss; with a grid, its sum over the batch group): none per microbatch, whatever the count
-    of microbatches."""
-    if mesh and method not in ("baseline", "vocab-1", "vocab-2", "interlaced"):
-        pytest.skip("tensor parallelism: one method of each output-layer kind")
+    of microbatches. Every method on a pipeline; with tensor parallelism, one method of each output-layer kind."""
     cfg = tiny(method, 2, iterations=3, warmup=0, **mesh)
     for per_iteration in pools(cfg.world).run(counted_syncs, cfg):
         for counts in per_iteration:
