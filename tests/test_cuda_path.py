@@ -127,7 +127,7 @@ def test_a_step_records_what_it_reads_on_its_stream_and_its_result_on_the_consum
     the collective has read it; the step's result is recorded on the consumer's stream at wait()."""
     compute, recorded = FakeStream("compute"), []
     current = [compute]
-    monkeypatch.setattr(torch.cuda, "Stream", lambda device: FakeStream("side"))
+    monkeypatch.setattr(torch.cuda, "Stream", lambda device, priority=0: FakeStream("side"))
     monkeypatch.setattr(torch.cuda, "current_stream", lambda *a: current[-1])
 
     class Use:

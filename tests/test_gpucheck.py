@@ -17,7 +17,7 @@ import yaml
 from vp.cost import PROFILES, Hardware, work_seconds
 from vp.cost.fit import fit_speeds, fitted, observation
 from vp.gpucheck import PARTS, __main__ as gpucheck
-from vp.gpucheck import memory, passes, pipeline, precision, preflight, race, runtime
+from vp.gpucheck import memory, passes, pipeline, precision, preflight, race, runtime, trust
 
 ROOT = Path(__file__).resolve().parents[1]
 BLOCKED = ("hydra", "omegaconf", "submitit", "wandb")
@@ -124,7 +124,7 @@ def test_the_fit_recovers_a_profile_from_pass_times_it_implies():
 def test_every_part_passes_in_its_cpu_form(tmp_path, monkeypatch):
     """(preflight ran in the script above)"""
     cpu = torch.device("cpu")
-    modules = (precision, race, runtime, passes, memory, pipeline)
+    modules = (precision, race, trust, runtime, passes, memory, pipeline)
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))  # the rendezvous folders go here
     (tmp_path / "tmp").mkdir()
     results = {m.__name__.rsplit(".", 1)[1]: m.run(cpu, tmp_path) for m in modules}
@@ -138,3 +138,18 @@ def test_every_part_passes_in_its_cpu_form(tmp_path, monkeypatch):
     if "profile" in results["passes"]:  # CPU times under load may fit no positive speeds; a GPU's must
         profile = yaml.safe_load(Path(results["passes"]["profile"]).read_text())
         assert Hardware.from_dict(profile["profile"]).name == profile["name"] == "cpu_measured"
+
+
+def test_gpu_trust_a_check_in_which_no_part_ran_says_so_and_fails(tmp_path, capsys):
+    """race cannot run on CPU (skipped): a check of race alone checked nothing, and exits 1 saying so."""
+    assert gpucheck.main(["--device", "cpu", "--out", str(tmp_path), "--parts", "race"]) == 1
+    assert "no part ran" in capsys.readouterr().out
+    assert json.loads((tmp_path / "gpu-check.json").read_text())["verdict"].startswith("FAILED: no part ran")
+
+
+def test_gpu_trust_the_node_form_refuses_one_gpu(capsys):
+    with pytest.raises(SystemExit):
+        gpucheck.main(["--gpus", "1"])
+    assert "needs 2 or more GPUs" in capsys.readouterr().err
+    args = gpucheck.parse(["--gpus", "8", "--device", "cpu"])
+    assert args.parts == ["preflight", "trust", "pipeline"] and args.budget_s == 900.0

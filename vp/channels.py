@@ -93,7 +93,9 @@ def channels(cfg: RunConfig, sched: Schedule | None = None) -> dict[str, list[li
     if sched is None:
         return out
     used = set(schedule_channels(sched, cfg)) - set(P2P_CHANNELS)
-    out = {ch: groups for ch, groups in out.items() if ch not in PIPELINE_CHANNELS or ch in used}
+    # the within-stage halves of C0, IF, IB (ROW_STEPS) only where the schedule has the step: each is a communicator
+    out = {ch: groups for ch, groups in out.items()
+           if (ch not in PIPELINE_CHANNELS or ch in used) and (ch not in ROW_STEPS or ch.split(".")[0] in used)}
     pipelines = cfg.mesh.groups("pp")
     for channel, sender, receiver in run_links(sched):
         out[link_channel(channel, sender, receiver)] = [sorted((pipe[sender], pipe[receiver])) for pipe in pipelines]
@@ -129,3 +131,33 @@ def rank_communicators(cfg: RunConfig, sched: Schedule) -> list[Communicators]:
             for r in ranks if len(ranks) > 1 else ():
                 held[r][1 if parse_link(channel) else 0] += 1
     return [Communicators(g, links) for g, links in held]
+
+
+def creation_splits(slices: dict[str, list[list[int]]]) -> list[tuple[str, list[tuple[str, list[int]]]]]:
+    """The communicator creations of a run, each one world-wide call that splits the world's communicator into
+    disjoint groups (torch.distributed.split_group, NCCL's ncclCommSplit): (name, [(channel, ranks), ...]), in
+    `slices`' order. A channel's groups are disjoint: one split each. The links' groups of two ranks share ranks
+    across links (rank r is on r-1 > r and r > r+1), so they are packed greedily into as few splits as keep every
+    rank in at most one group per split (an edge colouring of the link graph: at most twice a rank's links, in
+    practice its number of links). Groups of one rank need no communicator and are left out. The count does not grow
+    with the world: it is the number of channels plus about the links of one rank."""
+    out, links = [], []
+    for channel, groups in slices.items():
+        groups = [list(g) for g in groups if len(g) > 1]
+        if not groups:
+            continue
+        if parse_link(channel):
+            links.append((channel, groups))
+        else:
+            out.append((channel, [(channel, g) for g in groups]))
+    colours: list[tuple[set[int], list]] = []  # (ranks taken, [(channel, ranks)])
+    for channel, groups in links:
+        taken = {r for g in groups for r in g}
+        colour = next((c for c in colours if not c[0] & taken), None)
+        if colour is None:
+            colour = (set(), [])
+            colours.append(colour)
+        colour[0].update(taken)
+        colour[1].extend((channel, g) for g in groups)
+    out += [(f"links/{i}", members) for i, (_, members) in enumerate(colours)]
+    return out

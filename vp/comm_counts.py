@@ -5,6 +5,8 @@ from collections import Counter
 
 import torch
 
+from vp.buffers import touch
+
 
 class TrafficCounts:
     """The counters of vp.comm.Comm, keyed (channel, op), and their sums by op or by channel."""
@@ -13,6 +15,7 @@ class TrafficCounts:
         self.calls, self.bytes_sent, self.barriers = Counter(), Counter(), Counter()  # keyed (channel, op)
 
     def _count(self, channel: str, op: str, t: torch.Tensor, sends: bool = True):
+        touch(t)  # inside a communication step under VP_CHECK_BUFFERS=1: a tensor whose lifetime is checked
         self.calls[(channel, op)] += 1
         if sends:
             self.bytes_sent[(channel, op)] += t.numel() * t.element_size()

@@ -5,7 +5,9 @@ Every parameter is drawn from a generator seeded by (seed, its global name), and
 row by row in fixed blocks, so any stage or vocabulary shard is built alone with the values it has in
 the uncut model. The uncut model (`reference_model`) is the single-process reference.
 """
+import contextlib
 import math
+import threading
 import zlib
 
 import torch
@@ -19,20 +21,44 @@ from vp.wgrad import WeightGradStore, linear
 
 VOCAB_BLOCK = 1024  # rows of a vocabulary matrix drawn from one generator
 STD = 0.02
+_META = threading.local()  # .on: seeded_normal and vocab_rows return meta tensors (vp.init builds stages so)
+_META.on = False
 
 
-def seeded_normal(shape, seed: int, name: str, std: float = STD) -> torch.Tensor:
+@contextlib.contextmanager
+def meta():
+    """Modules built inside hold meta parameters: shapes only, no memory (vp.init.materialise fills them)."""
+    with torch.device("meta"):
+        _META.on, was = True, _META.on
+        try:
+            yield
+        finally:
+            _META.on = was
+
+
+def seeded_normal(shape, seed: int, name: str, std: float = STD, out: torch.Tensor | None = None) -> torch.Tensor:
+    """N(0, std) drawn from a CPU generator seeded by (seed, name); into `out` (a CPU tensor) when given, with no
+    temporary. Under `meta()`, only the shape (the stage is materialised later, vp.init)."""
+    if _META.on and out is None:
+        return torch.empty(shape, device="meta")
     gen = torch.Generator().manual_seed(zlib.crc32(f"{seed}/{name}".encode()))
-    return torch.randn(shape, generator=gen) * std
+    return torch.randn(shape, generator=gen, out=out).mul_(std)
 
 
-def vocab_rows(seed: int, name: str, vocab_size: int, start: int, end: int, hidden: int) -> torch.Tensor:
+def vocab_rows(seed: int, name: str, vocab_size: int, start: int, end: int, hidden: int,
+               out: torch.Tensor | None = None) -> torch.Tensor:
     """Rows [start, end) of a [padded_vocab, hidden] matrix; rows >= vocab_size (padding) are zero."""
-    out = torch.zeros(end - start, hidden)
+    if _META.on and out is None:
+        return torch.empty(end - start, hidden, device="meta")
+    out = torch.empty(end - start, hidden) if out is None else out
     for block in range(start // VOCAB_BLOCK, (end - 1) // VOCAB_BLOCK + 1):
-        rows = seeded_normal((VOCAB_BLOCK, hidden), seed, f"{name}/{block}")
         lo, hi = max(start, block * VOCAB_BLOCK), min(end, (block + 1) * VOCAB_BLOCK)
-        out[lo - start:hi - start] = rows[lo - block * VOCAB_BLOCK:hi - block * VOCAB_BLOCK]
+        if hi - lo == VOCAB_BLOCK:  # a whole block: drawn in place, no temporary
+            seeded_normal((VOCAB_BLOCK, hidden), seed, f"{name}/{block}", out=out[lo - start:hi - start])
+        else:
+            rows = seeded_normal((VOCAB_BLOCK, hidden), seed, f"{name}/{block}")
+            out[lo - start:hi - start] = rows[lo - block * VOCAB_BLOCK:hi - block * VOCAB_BLOCK]
+            del rows
     out[max(0, vocab_size - start):] = 0.0
     return out
 
@@ -139,20 +165,34 @@ def reference_model(cfg, seed: int) -> Stage:
     return Stage(cfg, seed, 0, cfg.layers, first=True, last=True, local_vocab=True)
 
 
-def build_stage(cfg, seed: int, stage: int, stage_layers: list[int], local_vocab: bool, tp=None) -> nn.Module:
-    """Stage `stage` of the model; with tp (a vp.tp.context.TensorParallel), this device's part of it: the
-    blocks come from the tensor mode's layer factory (vp.tp.block.shard_block), cut from the full stage."""
+def build_stage(cfg, seed: int, stage: int, stage_layers: list[int], local_vocab: bool, tp=None,
+                device: torch.device = torch.device("cpu")) -> nn.Module:
+    """Stage `stage` of the model on `device`, built on the meta device and materialised there parameter by
+    parameter with the eager build's values (vp.init); with tp (a vp.tp.context.TensorParallel), this device's part
+    of it: the blocks come from the tensor mode's layer factory (vp.tp.block.shard_block), each cut from its whole
+    block, materialised one at a time on the host."""
+    from vp.init import materialise, one_at_a_time
+
     first_layer = sum(stage_layers[:stage])
     first, last = stage == 0, stage == len(stage_layers) - 1
     if tp is None:
-        return Stage(cfg, seed, first_layer, stage_layers[stage], first, last, local_vocab)
-    full = Stage(cfg, seed, first_layer, stage_layers[stage], first, last, local_vocab=False)
+        with meta():
+            built = Stage(cfg, seed, first_layer, stage_layers[stage], first, last, local_vocab)
+        return materialise(built, cfg, seed, device)
+    with meta():
+        full = Stage(cfg, seed, first_layer, stage_layers[stage], first, last, local_vocab=False)
+    host = torch.device("cpu")
+    if first:
+        full.pos = materialise(nn.ParameterDict({"pos": full.pos}), cfg, seed, host)["pos"]
+    if last:
+        materialise(full.final_norm, cfg, seed, host, "final_norm.")
+    blocks = one_at_a_time(full, cfg, seed)
     if not local_vocab:  # vocabulary parallelism: the vocabulary layers are pipeline passes (vp.run)
-        return TensorParallelStage(full, tp, None, None, None)
+        return TensorParallelStage(full, tp, None, None, None, blocks).to(device)
     shard = Shard.of(tp.c, tp.columns, cfg.padded_vocab_size, cfg.vocab_size)
 
     def rows(name):  # this device's vocabulary shard, drawn alone with the uncut model's values
         return vocab_rows(seed, name, cfg.vocab_size, shard.start, shard.start + shard.rows, cfg.hidden)
 
     return TensorParallelStage(full, tp, shard, rows("embed.weight") if first else None,
-                               rows("head.weight") if last else None)
+                               rows("head.weight") if last else None, blocks).to(device)

@@ -25,7 +25,8 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
-from vp.channels import link_channel
+from vp.channels import link_channel, parse_link
+from vp.cost.profiles import LINK_MAX_CTAS
 
 FORMS = ("lazy", "queue", "p2p", "both", "all")
 ACK_TAG = 1  # the tag of the p2p form's acknowledgements (data travels with tag 0)
@@ -147,6 +148,34 @@ def acked_recv(comm, t: torch.Tensor, src: int, channel: str, what: str):
     comm.block(f"{what} (taking it)", dist.isend(torch.zeros(1), group=pg, group_dst=src, tag=ACK_TAG))
 
 
+
+
+def splitting():
+    """torch.distributed.split_group where communicators can be made by splitting the world's (NCCL with the default
+    group bound to a device: init_process_group(device_id=...)); None elsewhere (gloo; a torch older than
+    split_group, which the floor 2.6 may be: vp.comm.make_groups then calls new_group per group)."""
+    split = getattr(dist, "split_group", None)
+    if split is None or not dist.is_initialized() or dist.get_backend() != "nccl":
+        return None
+    return split if getattr(dist.group.WORLD, "bound_device_id", None) is not None else None
+
+
+def nccl_options(link: bool):
+    """ProcessGroupNCCL's options for a new communicator, None off NCCL. Every communicator's internal streams get
+    high priority (communication kernels start ahead of queued GEMMs, the GEMMs keep the rest of the SMs); a link's
+    (point-to-point only) uses at most LINK_MAX_CTAS channels, which also caps its buffers: NCCL allocates them per
+    channel and peer (vp.cost.memory.link_buffer_bytes)."""
+    pg_nccl = getattr(dist, "ProcessGroupNCCL", None)
+    if pg_nccl is None or not dist.is_initialized() or dist.get_backend() != "nccl":
+        return None
+    options = pg_nccl.Options()
+    options.is_high_priority_stream = True
+    if link and hasattr(options, "config") and hasattr(options.config, "max_ctas"):
+        options.config.max_ctas = LINK_MAX_CTAS
+        options.config.min_ctas = 1
+    return options
+
+
 def connect(comm, links=()):
     """Create every communicator of `comm` (a vp.comm.Comm) eagerly, in one order shared by all ranks: each
     channel's group in make_groups' order (a point-to-point link's own group among them), then a token through each
@@ -175,20 +204,25 @@ def connect(comm, links=()):
 def create(comm, key: tuple):
     """Make one communicator, key ("group", channel) or ("pair", channel, a, b): a token through the whole group,
     or both ways between a pair (the lower index sends first), blocking until its members are all there. NCCL
-    creates the communicator right here; gloo made it with the group, and the token only meets the members."""
+    creates the communicator right here; gloo made it with the group, and the token only meets the members.
+    A link's group (two ranks, point-to-point only) is met by a token both ways, never by a collective, whose ring
+    buffers NCCL would allocate on first use and keep for the communicator's life; its pair (NCCL's point-to-point
+    connection) stays a creation of its own, which connect warms up."""
     if key in comm.created:
         return
     channel = key[1]
     if comm.size(channel) > 1:
         token = torch.zeros(1, device=comm.device)
         pg = comm.groups[channel].pg
-        if key[0] == "group":
+        link = key[0] == "group" and parse_link(channel) is not None and comm.size(channel) == 2
+        if key[0] == "group" and not link:
             comm.block(f"creation of the {channel} communicator", dist.all_reduce(token, group=pg, async_op=True))
         else:
+            a, b = (0, 1) if link else key[2:]
             me = comm.index(channel)
-            peer = key[3] if me == key[2] else key[2]
+            peer = b if me == a else a
             steps = [lambda: dist.isend(token, group=pg, group_dst=peer),
                      lambda: dist.irecv(token, group=pg, group_src=peer)]
-            for step in steps if me == key[2] else steps[::-1]:
+            for step in steps if me == a else steps[::-1]:
                 comm.block(f"creation of the {channel} communicator with rank {peer}", step())
     comm.created.add(key)

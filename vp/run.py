@@ -32,7 +32,7 @@ def build_rank_model(cfg: RunConfig, sched, rank: int, device: torch.device,
                      tp: TensorParallel | None = None) -> RankModel:
     """rank: the pipeline rank; tp: this process's place in its stage's tensor-parallel group (tp > 1)."""
     vp_on = sched.vocab_parallel
-    stages = {c: build_stage(cfg, cfg.seed, sched.stage(rank, c), cfg.stage_layers, not vp_on, tp).to(device)
+    stages = {c: build_stage(cfg, cfg.seed, sched.stage(rank, c), cfg.stage_layers, not vp_on, tp, device)
               for c in range(sched.chunks)}
     if not vp_on:
         return RankModel(stages, tp=tp)
@@ -135,6 +135,8 @@ def run_rank(cfg: RunConfig, rank: int, world: int, init_method: str, local_rank
         device = torch.device("cuda", device_index(local_rank, torch.cuda.device_count(), local_world))
         torch.cuda.set_device(device)
         nccl_environment()
+        if cfg.dtype == "fp32":  # an fp32 run's GEMMs on TF32 tensor cores, as every framework's fp32 baseline does
+            torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True
     # the CUDA context exists once this returns; what NCCL allocates from here on, the allocator does not see
     free_before_groups = torch.cuda.mem_get_info(device)[0] if device.type == "cuda" else None
     emulate = Emulation.of(cfg.emulate_nccl)
@@ -168,7 +170,7 @@ def run_rank(cfg: RunConfig, rank: int, world: int, init_method: str, local_rank
     env = {"torch": torch.__version__, "python": sys.version.split()[0], "device": gathered[0].device,
            "hosts": sorted({r.host for r in gathered}), "git_commit": git_commit(), "start": started,
            "end": now(), "peak_flops_source": how, "world_size": world, "link_probe": probe,
-           "cpu_model": cpu_model()}
+           "cpu_model": cpu_model(), "tf32": device.type == "cuda" and torch.backends.cuda.matmul.allow_tf32}
     record = make_record(cfg.to_dict(), metrics.to_dict(), env, experiment=experiment)
     if trace_path:
         write_trace(trace_path, [r.events for r in gathered], [r.seconds[cfg.warmup:] for r in gathered],

@@ -6,6 +6,7 @@ python -m vp.bench tp        tensor-parallel grids: bytes per layer measured aga
 python -m vp.bench peer      the same GPT under torch.distributed.pipelining and under this project (vp/bench/peer.py)
 python -m vp.bench sim       the schedule simulator's time and memory over a ladder of sizes (vp/bench/sim.py)
 python -m vp.bench overlap   real CPU runs with and without --overlap-grad-reduce, alternated (vp/bench/overlap.py)
+python -m vp.bench comms     the communicators of a run at any size, without processes (vp/bench/comms.py)
 """
 import argparse
 import json
@@ -203,7 +204,14 @@ def main(argv=None) -> int:
     sm.add_argument("--sizes", nargs="+", default=None, help="PPxMICROBATCHES, default: 32x128 64x256 128x512 256x1024")
     sm.add_argument("--rounds", type=int, default=1, help="rounds over all rows; the fastest is shown with the spread")
     add_overlap_parser(sub)
-    for parser in (ap, v, p, q, t, sm):
+    c = sub.add_parser("comms", help="groups, world-wide creation calls and NCCL buffers per rank, no processes")
+    for name, default in (("--dp", 1), ("--pp", 1), ("--tp", 1), ("--tp-depth", 1), ("--rank", 0)):
+        c.add_argument(name, type=int, default=default)
+    c.add_argument("--tp-mode", default="1d")
+    c.add_argument("--method", default="vocab-2")
+    c.add_argument("--hardware", default="h100", help="the profile whose NCCL buffer sizes count")
+    c.add_argument("--json", action="store_true")
+    for parser in (ap, v, p, q, t, sm, c):
         refuse_renamed_flags(parser)
     if argv is None:
         argv = sys.argv[1:]
@@ -213,6 +221,15 @@ def main(argv=None) -> int:
     if args.what == "overlap":
         run_overlap(args)
         return 0
+    if args.what == "comms":
+        from vp.bench.comms import run as run_comms
+
+        try:
+            return run_comms(args.method, args.dp, args.pp, args.tp, args.tp_mode, args.tp_depth, args.rank,
+                             args.hardware, args.json)
+        except ValueError as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 2
     if args.what == "sim":
         return sim_main(args)
     if args.what == "tp":

@@ -78,15 +78,17 @@ class Hardware:
     overhead_bytes: float = 2 * GiB  # CUDA context, allocator slack
     # NCCL's buffers (vp.cost.memory.comm_buffer_bytes), estimated, not measured: a communicator that runs
     # collectives (ring/tree buffers of NCCL_BUFFSIZE = 4 MiB per channel and protocol, up to 32 channels; with
-    # NVLink SHARP on H100/H200 its multicast buffers), and a two-rank point-to-point link (a few channels)
+    # NVLink SHARP on H100/H200 its multicast buffers), and a two-rank point-to-point link (link_buffer_bytes)
     comm_bytes: float = 0.5 * GiB
-    link_comm_bytes: float = 64 * 2**20
+    link_comm_bytes: float = -1.0  # -1: link_buffer_bytes(LINK_MAX_CTAS), the runtime's link communicators
     fitted_to: str = ""  # what harness.calibrate fitted the profile to (a published table, a results folder)
     machine: dict = field(default_factory=dict)  # measured profiles: host, device, torch, threads, date
     measured: dict = field(default_factory=dict)  # measured profiles: gemm, attention, collectives tables
 
     def __post_init__(self):
         object.__setattr__(self, "tables", Tables.of(self.measured))
+        if self.link_comm_bytes < 0:
+            object.__setattr__(self, "link_comm_bytes", link_buffer_bytes(LINK_MAX_CTAS))
 
     def contention(self, ranks_here: int) -> float:
         """How much slower each device computes when `ranks_here` ranks share the node's `cores` (CPU runs with
@@ -195,6 +197,19 @@ def write_profile(hw: Hardware, path, header: str) -> Path:
     check_profile(hw.to_dict())  # what is written reads back (a fit that gave a NaN or inf stops here)
     body = yaml.safe_dump({"name": hw.name, "profile": hw.to_dict()}, sort_keys=False)
     return write_text_atomic(path, f"# @package hardware\n{comments}{body}")
+
+
+LINK_MAX_CTAS = 2  # NCCL channels (CTAs, one SM each) of a point-to-point link's communicator (vp.nccl.nccl_options)
+NCCL_BUFFSIZE = 4 * 2**20  # NCCL's default buffer of the Simple protocol, per channel and connection
+NCCL_LL_BUFFSIZE = 2**18  # the LL protocol's, per channel and connection (small messages)
+
+
+def link_buffer_bytes(channels: int) -> float:
+    """NCCL's buffers of one point-to-point link on each of its two ranks: one connection (a send on one rank, a
+    receive on the other) per channel, each with the Simple and LL protocols' buffers (point-to-point never uses
+    LL128, nor the ring/tree buffers of collectives, which a link never runs: vp.nccl.create warms it up with a
+    send and a receive). Channels are what NCCL may use for the link, capped per communicator by max_ctas."""
+    return channels * (NCCL_BUFFSIZE + NCCL_LL_BUFFSIZE)
 
 
 PROFILES = {

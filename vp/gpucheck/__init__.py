@@ -15,6 +15,9 @@ result is appended to OUT/gpu-check.json and OUT/gpu-check.md as soon as it ends
              a measured profile
   memory     rank 0 of 4b at pp 8 (its layers, vocabulary shard, AdamW) replayed through its schedule, against
              the memory model (vp.cost.memory) and the simulator's peak
+  trust      numbers to trust (issue 41): no fp32 GEMM in a bf16 step (torch.profiler), no host sync inside an
+             action (set_sync_debug_mode "error"), the emulation's buffer-lifetime check, the meta-device build
+             of a 4b stage, and the output layer's bf16 GEMMs against the device's peak
   pipeline   with two or more GPUs only: every method at pp 2, 4, 8 over NCCL against the reference loss, and a
              rank made to fail, which must be named (skipped on a one-GPU machine)
 
@@ -23,4 +26,6 @@ torch, numpy and pyyaml. --device cpu runs every part at tiny shapes (the test s
 then skip.
 """
 # each part and its timeout in seconds (cut to what is left of the budget)
-PARTS = {"preflight": 45, "precision": 45, "race": 45, "runtime": 120, "passes": 120, "memory": 90, "pipeline": 150}
+PARTS = {"preflight": 40, "precision": 40, "race": 40, "trust": 60, "runtime": 105, "passes": 95, "memory": 90,
+         "pipeline": 150}
+NODE_PARTS = ("preflight", "trust", "pipeline")  # --gpus N: the node form, before a sweep

@@ -1,4 +1,9 @@
-"""python -m vp.gpucheck [--device cuda|cpu] [--out DIR] [--budget-s 480] [--parts NAME ...]   (scripts/gpu-check.sh)
+"""python -m vp.gpucheck [--device cuda|cpu] [--out DIR] [--budget-s 480] [--parts NAME ...] [--gpus N]
+(scripts/gpu-check.sh)
+
+--gpus N (N >= 2, one node): the node form to run before a sweep: preflight, trust and pipeline (every method on up
+to N GPUs over NCCL against the reference loss, its step time and communicators, and the fault path), with the
+budget the pipeline needs (default 900 s).
 
 Runs the parts of the GPU check (vp/gpucheck/__init__.py) one by one, each in its own process with its own
 timeout (cut to what is left of --budget-s), and appends each part's result to DIR/gpu-check.json and
@@ -13,7 +18,7 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from vp.gpucheck import PARTS
+from vp.gpucheck import NODE_PARTS, PARTS
 from vp.gpucheck.report import Report
 
 
@@ -27,8 +32,17 @@ def parse(argv):
     ap.add_argument("--budget-s", type=float, default=480.0, help="wall-clock budget of all parts (default 480)")
     ap.add_argument("--parts", nargs="+", default=list(PARTS), metavar="NAME",
                     help=f"parts to run, in this order: {' '.join(PARTS)} (default all)")
+    ap.add_argument("--gpus", type=int, default=None,
+                    help="the node form on N >= 2 GPUs: preflight, trust, pipeline (default budget 900 s)")
     ap.add_argument("--part", help=argparse.SUPPRESS)  # internal: run one part in this process
     args = ap.parse_args(argv)
+    if args.gpus is not None:
+        if args.gpus < 2:
+            ap.error(f"--gpus {args.gpus}: the node form needs 2 or more GPUs; leave --gpus out on one GPU")
+        if "--parts" not in (argv if argv is not None else sys.argv[1:]):
+            args.parts = list(NODE_PARTS)
+        if "--budget-s" not in (argv if argv is not None else sys.argv[1:]):
+            args.budget_s = 900.0
     unknown = [p for p in args.parts + ([args.part] if args.part else []) if p not in PARTS]
     if unknown:
         ap.error(f"--parts: unknown {unknown}; choose from {', '.join(PARTS)}")
@@ -52,8 +66,11 @@ def run_part(args) -> int:
     die_with_parent()  # a check stopped by its user (or the machine's lease) leaves no part running on the GPU
     device = torch.device("cuda", 0) if args.device == "cuda" else torch.device("cpu")
     module = importlib.import_module(f"vp.gpucheck.{args.part}")
-    budget = {"budget_s": args.budget_s} if "budget_s" in inspect.signature(module.run).parameters else {}
-    result = json.loads(json.dumps(module.run(device, args.out, **budget), default=str))  # any figure, as text
+    params = inspect.signature(module.run).parameters
+    extra = {"budget_s": args.budget_s} if "budget_s" in params else {}
+    if "gpus" in params and args.gpus:
+        extra["gpus"] = args.gpus
+    result = json.loads(json.dumps(module.run(device, args.out, **extra), default=str))  # any figure, as text
     write_atomic(args.out / "parts" / f"{args.part}.json", result)
     return 0
 
@@ -80,16 +97,18 @@ def main(argv=None) -> int:
         if left < 5:
             report.add(name, {"status": "skipped", "reason": f"the budget of {args.budget_s:.0f} s is spent"})
             continue
-        report.add(name, run_child(args, name, min(PARTS[name], left)))
+        timeout = max(PARTS[name], left - 30) if name == "pipeline" and args.gpus else PARTS[name]
+        report.add(name, run_child(args, name, min(timeout, left)))
         print(report.line(name), flush=True)
-    print(f"{report.finish()}; report in {args.out / 'gpu-check.md'} and {args.out / 'gpu-check.json'}")
-    return 1 if report.failed() else 0
+    verdict = report.finish()
+    print(f"{verdict}; report in {args.out / 'gpu-check.md'} and {args.out / 'gpu-check.json'}")
+    return 1 if report.failed() or not report.ran() else 0
 
 
 def run_child(args, name: str, timeout: float) -> dict:
     """One part in a fresh process (python -m vp.gpucheck --part NAME): its result, or how it ended."""
     cmd = [sys.executable, "-m", "vp.gpucheck", "--part", name, "--device", args.device, "--out", str(args.out),
-           "--budget-s", str(timeout)]
+           "--budget-s", str(timeout)] + (["--gpus", str(args.gpus)] if args.gpus else [])
     started = time.monotonic()
     result_file = args.out / "parts" / f"{name}.json"
     try:

@@ -38,17 +38,19 @@ def fault(deadline: float) -> dict:
                 "status": err.status, "seconds": seconds, "message": str(err)[:500]}
 
 
-def run(device: torch.device, out: Path, budget_s: float = 150.0) -> dict:
+def run(device: torch.device, out: Path, budget_s: float = 150.0, gpus: int | None = None) -> dict:
     from vp.launch import RunFailed, launch_local
     from vp.reference import train_reference
 
     deadline = time.monotonic() + budget_s - 10
-    gpus = torch.cuda.device_count() if device.type == "cuda" else 0
+    present = torch.cuda.device_count() if device.type == "cuda" else 0
+    gpus = min(gpus, present) if gpus else present
     if gpus < 2:
         return {"ok": None, "gpus": gpus, "summary": [f"{gpus} GPUs here: the pipeline's NCCL traffic and the fault "
                                                       "path need two or more (skipped)"]}
     plan = [(pp, m) for pp in (2, 4, 8) if pp <= gpus for m in METHODS]
-    runs, summary = {}, ["| pp | method | loss | reference | ok |", "|---|---|---|---|---|"]
+    runs, summary = {}, ["| pp | method | loss | reference | iteration s | communicators | ok |",
+                         "|---|---|---|---|---|---|---|"]
     for pp, method in plan:
         key = f"pp{pp}/{method}"
         if deadline - time.monotonic() < RUN_S:
@@ -57,15 +59,18 @@ def run(device: torch.device, out: Path, budget_s: float = 150.0) -> dict:
         cfg = worker_config(method, pp)
         reference = train_reference(cfg.with_(device="cpu", dtype="fp32"))[0]
         try:
-            loss = launch_local(cfg)["metrics"]["loss"]
+            metrics = launch_local(cfg)["metrics"]
+            loss = metrics["loss"]
         except RunFailed as err:
             runs[key] = {"ok": False, "status": err.status, "error": str(err)[:2000]}
             summary.append(f"| {pp} | {method} | {err.status}: {str(err)[:150]} | | FAILED |")
             continue
         ok = all(abs(a - b) <= RTOL * abs(b) for a, b in zip(loss, reference))
-        runs[key] = {"ok": ok, "loss": loss, "reference": reference}
+        step, held = metrics.get("iteration_time_s"), metrics.get("communicators")
+        runs[key] = {"ok": ok, "loss": loss, "reference": reference, "iteration_time_s": step, "communicators": held,
+                     "comm_buffer_bytes": metrics.get("comm_buffer_bytes")}
         summary.append(f"| {pp} | {method} | {', '.join(f'{x:.4f}' for x in loss)} | "
-                       f"{', '.join(f'{x:.4f}' for x in reference)} | {'yes' if ok else 'FAILED'} |")
+                       f"{', '.join(f'{x:.4f}' for x in reference)} | {step} | {held} | {'yes' if ok else 'FAILED'} |")
     left = [k for k, r in runs.items() if r.get("skipped")]
     if left:
         summary.append(f"not run (budget): {', '.join(left)}")

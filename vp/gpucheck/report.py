@@ -36,10 +36,16 @@ class Report:
         with open(self.out / "gpu-check.md", "a") as f:
             f.write("\n" + section(name, entry))
 
+    def ran(self) -> list[str]:
+        """The parts that ran (a skipped part did not: it could not run here, or the budget was spent)."""
+        return [p["part"] for p in self.doc["parts"] if p["status"] != "skipped"]
+
     def finish(self) -> str:
-        """The verdict over the parts that ran, as the last line of both files; returns it."""
+        """The verdict over the parts that ran, as the last line of both files; returns it. A check in which no part
+        ran checked nothing: it says so (and the command exits 1)."""
         failed = self.failed()
-        verdict = f"FAILED: {', '.join(failed)}" if failed else "every part that ran passed"
+        verdict = (f"FAILED: {', '.join(failed)}" if failed else "every part that ran passed" if self.ran() else
+                   "FAILED: no part ran (every part was skipped here); nothing was checked")
         self.doc |= {"finished": now(), "verdict": verdict}
         write_atomic(self.out / "gpu-check.json", self.doc)
         with open(self.out / "gpu-check.md", "a") as f:

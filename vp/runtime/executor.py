@@ -82,8 +82,10 @@ class Executor:
         self.st: IterState | None = None
 
     def autocast(self):
-        if self.device.type == "cuda" and self.dtype != torch.float32:
-            return torch.autocast("cuda", dtype=self.dtype)
+        """The run's compute dtype for every GEMM of a pass (docs/gpu-path.md, precision): autocast on the run's
+        device (CPU too, where tests run bf16), fp32 gradients and softmax statistics inside the passes."""
+        if self.dtype != torch.float32:
+            return torch.autocast(self.device.type, dtype=self.dtype)
         return contextlib.nullcontext()
 
     # -- data ---------------------------------------------------------------------------------------
@@ -171,7 +173,9 @@ class Executor:
                 buf = self.full_hidden(st.embed_grad.pop(mb), "IB.row")
             else:  # the whole hidden of this device's token block, in the root's dtype
                 buf = torch.empty(*self.act_shape[:-1], self.cfg.hidden, dtype=self.dtype, device=self.device)
-            st.pending[inst] = comm.submit(inst.group, lambda: comm.broadcast(buf, root, inst.group), inst.text())
+            # the root drops buf at its IB, maybe before the broadcast has read it; the others' buf is written there
+            st.pending[inst] = comm.submit(inst.group, lambda: comm.broadcast(buf, root, inst.group), inst.text(),
+                                           reads=(buf,))
             if self.rank == root:
                 st.ready[inst] = buf
         # S and T of the synchronous (naive) algorithm communicate inside their compute: nothing to launch

@@ -146,7 +146,9 @@ class Runtime:
         if self.device.type == "cuda":
             torch.cuda.synchronize()
         seconds = time.perf_counter() - begin
-        loss = sum(v.item() for v in st.losses.values()) if len(st.losses) == self.s.microbatches else None
+        # the iteration's one named host sync: every microbatch's loss in one transfer
+        losses = list(st.losses.values())
+        loss = torch.stack(losses).double().sum().item() if len(losses) == self.s.microbatches else None
         loss = self.model.total_loss(loss)
         return {"loss": loss, "seconds": seconds, "events": self.timer.collect(), "stepped": stepped,
                 "cpu": self.timer.cpu}

@@ -34,7 +34,7 @@ class Position(nn.Module):
 
 class TensorParallelStage(nn.Module):
     def __init__(self, full: nn.Module, tp: TensorParallel, shard: Shard, embed_rows: torch.Tensor | None,
-                 head_rows: torch.Tensor | None):
+                 head_rows: torch.Tensor | None, blocks=None):
         """full: the stage built without vocabulary layers (vp.model.Stage, local_vocab=False); embed_rows and
         head_rows: this device's shard of the input embedding and output weight (first and last stage), or None
         under vocabulary parallelism, where the vocabulary layers are pipeline passes (vp.vocab) and the first
@@ -46,7 +46,9 @@ class TensorParallelStage(nn.Module):
             self.pos = Position(full.pos, tp)
             if embed_rows is not None:
                 self.embed = VocabEmbedding(embed_rows, shard, tp)
-        self.layers = nn.ModuleDict({name: shard_block(b, tp) for name, b in full.layers.items()})
+        # blocks: (name, whole block) of full's layers, by default full's own (vp.init.one_at_a_time: materialised
+        # one at a time from a meta stage, so that the whole stage is never held)
+        self.layers = nn.ModuleDict({name: shard_block(b, tp) for name, b in blocks or full.layers.items()})
         self.recompute = full.recompute  # vp.recompute
         if self.last:
             self.final_norm = GridLayerNorm(full.final_norm, tp) if tp.mode.grid else copy.deepcopy(full.final_norm)

@@ -20,7 +20,7 @@ import torch.nn as nn
 
 from vp.tp.context import TensorParallel
 from vp.vocab.output import Shard, check_inputs
-from vp.wgrad import WeightGradStore, accumulated
+from vp.wgrad import WeightGradStore, accumulated, compute_dtype, compute_weight
 
 
 def _gather_hidden(x: torch.Tensor, tp: TensorParallel) -> torch.Tensor:
@@ -53,7 +53,8 @@ class _Embedding(torch.autograd.Function):
         local, inside = ctx.saved_tensors
         grad = _gather_hidden(grad, ctx.tp)  # [b, s, h]
         w = ctx.weight
-        grad_w = torch.zeros_like(w).index_add_(0, local[inside], grad[inside].to(w.dtype))
+        grad_w = torch.zeros_like(w).index_add_(0, local.flatten(), (grad.to(w.dtype) * inside[..., None])
+                                                .reshape(-1, grad.shape[-1]))  # masked: no host sync
         return grad_w, None, None, None
 
 
@@ -75,7 +76,9 @@ class _VocabLoss(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, targets, weights, shard, tp, store):
         xf = _gather_hidden(x, tp)  # [n, h]
-        y = (xf @ weight.t().to(xf.dtype)).float()  # [n, V/q]
+        dtype = compute_dtype(xf) or xf.dtype  # the GEMMs' dtype, forward and backward (docs/gpu-path.md, precision)
+        xf = xf.to(dtype)
+        y = (xf @ compute_weight(weight, dtype).t()).float()  # [n, V/q]
         if shard.valid < shard.rows:
             y[:, shard.valid:] = float("-inf")  # padding rows: no probability, no gradient
         m = tp.all_reduce(y.max(-1).values.clamp_min(torch.finfo(y.dtype).min), "row", dist.ReduceOp.MAX)  # [n]
@@ -92,9 +95,9 @@ class _VocabLoss(torch.autograd.Function):
         xf, probs, weights, local, inside = ctx.saved_tensors
         w = ctx.weight
         grad_y = probs  # softmax restricted to this shard, in place: [n, V/q]
-        grad_y[inside, local[inside]] -= 1.0
+        grad_y.scatter_add_(1, local[:, None], -inside[:, None].to(grad_y.dtype))  # masked: no host sync
         grad_y.mul_((weights * grad_loss)[:, None])  # w (softmax - onehot)
-        grad_x = _sum_hidden((grad_y.to(w.dtype) @ w).to(ctx.x_dtype), ctx.tp)  # [n, h/q] (1-D: [n, h])
+        grad_x = _sum_hidden((grad_y.to(xf.dtype) @ compute_weight(w, xf.dtype)).to(ctx.x_dtype), ctx.tp)
 
         def weight_grad():  # [V/q, h]
             g = (grad_y.t().to(xf.dtype) @ xf).to(w.dtype)

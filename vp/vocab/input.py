@@ -25,5 +25,7 @@ def accumulate_grad(shard: Shard, weight: torch.Tensor, ids: torch.Tensor, grad:
         local, inside = shard.local_targets(ids.flatten())
         if weight.grad is None:
             weight.grad = torch.zeros_like(weight)
-        weight.grad.index_add_(0, local[inside], grad.reshape(-1, grad.shape[-1])[inside].to(weight.dtype))
+        # every token, zero where outside the shard: boolean indexing would wait for the device (a host sync)
+        rows = grad.reshape(-1, grad.shape[-1]).to(weight.dtype) * inside[:, None]
+        weight.grad.index_add_(0, local, rows)
     accumulated(weight)

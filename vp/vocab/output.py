@@ -30,7 +30,7 @@ import torch.distributed as dist
 
 from vp.comm import Comm
 from vp.schedule.methods import VOCAB, VocabAlgorithm
-from vp.wgrad import accumulated
+from vp.wgrad import accumulated, compute_dtype, compute_weight
 
 
 @dataclass(frozen=True)
@@ -125,14 +125,15 @@ def s_pass(shard: Shard, weight: torch.Tensor, x: torch.Tensor, targets: torch.T
         exp, stats = _local_stats(shard, y, targets)
         state = OutputState(x, targets, weights, exp, stats)
         if algo.grad_x_in_s:
+            # every row's (clamped) target column, masked arithmetic: no host sync (nonzero, boolean indexing)
             local, inside = shard.local_targets(targets)
-            rows = inside.nonzero()[:, 0]
+            column = local[:, None]
             s = _nonzero(stats[1])
-            exp_target = exp[rows, local[rows]]
-            exp[rows, local[rows]] -= s[rows]  # s_i (P_i - onehot_i(y)), in fp32
+            exp_target = exp.gather(1, column)
+            exp.scatter_add_(1, column, -(s * inside)[:, None])  # s_i (P_i - onehot_i(y)), in fp32; - 0 elsewhere
             # A'_i = (P_i - onehot_i(y)) W_i; under autocast a bf16 GEMM of an fp32-exact difference
             state.a = (exp @ weight).div_(s[:, None])
-            exp[rows, local[rows]] = exp_target  # exp(Y_i - m_i) again, exactly, for T
+            exp.scatter_(1, column, exp_target)  # exp(Y_i - m_i) again, exactly, for T
             state.e = weight[local].float() * inside[:, None]  # [n, h], exact
         return state
 
@@ -169,7 +170,8 @@ def t_pass(shard: Shard, weight: torch.Tensor, state: OutputState, algo: VocabAl
         state.a = state.e = None
         accumulate_product(weight, grad_y.t(), state.x)
         if not algo.grad_x_in_s:  # fp32 like Algorithm 2's grad X, so both reduce the same bytes
-            state.partial_grad_x = (grad_y.to(weight.dtype) @ weight).float()
+            dtype = compute_dtype(grad_y) or weight.dtype
+            state.partial_grad_x = (grad_y.to(dtype) @ compute_weight(weight, dtype)).float()
         state.exp = None
     return state
 
@@ -222,17 +224,19 @@ def _grad_y_(shard: Shard, exp: torch.Tensor, scale: torch.Tensor, targets: torc
     in one pass (the normalisation and the loss weights are folded into one factor per token)."""
     grad_y = exp.mul_((weights * scale)[:, None])
     local, inside = shard.local_targets(targets)
-    grad_y[inside, local[inside]] -= weights[inside]
-    return grad_y
+    return grad_y.scatter_add_(1, local[:, None], -(weights * inside)[:, None])  # no host sync: - 0 off the shard
 
 
-def accumulate_product(param: torch.Tensor, a: torch.Tensor, b: torch.Tensor):
-    """param.grad += a @ b. In one GEMM into the existing gradient when the dtypes allow it (fp32): on CPU a
-    fresh [V/p, h] product costs page faults and another pass over memory."""
-    if param.grad is not None and a.dtype == b.dtype == param.grad.dtype:
-        param.grad.addmm_(a, b)
+def accumulate_product(param: torch.Tensor, a: torch.Tensor, b: torch.Tensor, dtype: torch.dtype | None = None):
+    """param.grad += a @ b, the GEMM in the step's compute dtype (`dtype`, else autocast's on a's device, else a's:
+    vp.wgrad.compute_dtype, the one precision policy), accumulated into the fp32 gradient. In fp32, one GEMM into
+    the existing gradient (addmm_): on CPU a fresh [V/p, h] product costs page faults and another pass over memory.
+    In-place ops are not autocast, so the policy cannot be left to autocast here."""
+    dtype = dtype or compute_dtype(a) or a.dtype
+    if param.grad is not None and dtype == param.grad.dtype:
+        param.grad.addmm_(a.to(dtype), b.to(dtype))
     else:
-        grad = (a.to(b.dtype) @ b).to(param.dtype)
+        grad = (a.to(dtype) @ b.to(dtype)).to(param.dtype)
         param.grad = grad if param.grad is None else param.grad.add_(grad)
     accumulated(param)
 
@@ -251,7 +255,8 @@ class LocalOutputLoss(torch.autograd.Function):
         exp, stats = _local_stats(shard, y, targets)  # exp(Y - m) in place of Y; [m, s, target logit]
         m, s, t = stats
         ctx.save_for_backward(x, exp, s, targets, weights)
-        ctx.weight, ctx.shard, ctx.store = weight, shard, store
+        # the backward's GEMMs in the forward's compute dtype, whatever autocast state the backward runs under
+        ctx.weight, ctx.shard, ctx.store, ctx.dtype = weight, shard, store, compute_dtype(x) or x.dtype
         # loss_t = log s + m - Y_t,y_t
         return (weights * (torch.log(s) + m - t)).sum()
 
@@ -261,11 +266,12 @@ class LocalOutputLoss(torch.autograd.Function):
         x, exp, s, targets, weights = ctx.saved_tensors
         weight = ctx.weight
         grad_y = _grad_y_(ctx.shard, exp, 1.0 / s, targets, weights * grad_loss)  # [n, V], in place of exp
-        grad_x = grad_y.to(weight.dtype) @ weight  # [n, h]
-        if ctx.store is not None:  # W of a split backward computes grad W = grad Y^T x later
-            ctx.store.put(x, grad_y, weight)
+        dtype = ctx.dtype
+        grad_x = grad_y.to(dtype) @ compute_weight(weight, dtype)  # [n, h]
+        if ctx.store is not None:  # W of a split backward computes grad W = grad Y^T x later, in the same dtype
+            ctx.store.put(x.to(dtype), grad_y.to(dtype), weight)
         else:
-            accumulate_product(weight, grad_y.t().to(x.dtype), x)
+            accumulate_product(weight, grad_y.t(), x, dtype)
         return grad_x.to(x.dtype), None, None, None, None, None
 
 
