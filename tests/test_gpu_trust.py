@@ -278,7 +278,7 @@ def split_run(rank, world, cfg):
     counting the world-wide calls; ('ok', measurement, calls) on every rank."""
     import torch.distributed as dist
 
-    from vp import comm as comm_module
+    from vp import comm_groups as comm_module
 
     calls = []
 
