@@ -10,7 +10,7 @@ ARGS ?=
 # one stamp per requested torch: asking for another build makes it out of date
 TORCH_STAMP := $(VENV)/.torch-$(shell printf '%s' '$(TORCH)' | cksum | cut -d' ' -f1)
 
-.PHONY: help venv test sweep report paper-tables paper-artifact calibrate-paper plan-check model-check bench gpu-check slurm-up slurm-down clean
+.PHONY: help venv test sweep report paper-tables claims paper-artifact calibrate-paper plan-check model-check bench gpu-check slurm-up slurm-down clean
 
 help:  ## this list
 	@awk 'BEGIN {FS = ":.*## "} /^[a-z-]+:.*## / {printf "  make %-13s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -62,10 +62,14 @@ paper-tables: venv  ## the papers' grids predicted with the cost model (paper_1f
 
 # one simulated sweep per experiment, two at a time (independent processes and result folders); paper_1f1b, the
 # largest, stays whole: its jobs share group choices in pairs (run.seq_len), which halves its composing
-sim-paper_1f1b sim-paper_vhalf sim-vp_tp: sim-%: venv
+sim-paper_1f1b sim-paper_vhalf sim-vp_tp sim-paper_artifact sim-vocab_padding: sim-%: venv
 	$(PY) -m harness.sweep experiment=$* backend=sim hardware=$(PAPER_HW) logger=off report=false $(ARGS)
 sim-tp_scaling: venv
 	$(PY) -m harness.sweep experiment=tp_scaling backend=sim logger=off report=false $(ARGS)
+
+claims: venv  ## every reproducible claim of both papers beside the simulated figure (reports/claims/README.md)
+	$(MAKE) --no-print-directory -j2 sim-paper_1f1b sim-paper_vhalf sim-paper_artifact sim-vocab_padding sim-tp_scaling
+	$(PY) -m harness.report.claims
 
 paper-artifact: venv  ## a100_paper against the published artifact MFU, and the vocabulary-padding effect
 	$(PY) -m harness.sweep experiment=paper_artifact backend=sim hardware=$(PAPER_HW) logger=off report=false $(ARGS)

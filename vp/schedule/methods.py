@@ -6,6 +6,7 @@ a vocabulary algorithm (a row of VOCAB) and whether layers move off the last sta
 here, one generator (or a family that exists), one config file (conf/method/) and tests.
 """
 from dataclasses import dataclass
+from functools import partial
 from typing import Callable
 
 from vp.schedule import generators as gen
@@ -75,6 +76,8 @@ FAMILIES = {
         Family("interleaved", gen.interleaved, "loop", False, 0, microbatches_multiple_of_pp=True),
         Family("interlaced", interlaced, "loop", False, 1, places_vocab=True),
         Family("vhalf", vhalf, "v", True, 2, vocab_placer=place_vocab_passes),
+        # the zero-bubble main branch's order: both ends squeezed (vp.schedule.vhalf); the paper's runs did not
+        Family("vhalf-squeezed", partial(vhalf, squeeze=True), "v", True, 2, vocab_placer=place_vocab_passes),
     ]
 }
 
@@ -115,6 +118,9 @@ METHODS = {
         _method("vhalf", "vhalf", "local"),
         _method("vhalf-vocab-1", "vhalf", "alg1"),
         _method("vhalf-vocab-2", "vhalf", "alg2"),
+        _method("vhalf-squeezed", "vhalf-squeezed", "local"),
+        _method("vhalf-squeezed-vocab-1", "vhalf-squeezed", "alg1"),
+        _method("vhalf-squeezed-vocab-2", "vhalf-squeezed", "alg2"),
         _method("interleaved-vocab-1", "interleaved", "alg1"),
         _method("interleaved-vocab-2", "interleaved", "alg2"),
     ]
