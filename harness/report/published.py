@@ -124,8 +124,7 @@ def variant_effect(df: pd.DataFrame, name: str) -> tuple[list[Table], list[str]]
 
 
 # V-Half's two orders (vp.schedule.vhalf): the paper's runs (v-half-vocab branch, no squeeze) and the main branch's
-ORDERS = {"vhalf": "vhalf-squeezed", "vhalf-vocab-1": "vhalf-squeezed-vocab-1",
-          "vhalf-vocab-2": "vhalf-squeezed-vocab-2"}
+ORDERS = {"vhalf": "vhalf-squeezed"}
 
 
 def order_effect(df: pd.DataFrame) -> tuple[list[Table], list[str]]:
@@ -161,8 +160,8 @@ def order_effect(df: pd.DataFrame) -> tuple[list[Table], list[str]]:
                      f"runs)" for m, v in by_method.items() if v)
     return [Table("vhalf_orders", "V-Half's order: the paper's runs against the squeezed generator",
                   "Each V-Half run in the order the paper's runs used (the v-half-vocab branch: the repeating block, "
-                  "no squeeze) beside the same run in the zero-bubble main branch's squeezed order (methods "
-                  "vhalf-squeezed*): MFU, bubble rate and peak memory (with NCCL's buffers).",
+                  "no squeeze) beside the same run in the zero-bubble main branch's squeezed order (method "
+                  "vhalf-squeezed): MFU, bubble rate and peak memory (with NCCL's buffers).",
                   _frame(columns, rows))], ([f"The squeezed order: {note}."] if note else [])
 
 
