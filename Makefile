@@ -10,7 +10,7 @@ ARGS ?=
 # one stamp per requested torch: asking for another build makes it out of date
 TORCH_STAMP := $(VENV)/.torch-$(shell printf '%s' '$(TORCH)' | cksum | cut -d' ' -f1)
 
-.PHONY: help venv test sweep plan report dashboard paper-tables paper-artifact gpu-check calibrate-paper plan-check model-check bench slurm-up slurm-down clean
+.PHONY: help venv test sweep plan report dashboard paper-tables claims paper-artifact gpu-check calibrate-paper plan-check model-check bench slurm-up slurm-down clean
 
 # Make variables are the Hydra keys in capitals (EXPERIMENT= is experiment=, HARDWARE= is hardware=, ...). Renamed
 # ones (vp/renamed.py MAKE_VARIABLES) are refused for one release with a pointer to the new name.
@@ -89,10 +89,19 @@ paper-tables: venv  ## the papers' grids predicted with the cost model (paper_1f
 
 # one simulated sweep per experiment, two at a time (independent processes and result folders); paper_1f1b, the
 # largest, stays whole: its jobs share group choices in pairs (run.seq_len), which halves its composing
-sim-paper_1f1b sim-paper_vhalf sim-vp_tp: sim-%: venv
+sim-paper_1f1b sim-paper_vhalf sim-vp_tp sim-paper_artifact sim-vocab_padding: sim-%: venv
 	$(PY) -m harness.sweep experiment=$* backend=sim hardware=$(PAPER_HARDWARE) logger=off report=false $(ARGS)
 sim-tp_scaling: venv
 	$(PY) -m harness.sweep experiment=tp_scaling backend=sim logger=off report=false $(ARGS)
+
+claims: venv  ## every reproducible claim of both papers beside the simulated figure (reports/claims/README.md)
+	$(MAKE) --no-print-directory -j2 sim-paper_1f1b sim-paper_vhalf sim-paper_artifact sim-vocab_padding sim-tp_scaling \
+		sim-tp_scaling-4pn
+	$(PY) -m harness.report.claims
+
+# the 2.5-D paper's testbed is not known: its grid also on A100s 4 to a node (tp_scaling has 8 to a node)
+sim-tp_scaling-4pn: venv
+	$(PY) -m harness.sweep experiment=tp_scaling backend=sim logger=off report=false 'grid.product.hardware=[a100_4pn]' $(ARGS)
 
 paper-artifact: venv  ## a100_paper against the published artifact MFU, and the vocabulary-padding effect
 	$(PY) -m harness.sweep experiment=paper_artifact backend=sim hardware=$(PAPER_HARDWARE) logger=off report=false $(ARGS)

@@ -73,7 +73,7 @@ def observations(records: list[dict], skeleton: Hardware) -> tuple[list[dict], l
                 if kind in ("F", "B", "W"):  # a rank's mean pass: the mean over the stages its pipeline rank holds
                     p = cfg.mesh.coords(rank).p
                     parts = [row_of(work.get((kind, sched.stage(p, c)), {})) for c in range(sched.chunks)]
-                    row = {k: statistics.mean(p.get(k, 0.0) for p in parts) for k in (*EFF_KINDS, "bytes")}
+                    row = {k: statistics.mean(p.get(k, 0.0) for p in parts) for k in (*EFF_KINDS, "bytes", "passes")}
                 else:
                     row = row_of(work.get((kind, None), {}))
                 if any(v > 0 for v in row.values()):

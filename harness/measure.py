@@ -58,8 +58,8 @@ WAKE = "pairs computing 10 ms between exchanges, 4 processes against 2 on 2 core
 CROWDING = (f"slowest of up to {CROWDING_PROCESSES} processes at once over one alone, bursts of {CROWDING_CYCLES} "
             f"passes, {CROWDING_REPEATS} alternations")
 # which passes are timed as the runtime runs them (vp.cost.measure_passes): a profile without them is measured again
-PASSES = ("layers and output layer in 3 rounds across the calibration; tensor-parallel layers and vocabulary layers "
-          "in their group's world")
+PASSES = ("layers, output layer and an empty stage pass in 3 rounds across the calibration; tensor-parallel layers "
+          "and vocabulary layers in their group's world")
 
 
 def machine(device: torch.device, dtype: str, threads: int) -> dict:
@@ -291,7 +291,8 @@ def pass_round(jobs: dict, device: torch.device, dtype: torch.dtype, timer) -> d
     and keeps each row's mean: one short burst takes the machine's speed of its moment, which moves here by tens of
     percent within a minute (docs/cost-model.md)."""
     return {"layers": P.layers(sorted(jobs["layers"]), device, dtype, timer, cycles=6),
-            "output": P.output_passes(sorted(jobs["output"]), device, dtype, timer, cycles=4)}
+            "output": P.output_passes(sorted(jobs["output"]), device, dtype, timer, cycles=4),
+            "pass_fixed": P.empty_passes(device, dtype, timer)}
 
 
 def mean_rows(rounds: list[list[list]]) -> list[list]:
@@ -359,8 +360,12 @@ def fitted(name: str, device: torch.device, dtype: str, peak: float, measured: d
         link = {"link_latency": latency, "link_bandwidth": link_bw}
         if device.type == "cpu":
             link |= {"ib_latency": latency, "ib_bandwidth": link_bw}
+    # the overhead in two parts: per operation (kernel_s) and per pass, what a stage pass over no layer took (F, B, W)
+    fixed = measured.get("pass_fixed") or []
+    overhead = statistics.median(fixed[0][:3]) if fixed else 0.0
     return replace(base, gemm_efficiency=min(1.0, gemm_eff), attention_efficiency=min(1.0, attention_eff),
-                   mem_bandwidth=bandwidth, mem_efficiency=1.0, kernel_s=kernel_s, machine=here,
+                   mem_bandwidth=bandwidth, mem_efficiency=1.0, kernel_s=kernel_s, pass_overhead_s=overhead,
+                   machine=here,
                    optimizer_s_per_param=measured["optimizer"][0][2] / (measured["optimizer"][0][0] *
                                                                         measured["optimizer"][0][1]),
                    measured=measured, **link)

@@ -160,7 +160,8 @@ if __name__ == "__main__" and sys.argv[1:] == ["--write-builds"]:
     BUILDS.write_text(json.dumps(build_digests(), indent=1, sort_keys=True) + "\n")
     print(f"wrote {BUILDS}")
 
-TIMING = ("bubble_fraction", "bubble_rate", "iteration_time_s", "iteration_times_s", "mfu", "tail_s", "tokens_per_s")
+TIMING = ("bubble_fraction", "bubble_rate", "iteration_time_s", "iteration_times_s", "mfu", "pass_time_s", "tail_s",
+          "tokens_per_s")
 
 
 def retaken(case: dict) -> dict:

@@ -39,7 +39,7 @@ def test_every_config_group_option_composes_to_its_file(group):
     ([], 12),
     (["experiment=paper_1f1b", "cluster=slurm", "cluster.partition=gpu"], 192),  # backend=sim plans the same jobs
     (["experiment=gpu", "cluster=slurm", "cluster.partition=gpu"], 40),  # make sweep CLUSTER=slurm PARTITION=gpu
-    (["experiment=paper_vhalf", "backend=sim"], 72),
+    (["experiment=paper_vhalf", "backend=sim"], 96),
     (["experiment=vocab_padding", "backend=sim"], 4),
 ])
 def test_presets_dry_run(tmp_path, monkeypatch, overrides, jobs):

@@ -55,7 +55,7 @@ def test_layers_and_output_layer_timed_as_the_runtime_runs_them_scale_every_runs
     """vp.cost.measure_passes.layers and output_passes on tiny shapes (the real code paths); pass_factors: each row over
     the composed time of its shape; compute_times: the measured shape's parts come out as measured, and every other
     run (other shapes, tensor parallelism) is scaled by the same factors, so plans compare on one footing."""
-    from vp.cost.passes import pass_factors
+    from vp.cost.factors import pass_factors
     from vp.cost.tables import layer_key
 
     timer = M.Timer(torch.device("cpu"))
@@ -105,7 +105,8 @@ def test_a_tensor_parallel_layer_timed_in_its_groups_world_prices_its_work_and_i
     adds beyond the work (stretched where the group's processes share cores) over the modelled collectives; so a
     run at the measured shape pays per layer its measured CPU time as work and the rest as collectives."""
     from vp.cost.network import Network
-    from vp.cost.passes import Shapes, layer_gemm_s, pass_factors, pass_times
+    from vp.cost.factors import pass_factors
+    from vp.cost.passes import Shapes, layer_gemm_s, pass_times
     from vp.cost.tables import tp_layer_key
     from vp.cost.tensor import pass_comm_s
 
@@ -150,7 +151,8 @@ def test_a_grids_measured_layers_price_each_pass_and_stage_of_any_schedule(metho
     beyond the stretched work, per layer, in F, B and W where the schedule splits W (vhalf), in B from the whole
     backward's row where it does not (baseline): the SUMMA loops' collectives, with their credit, scaled alike."""
     from vp.cost.network import Network
-    from vp.cost.passes import Shapes, layer_gemm_s, pass_factors, pass_times
+    from vp.cost.factors import pass_factors
+    from vp.cost.passes import Shapes, layer_gemm_s, pass_times
     from vp.cost.tables import tp_layer_key
     from vp.cost.tensor import pass_comm_s
 
@@ -190,7 +192,8 @@ def test_a_tensor_parallel_stages_vocabulary_layers_timed_in_its_world_are_what_
     splits W pays the row's T over B and W together; another shape keeps the composed parts; a run with vocabulary
     parallelism keeps its S and T passes' own factors: its vocabulary layers run elsewhere."""
     from vp.cost import pass_costs
-    from vp.cost.passes import pass_factors, pass_times
+    from vp.cost.factors import pass_factors
+    from vp.cost.passes import pass_times
     from vp.cost.tables import VOCAB_PARTS, tp_layer_key, tp_vocab_key
     from vp.schedule import simulate
 

@@ -8,6 +8,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 HERE = Path(__file__).parent
+# the published tables a fit may see: the 1F1B artifact only. Every other table (V-Half, the padding statement) is
+# held out, predicted from the profile fitted on it (docs/cost-model.md, "Which rows are fitted, which predicted")
+FITTABLE = ("paper_artifact",)
+
+
+def check_fittable(name: str) -> None:
+    if name not in FITTABLE:
+        raise ValueError(f"--published {name}: harness/published/{name}.csv is held out (it is predicted, never "
+                         f"fitted); a profile may be fitted to {', '.join(FITTABLE)} only")
 
 
 @dataclass(frozen=True)

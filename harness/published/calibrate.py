@@ -39,6 +39,7 @@ def calibrate_published(name: str, profile: str, base: str, out: Path, log=print
     if base not in PROFILES:
         raise ValueError(f"--base {base} is not a built-in profile; use one of {', '.join(PROFILES)}")
     published.path_of(name)
+    published.check_fittable(name)
     runs = experiment_runs(name)
     pairs = published.pair(name, [run.to_dict() for run in runs])
     rows = [row for _, row in pairs]

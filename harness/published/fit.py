@@ -24,7 +24,10 @@ class Param:
     step: float  # finite-difference step
 
 
-FITTED = (Param("gemm_efficiency", 0.3, 1.0, 0.01), Param("pass_overhead_s", 0.0, 5e-3, 5e-5))
+# the overhead in two parts (docs/cost-model.md, "What a pass costs beyond its work"): kernel_s per operation a pass
+# issues (so it scales with the layers in the pass and the split of B and W) and pass_overhead_s per pass
+FITTED = (Param("gemm_efficiency", 0.3, 1.0, 0.01), Param("kernel_s", 0.0, 1e-4, 1e-6),
+          Param("pass_overhead_s", 0.0, 5e-3, 5e-5))
 HUBER = 0.05  # residuals (log ratio) beyond 5 % count linearly
 
 

@@ -123,7 +123,50 @@ def variant_effect(df: pd.DataFrame, name: str) -> tuple[list[Table], list[str]]
                   "tokens/s, and tokens/s relative to the first variant of the same cell.", _frame(columns, rows))], notes
 
 
+# V-Half's two orders (vp.schedule.vhalf): the paper's runs (v-half-vocab branch, no squeeze) and the main branch's
+ORDERS = {"vhalf": "vhalf-squeezed"}
+
+
+def order_effect(df: pd.DataFrame) -> tuple[list[Table], list[str]]:
+    """Each V-Half run beside the same run in the squeezed order: MFU, bubble rate and peak memory of each."""
+    columns = [("", "Hardware"), ("", "GPUs"), ("", "Seq"), ("", "Vocab"), ("", "Method (paper's order)")]
+    for what in ("MFU (%)", "Bubble rate"):
+        columns += [(what, "paper's order"), (what, "squeezed"), (what, "squeezed / paper's")]
+    columns += [("Peak memory (GiB)", "paper's order"), ("Peak memory (GiB)", "squeezed")]
+    rows, gains = [], []
+    for _, g in df[df["method"].isin(list(ORDERS) + list(ORDERS.values()))].groupby(
+            ["group", "mesh_key", "seq_len", "vocab_size", "variant"], sort=False):
+        by = {r["method"]: r for r in g.to_dict("records")}
+        for paper, squeezed in ORDERS.items():
+            a, b = by.get(paper), by.get(squeezed)
+            if a is None or b is None:
+                continue
+            ok = a["status"] == "ok" and b["status"] == "ok"
+            bubble = [r["record"]["metrics"].get("bubble_rate") if r["status"] == "ok" else None for r in (a, b)]
+            line = [a["group"], str(a["gpus"]), str(a["seq_len"]), a["vocab"], paper]
+            line += [_cell(a, lambda r: r["mfu"] * 100, ".2f"), _cell(b, lambda r: r["mfu"] * 100, ".2f"),
+                     _num(b["mfu"] / a["mfu"] if ok else None, ".3f")]
+            line += [_num(bubble[0], ".3f"), _num(bubble[1], ".3f"),
+                     _num(bubble[1] / bubble[0] if ok and bubble[0] else None, ".3f")]
+            line += [_cell(a, lambda r: r["max_memory_bytes"] / 2**30, ".2f"),
+                     _cell(b, lambda r: r["max_memory_bytes"] / 2**30, ".2f")]
+            rows.append(line)
+            if ok:
+                gains.append((paper, b["mfu"] / a["mfu"] - 1))
+    if not rows:
+        return [], []
+    by_method = {m: [x for p, x in gains if p == m] for m in ORDERS}
+    note = "; ".join(f"{ORDERS[m]} against {m}: {statistics.median(v) * 100:+.2f} % MFU (median over {len(v)} "
+                     f"runs)" for m, v in by_method.items() if v)
+    return [Table("vhalf_orders", "V-Half's order: the paper's runs against the squeezed generator",
+                  "Each V-Half run in the order the paper's runs used (the v-half-vocab branch: the repeating block, "
+                  "no squeeze) beside the same run in the zero-bubble main branch's squeezed order (method "
+                  "vhalf-squeezed): MFU, bubble rate and peak memory (with NCCL's buffers).",
+                  _frame(columns, rows))], ([f"The squeezed order: {note}."] if note else [])
+
+
 def published_tables(df: pd.DataFrame, name: str) -> tuple[list[Table], list[str]]:
     tables, notes = published_vs_sim(df, name)
     more, more_notes = variant_effect(df, name)
-    return tables + more, notes + fitted_or_predicted(df) + more_notes
+    orders, order_notes = order_effect(df)
+    return tables + more + orders, notes + fitted_or_predicted(df) + more_notes + order_notes

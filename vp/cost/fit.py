@@ -10,14 +10,15 @@ from vp.schedule.actions import COMPUTE as EFF_KINDS  # vp.cost.EFF_KINDS
 
 
 def fit_speeds(rows: list[dict], times: list[float]) -> tuple[dict, float, float]:
-    """seconds = overhead + sum_k modelled_k / multiplier_k + bytes / bandwidth, least squares on relative error;
+    """seconds = overhead x passes + sum_k modelled_k / multiplier_k + bytes / bandwidth (passes: 1, 0 for a W pass),
+    least squares on relative error;
     returns (multiplier per kind, elementwise bandwidth bytes/s, overhead s); all must come out positive."""
     kinds = [k for k in EFF_KINDS if any(r.get(k, 0) > 0 for r in rows)]
     has_bytes = any(r.get("bytes", 0) > 0 for r in rows)
     t = np.array(times)
     for with_overhead in (True, False):
         a = np.array([[r.get(k, 0.0) for k in kinds] + ([r.get("bytes", 0.0)] if has_bytes else [])
-                      + ([1.0] if with_overhead else []) for r in rows])
+                      + ([r.get("passes", 1.0)] if with_overhead else []) for r in rows])
         a = a / t[:, None]
         scale = np.linalg.norm(a, axis=0)  # columns of seconds, bytes and ones: equilibrated, or bytes dominate
         scale[scale == 0] = 1.0
@@ -34,9 +35,12 @@ def fit_speeds(rows: list[dict], times: list[float]) -> tuple[dict, float, float
 
 def observation(skeleton: Hardware, parts: dict) -> dict:
     """One pass's row for fit_speeds: the GEMM and attention seconds the skeleton models per efficiency kind at
-    multiplier 1, and its elementwise bytes under 'bytes'."""
-    row = dict(work_seconds(skeleton, parts).compute)
+    multiplier 1, its elementwise bytes under 'bytes', and under 'passes' whether it pays the per-pass overhead (a W
+    pass does not: vp.cost.passes.UNSYNCHRONISED; only a W pass's parts hold a W part)."""
+    seconds = work_seconds(skeleton, parts)
+    row = dict(seconds.compute)
     row["bytes"] = sum(w.mem_bytes for w in parts.values())
+    row["passes"] = seconds.passes
     return row
 
 

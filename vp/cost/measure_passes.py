@@ -13,10 +13,10 @@ import torch.distributed as dist
 
 from vp.cost.measure import Timer
 from vp.cost.measure_comm import in_world, or_exit
-from vp.cost.tables import LAYER_PASSES, VOCAB_PARTS
+from vp.cost.tables import LAYER_PASSES, LAYERS_PER_ROW, VOCAB_PARTS
 
 IN_FLIGHT = 4  # microbatches whose layer activations a layers row holds, as a pipeline stage holds several
-LAYERS = 2  # transformer layers per timed pass of a layers row (the row is per layer)
+LAYERS = LAYERS_PER_ROW  # transformer layers per timed pass of a layers row (the row is per layer)
 
 
 def layers(shapes, device: torch.device, dtype: torch.dtype, timer: Timer, cycles: int = 12) -> list[list]:
@@ -50,6 +50,27 @@ def layers(shapes, device: torch.device, dtype: torch.dtype, timer: Timer, cycle
         per_layer = {k: statistics.median(v) / LAYERS for k, v in times.items()}
         out.append([b, s, h, heads, ffn] + [per_layer[k] for k in LAYER_PASSES])
     return out
+
+
+def empty_passes(device: torch.device, dtype: torch.dtype, timer: Timer, cycles: int = 12) -> list[list]:
+    """[[F, B, W, BW]]: seconds of a stage pass over no transformer layer, run as `layers` runs a stage's (the
+    activation meter's tracking, autograd's entry and exit, the WeightGradStore's flush): the part of a pass that
+    does not grow with its layers, the profile's pass_overhead_s. What grows with them is the layers' operations,
+    each at the profile's kernel_s beside its work (vp.cost.passes.LAYER_KERNELS)."""
+    from vp.runtime.memory import ActivationMeter
+
+    times = {k: [] for k in LAYER_PASSES}
+
+    def timed(kind, fn):
+        if kind:
+            times[kind].append(timer.sample(fn))
+        else:
+            fn()
+
+    shape = (1, 8, 8)  # an input as small as a pass can be handed: what is left is the pass's own fixed cost
+    stage_passes([], ActivationMeter([]), lambda: torch.randn(shape, device=device).requires_grad_(), timed,
+                 cycles + IN_FLIGHT)
+    return [[statistics.median(times[k]) for k in LAYER_PASSES]]
 
 
 def stage_passes(blocks, meter, new_input, timed, steps: int, cast=contextlib.nullcontext()) -> None:

@@ -25,18 +25,14 @@ profile times each size at its own measured rate, and each fresh byte at its mea
 reuse), nor the output layer's: its large tensors are GEMM outputs, timed with their allocation in the GEMM table,
 and its cross-entropy steps run in place.
 """
-import statistics
-import weakref
 from dataclasses import dataclass, field
 
 from vp.config import RunConfig
 from vp.cost.gemm import Gemm, elementwise_time, gemm_time
 from vp.cost.network import Network
 from vp.cost.profiles import Hardware
-from vp.schedule.methods import VOCAB
-from vp.cost.tensor import ONE_DEVICE, Split, layer_comm_s, pass_comm_s, vocab_comm_s
+from vp.cost.tensor import ONE_DEVICE, Split, pass_comm_s
 from vp.cost.tables import tp_layer_key, tp_vocab_key
-from vp.tp.modes import get_mode
 from vp.schedule import Schedule
 
 
@@ -82,6 +78,9 @@ OUTPUT_KERNELS = {True: 8, False: 4}
 INPUT_KERNELS = 2
 
 
+# pass kinds without the per-pass fixed part (pass_overhead_s): W exchanges nothing with other ranks and enters no
+# autograd graph (docs/cost-model.md, "What a pass costs beyond its work")
+UNSYNCHRONISED = ("W",)
 OUTPUT_GEMMS = ("logits", "grad_input", "grad_weight")  # in the order a vocabulary algorithm's S, then T, take them
 
 
@@ -199,13 +198,19 @@ def pass_work(cfg: RunConfig, hw: Hardware, sched: Schedule) -> dict:
 @dataclass(frozen=True)
 class Seconds:
     """A pass's modelled time split the way calibration fits it: per eff_kind the GEMM and attention seconds at
-    multiplier 1, the elementwise seconds, the operations' fixed costs, and the fixed per-pass overhead."""
+    multiplier 1, the elementwise seconds, the operations' fixed costs (kernel_s each), and how many per-pass parts
+    (pass_overhead_s) it pays: 1, or 0 for a W pass (UNSYNCHRONISED)."""
     compute: dict = field(default_factory=dict)
     memory: float = 0.0
     fixed: float = 0.0
+    passes: float = 1.0
+
+    def work(self, hw: Hardware) -> float:
+        """Seconds of the pass's operations: everything but the per-pass part."""
+        return self.fixed + self.memory + sum(s / hw.eff(k) for k, s in self.compute.items())
 
     def total(self, hw: Hardware) -> float:
-        return hw.pass_overhead_s + self.fixed + self.memory + sum(s / hw.eff(k) for k, s in self.compute.items())
+        return hw.pass_overhead_s * self.passes + self.work(hw)
 
 
 def attention_time(hw: Hardware, work: Work) -> float:
@@ -238,7 +243,12 @@ def work_seconds(hw: Hardware, parts: dict) -> Seconds:
         if work.activation:
             memory += activation_time(hw, work)
         fixed += work.kernels * hw.kernel_s
-    return Seconds(compute, memory, fixed)
+    return Seconds(compute, memory, fixed, per_pass(parts))
+
+
+def per_pass(parts: dict) -> float:
+    """How many per-pass parts a pass of these parts pays: none for a W pass (only a W pass holds a W part)."""
+    return 0.0 if any(k in UNSYNCHRONISED for k in parts) else 1.0
 
 
 def compute_times(cfg: RunConfig, hw: Hardware, sched: Schedule) -> dict:
@@ -246,6 +256,8 @@ def compute_times(cfg: RunConfig, hw: Hardware, sched: Schedule) -> dict:
     composed from its operations (work_seconds), times the profile's factor for its kind where the profile timed
     passes as the runtime runs them (pass_factors; every run and mesh alike, so plans compare on one footing)."""
     out, timed = {}, {}  # parts shared by stages alike (pass_work) are timed once
+    from vp.cost.factors import pass_factors  # which composes passes with this module's functions
+
     factors = pass_factors(hw)
     tp = tp_key(cfg) if factors else None
     vocab = tp_vocab_key(cfg) if tp else None
@@ -256,9 +268,9 @@ def compute_times(cfg: RunConfig, hw: Hardware, sched: Schedule) -> dict:
             elif not factors:
                 timed[id(parts)] = work_seconds(hw, parts).total(hw)
             else:
-                timed[id(parts)] = hw.pass_overhead_s + sum(
-                    (work_seconds(hw, {k: w}).total(hw) - hw.pass_overhead_s)
-                    * _factor(factors, k, key, sched, tp, vocab) for k, w in parts.items())
+                timed[id(parts)] = hw.pass_overhead_s * per_pass(parts) + sum(
+                    work_seconds(hw, {k: w}).work(hw) * _factor(factors, k, key, sched, tp, vocab)
+                    for k, w in parts.items())
         out[key] = timed[id(parts)]
     return out
 
@@ -286,87 +298,6 @@ def _factor(factors: dict, eff_kind: str, key: tuple, sched: Schedule, tp: tuple
     return 1.0
 
 
-_FACTORS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # Tables -> pass_factors
-
-
-def pass_factors(hw: Hardware) -> dict:
-    """How much longer the runtime's passes took than their composed operations, from the profile's layers and
-    output tables (vp.cost.measure_passes.layers, output_passes): each row's seconds over the composed seconds of the same
-    shape, the median over rows, per part kind: "F", "B", "W", "BW" (the whole backward) for transformer layers;
-    "S" and "T" for the output layer's parts over every algorithm's rows (local, naive, alg1, alg2), which
-    compute_times uses, and ("S", algorithm), ("T", algorithm) for each alone, which it does not: on the
-    development machine two rows of one algorithm gave factors 1.14-1.36 for S, apart by more than the algorithms'
-    difference. From the tp_layers and tp_vocab tables (a stage's layers and vocabulary layers timed in a world of
-    its group's processes), per (mode, tp, depth): ("tp", ..., kind) the CPU time over the composed work of F, B,
-    W and BW (and, per tp_vocab_key, of that shape's parts IF, IB, S, T alone), ("tpcomm", ..., kind) what the
-    wall clock added beyond the work (stretched where the group's processes share cores) over the layers' modelled
-    collectives, and ("tpvocab", ..., F or B) the same over the rest of a stage's (vocabulary layers, final
-    LayerNorm: vp.cost.tensor.pass_comm_s). Empty for a profile without those tables."""
-    tables = hw.tables
-    if tables in _FACTORS:
-        return _FACTORS[tables]
-    ratios: dict = {}
-
-    def add(kind, measured: float, parts: dict):
-        composed = work_seconds(hw, parts).total(hw) - hw.pass_overhead_s
-        if measured > 0 and composed > 0:
-            ratios.setdefault(kind, []).append(measured / composed)
-
-    for (b, seq, h, heads, ffn), row in tables.layers.items():
-        sh = Shapes(b * seq, seq, b, h, ffn, hw.act_bytes, ONE_DEVICE, heads)
-        for kind in ("F", "B", "W"):
-            add(kind, row[kind], {kind: sh.layer(kind)})
-        add("BW", row["BW"], {"B": sh.layer("B") + sh.layer("W")})
-    for (n, rows, h, algo), (s_time, t_time) in tables.output.items():
-        sh = Shapes(n, n, 1, h, 4 * h, hw.act_bytes)
-        s_gemms = 1 if algo == "local" else VOCAB[algo].s_gemms
-        add(("S", algo), s_time, {"S": sh.output(rows, OUTPUT_GEMMS[:s_gemms], True)})
-        add(("T", algo), t_time, {"T": sh.output(rows, OUTPUT_GEMMS[s_gemms:], False)})
-    for (mode, tp, depth, b, seq, h, heads, ffn), row in tables.tp_layers.items():
-        sh = Shapes(b * seq, seq, b, h, ffn, hw.act_bytes, Split(get_mode(mode), tp, depth), heads)
-        for kind in ("F", "B", "W"):
-            add(("tp", mode, tp, depth, kind), row["cpu"][kind], {kind: sh.layer(kind)})
-        add(("tp", mode, tp, depth, "BW"), row["cpu"]["BW"], {"B": sh.layer("B") + sh.layer("W")})
-        net = Network.of(hw, tp)
-        for split_w, kinds in ((True, ("F", "B", "W")), (False, ("BW",))):
-            modelled = layer_comm_s(net, mode, tp, depth, b, seq, h, ffn, hw.act_bytes, split_w,
-                                    layer_gemm_s(hw, sh, split_w))
-            for kind in kinds:
-                exposed = _beyond_work(hw, tp, row, (kind,))
-                seconds = modelled["B" if kind == "BW" else kind]
-                if seconds > 0:
-                    ratios.setdefault(("tpcomm", mode, tp, depth, kind), []).append(exposed / seconds)
-    for (mode, tp, depth, b, seq, h, vocab), row in tables.tp_vocab.items():
-        split = Split(get_mode(mode), tp, depth)
-        sh, rows = Shapes(b * seq, seq, b, h, 4 * h, hw.act_bytes, split), split.vocab_rows(vocab)
-        parts = {"IF": sh.input(True, rows), "IB": sh.input(False, rows),
-                 "S": sh.output(rows, OUTPUT_GEMMS[:1], True), "T": sh.output(rows, OUTPUT_GEMMS[1:], False)}
-        for part, work in parts.items():
-            # this shape's alone: the parts are mostly fixed costs at a calibration's sizes (on the development
-            # machine IF took 96 times its composed work), which no factor carries to other sizes
-            add(("tp", mode, tp, depth, b, seq, h, vocab, part), row["cpu"][part], {part: work})
-        # the rest of a stage's collectives (vocabulary layers, final LayerNorm) as the layers' above
-        modelled = vocab_comm_s(Network.of(hw, tp), mode, tp, depth, b, seq, h, vocab, hw.act_bytes)
-        for kind, kinds in (("F", ("IF", "S")), ("B", ("IB", "T"))):
-            exposed = _beyond_work(hw, tp, row, kinds)
-            if modelled[kind] > 0:
-                ratios.setdefault(("tpvocab", mode, tp, depth, kind), []).append(exposed / modelled[kind])
-    for kind in ("S", "T"):  # every algorithm's rows together: for an algorithm the tables lack
-        pooled = [r for key, values in ratios.items() if isinstance(key, tuple) and key[0] == kind for r in values]
-        if pooled:
-            ratios[kind] = pooled
-    _FACTORS[tables] = out = {k: statistics.median(v) for k, v in ratios.items()}
-    return out
-
-
-def _beyond_work(hw: Hardware, tp: int, row: dict, kinds: tuple) -> float:
-    """What a tp_layers or tp_vocab row's wall clock added beyond its passes' own work (`kinds` summed), as the
-    simulator adds it: the work stretched where the group's processes share cores (vp.cost.costs.sharing), the
-    collectives and the waits for peers on top."""
-    slower = hw.contention(min(tp, hw.gpus_per_node))
-    return max(0.0, sum(row["wall"][k] - slower * row["cpu"][k] for k in kinds))
-
-
 def pass_times(cfg: RunConfig, hw: Hardware, sched: Schedule, compute: dict | None = None) -> dict:
     """Seconds of every pass: {(kind, stage or None): seconds}, its own work (compute_times, or `compute` if given)
     and a stage's tensor-parallel collectives (vp.cost.tensor.pass_comm_s: serial, less what a grid's prefetching
@@ -374,6 +305,8 @@ def pass_times(cfg: RunConfig, hw: Hardware, sched: Schedule, compute: dict | No
     where the simulator finds them computing at once (Costs.sharing, vp.cost.costs.sharing), not here."""
     out = dict(compute_times(cfg, hw, sched) if compute is None else compute)
     if cfg.tp > 1:
+        from vp.cost.factors import pass_factors
+
         net, sh, factors, tp = Network.of(hw, cfg.world), Shapes.of(cfg, hw), pass_factors(hw), tp_key(cfg)
         measured = {k: factors[key] for k in ("F", "B", "W")
                     if (key := ("tpcomm", *tp, layer_pass(k, sched.split_w))) in factors}
