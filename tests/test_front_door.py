@@ -65,7 +65,7 @@ def test_front_door_license_and_citation_name_both_papers():
 
 # what a method file's opening line says of each part of its row (vp/schedule/methods.py)
 FAMILY_WORDS = {"1f1b": "1F1B", "interleaved": "Megatron's interleaved 1F1B", "interlaced": "the interlaced schedule",
-                "vhalf": "V-Half"}
+                "vhalf": "V-Half", "vhalf-squeezed": "V-Half in the squeezed order of the zero-bubble main branch"}
 VOCAB_WORDS = {"local": "the input layer on the first stage and the output layer on the last",
                "naive": "the naive vocabulary-parallel output layer (its barriers inside S and T)",
                "alg1": "the vocabulary passes of Algorithm 1 over all ranks (two barriers)",

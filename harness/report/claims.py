@@ -22,6 +22,7 @@ from harness.report.frame import COLUMNS, records_frame
 from harness.report.scaling import CLAIMS, claim_ratio, tensor_runs
 from vp.cost import Hardware
 from vp.files import write_text_atomic
+from vp.renamed import refuse_renamed_flags
 from vp.schedule import build, simulate
 
 PAPER_HW = "a100_paper"  # the profile every claim of the VP paper needs: A100s, fitted on the 1F1B artifact only
@@ -260,10 +261,10 @@ def build_claims(results: Path, out: Path) -> list[Row]:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description="the papers' claims beside the simulated records (make claims)")
-    ap.add_argument("--results", default="results", help="the results folder (default results)")
+    ap.add_argument("--results-dir", default="results", help="the results folder (default results)")
     ap.add_argument("--out", default="reports/claims", help="where README.md and claims.png go")
-    args = ap.parse_args(argv)
-    rows = build_claims(Path(args.results), Path(args.out))
+    args = refuse_renamed_flags(ap).parse_args(argv)
+    rows = build_claims(Path(args.results_dir), Path(args.out))
     print(f"wrote {args.out}/README.md: {len(rows)} claims, {sum(r.simulated is None for r in rows)} not run")
     return 0
 
