@@ -349,3 +349,29 @@ def test_gpu_trust_the_one_gpu_parts_fit_the_default_budget():
 
     one_gpu = sum(seconds for name, seconds in PARTS.items() if name != "pipeline")
     assert one_gpu <= parse([]).budget_s <= 480, (one_gpu, PARTS)
+
+
+def test_gpu_trust_node_form_flags_are_the_worker_config():
+    """The node form starts vp.train with flags that parse back to exactly the config it means to run."""
+    from vp.gpucheck.pipeline import train_flags, worker_config
+    from vp.train import parse_args
+
+    for method in ("vocab-2", "interleaved", "vhalf-vocab-1"):
+        cfg = worker_config(method, 4)
+        assert parse_args(train_flags(cfg))[0] == cfg, method
+
+
+def test_gpu_trust_node_form_runs_every_rank_under_torchrun_strict_about_syncs():
+    """The node form's launch: torchrun starts the ranks (here on CPU over gloo), each through
+    vp.gpucheck.node_rank; the loss is the single-process reference's, every rank reports its syncs inside actions
+    (none), and a rank made to raise fails the run naming it."""
+    from vp.gpucheck.pipeline import launch_torchrun, worker_config
+    from vp.launch import RunFailed
+    from vp.reference import train_reference
+
+    cfg = worker_config("vocab-2", 2).with_(device="cpu", dtype="fp32", iterations=2, warmup=0, timeout_s=60)
+    record, syncs = launch_torchrun(cfg)
+    assert syncs == {0: [], 1: []}, syncs
+    assert record["metrics"]["loss"] == pytest.approx(train_reference(cfg)[0], rel=1e-5)
+    with pytest.raises(RunFailed, match=r"^rank 1 failed"):
+        launch_torchrun(cfg, fault=(1, "F2", "raise"))

@@ -29,54 +29,13 @@ def dtypes_and_syncs(device: torch.device) -> dict:
     from torch.profiler import profile
 
     from vp.gpucheck.race import fresh_rendezvous
+    from vp.gpucheck.syncs import strict_actions
     from vp.run import run_rank
-    from vp.runtime.executor import Executor
 
     cuda = device.type == "cuda"
     cfg = config(device.type, "bf16" if cuda else "fp32")
-    syncs, originals = [], {name: getattr(Executor, name) for name in ("compute", "launch", "wait")}
-    counted = {name: getattr(torch.Tensor, name) for name in ("item", "nonzero", "tolist")}
-
-    def strict(name):
-        def action(self, *args):
-            if cuda:
-                torch.cuda.set_sync_debug_mode("error")
-            try:
-                return originals[name](self, *args)
-            except RuntimeError as err:
-                syncs.append(f"{name}: {err}"[:300])
-                raise
-            finally:
-                if cuda:
-                    torch.cuda.set_sync_debug_mode("default")
-        return action
-
-    def counting(name):
-        def call(self, *args, **kwargs):
-            syncs.append(name)
-            return counted[name](self, *args, **kwargs)
-        return call
-
-    for name in originals:
-        setattr(Executor, name, strict(name))
-    if not cuda:  # CPU has no sync debug mode: the same actions, their sync-prone calls counted
-        actions = {n: getattr(Executor, n) for n in originals}
-        for name in originals:
-            def scoped(self, *args, _name=name):
-                for n in counted:
-                    setattr(torch.Tensor, n, counting(n))
-                try:
-                    return actions[_name](self, *args)
-                finally:
-                    for n, f in counted.items():
-                        setattr(torch.Tensor, n, f)
-            setattr(Executor, name, scoped)
-    try:
-        with fresh_rendezvous() as rendezvous, profile(record_shapes=True) as prof:
-            record = run_rank(cfg, 0, 1, rendezvous)
-    finally:
-        for name, f in originals.items():
-            setattr(Executor, name, f)
+    with strict_actions(cuda) as syncs, fresh_rendezvous() as rendezvous, profile(record_shapes=True) as prof:
+        record = run_rank(cfg, 0, 1, rendezvous)
     gemms = [e for e in prof.events() if e.name in GEMMS]
     fp32 = [(e.name, e.input_shapes) for e in gemms if "float" in (getattr(e, "input_dtypes", None) or [])]
     return {"dtype": cfg.dtype, "gemms": len(gemms), "fp32_gemms": fp32[:20], "syncs": syncs[:20],

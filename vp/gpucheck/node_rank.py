@@ -1,0 +1,35 @@
+"""One rank of the GPU check's node form, started by torchrun (vp.gpucheck.pipeline.launch_torchrun):
+
+    python -m vp.gpucheck.node_rank --syncs-dir DIR [vp.train's flags]
+
+vp.train's run of this rank with every runtime action strict about host syncs (vp.gpucheck.syncs: CUDA's sync debug
+mode "error", a sync raises inside the action that made it; on CPU the sync-prone calls counted), and the syncs it
+saw written to DIR/syncs-RANK.json, whether the run ended well or not.
+"""
+import json
+import os
+import sys
+from pathlib import Path
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if len(argv) < 2 or argv[0] != "--syncs-dir":
+        print("usage: python -m vp.gpucheck.node_rank --syncs-dir DIR [vp.train's flags] (under torchrun)",
+              file=sys.stderr)
+        return 2
+    out, rest = Path(argv[1]), argv[2:]
+    from vp.gpucheck.syncs import strict_actions
+    from vp.train import main as train
+
+    cuda = "--device" in rest and rest[rest.index("--device") + 1:][:1] == ["cuda"]
+    with strict_actions(cuda) as syncs:
+        try:
+            return train(rest)
+        finally:
+            rank = os.environ.get("RANK", "0")
+            (out / f"syncs-{rank}.json").write_text(json.dumps({"rank": int(rank), "syncs": syncs[:50]}))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
