@@ -373,5 +373,6 @@ def test_gpu_trust_node_form_runs_every_rank_under_torchrun_strict_about_syncs()
     record, syncs = launch_torchrun(cfg)
     assert syncs == {0: [], 1: []}, syncs
     assert record["metrics"]["loss"] == pytest.approx(train_reference(cfg)[0], rel=1e-5)
-    with pytest.raises(RunFailed, match=r"^rank 1 failed"):
+    with pytest.raises(RunFailed, match=r"^rank 1\b") as failed:
         launch_torchrun(cfg, fault=(1, "F2", "raise"))
+    assert failed.value.status == "failed" and "F2" in str(failed.value), failed.value

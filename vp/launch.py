@@ -102,7 +102,7 @@ def launch_local(cfg: RunConfig, fault=None, trace_path: str | None = None, rank
         _replay_logs(workdir, cfg.world)
         failures = [r for r, p in enumerate(procs) if p.exitcode != 0]
         if failures:
-            raise RunFailed(*failure.explain([_rank_end(workdir, r, procs[r].exitcode, r in killed, seen.get(r))
+            raise RunFailed(*failure.explain([rank_end(workdir, r, procs[r].exitcode, r in killed, seen.get(r))
                                               for r in failures]))
         return json.loads((Path(workdir) / "record.json").read_text())
 
@@ -146,7 +146,7 @@ def stop_resource_tracker(grace_s: float = 3.0) -> None:
         pass
 
 
-def _rank_end(workdir: str, rank: int, exitcode: int, killed: bool, seen: float | None) -> RankEnd:
+def rank_end(workdir: str, rank: int, exitcode: int, killed: bool, seen: float | None) -> RankEnd:
     """A failed rank's evidence: its stamped traceback, else NCCL's or the fault handler's words in its log."""
     how = ("stopped after the others failed" if killed else
            f"killed by signal {-exitcode}" if exitcode < 0 else f"exited with code {exitcode}")

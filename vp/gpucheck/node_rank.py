@@ -4,11 +4,14 @@
 
 vp.train's run of this rank with every runtime action strict about host syncs (vp.gpucheck.syncs: CUDA's sync debug
 mode "error", a sync raises inside the action that made it; on CPU the sync-prone calls counted), and the syncs it
-saw written to DIR/syncs-RANK.json, whether the run ended well or not.
+saw written to DIR/syncs-RANK.json, whether the run ended well or not. A rank that fails leaves its stamped
+traceback (DIR/error-RANK.txt) and its progress beside it, as vp.launch's ranks do, so that the failure is explained
+by the rank that caused it (vp.failure.explain), not by the order in which torchrun saw the processes end.
 """
 import json
 import os
 import sys
+import traceback
 from pathlib import Path
 
 
@@ -19,15 +22,20 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     out, rest = Path(argv[1]), argv[2:]
+    from vp import failure
     from vp.gpucheck.syncs import strict_actions
     from vp.train import main as train
 
+    rank = os.environ.get("RANK", "0")
+    os.environ[failure.PROGRESS_ENV] = str(out / f"progress-{rank}.txt")
     cuda = "--device" in rest and rest[rest.index("--device") + 1:][:1] == ["cuda"]
     with strict_actions(cuda) as syncs:
         try:
             return train(rest)
+        except BaseException as err:
+            failure.write_error(out / f"error-{rank}.txt", traceback.format_exc(), getattr(err, "failed_at", None))
+            raise
         finally:
-            rank = os.environ.get("RANK", "0")
             (out / f"syncs-{rank}.json").write_text(json.dumps({"rank": int(rank), "syncs": syncs[:50]}))
 
 

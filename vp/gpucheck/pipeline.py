@@ -7,7 +7,6 @@ CPU the part is skipped (the suite's loss-parity tests start the same runs over 
 runs it on CPU).
 """
 import json
-import re
 import subprocess
 import sys
 import tempfile
@@ -17,7 +16,8 @@ from pathlib import Path
 import torch
 
 from vp.config import RunConfig
-from vp.launch import RunFailed
+from vp import failure
+from vp.launch import RunFailed, rank_end
 from vp.schedule.methods import METHODS
 
 # the fields worker_config sets, as vp.train's flags (a test checks that vp.train parses them back to the config)
@@ -41,8 +41,8 @@ def train_flags(cfg: RunConfig) -> list[str]:
 
 def launch_torchrun(cfg: RunConfig, fault=None) -> tuple[dict, dict[int, list[str]]]:
     """cfg's run under torchrun on this node (`--standalone`: a free port on localhost), one process per rank, each
-    through vp.gpucheck.node_rank: (rank 0's record, each rank's syncs inside actions). RunFailed naming the first
-    rank that failed (torchrun's root cause) when the run fails."""
+    through vp.gpucheck.node_rank: (rank 0's record, each rank's syncs inside actions). RunFailed naming the rank that
+    caused a failure, from the ranks' stamped tracebacks (vp.failure.explain, as vp.launch explains its runs)."""
     with tempfile.TemporaryDirectory(prefix="gpucheck-node-") as folder:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={cfg.world}",
                "-m", "vp.gpucheck.node_rank", "--syncs-dir", folder, *train_flags(cfg), "--json"]
@@ -56,10 +56,11 @@ def launch_torchrun(cfg: RunConfig, fault=None) -> tuple[dict, dict[int, list[st
         for path in Path(folder).glob("syncs-*.json"):
             seen = json.loads(path.read_text())
             syncs[seen["rank"]] = seen["syncs"]
-    if proc.returncode:
-        cause = re.search(r"rank\s*:\s*(\d+)", proc.stderr.split("Root Cause")[-1])
-        who = f"rank {cause.group(1)}" if cause else "a rank"
-        raise RunFailed("failed", f"{who} failed (torchrun exit {proc.returncode}): {proc.stderr[-1500:]}")
+        if proc.returncode:  # the culprit from the ranks' own evidence (a rank without any was stopped by torchrun)
+            ends = [rank_end(folder, r, proc.returncode, not (Path(folder) / f"error-{r}.txt").exists(), None)
+                    for r in range(cfg.world)]
+            status, message = failure.explain(ends)
+            raise RunFailed(status, f"{message} (torchrun exit {proc.returncode}; its stderr: {proc.stderr[-800:]})")
     records = [line for line in proc.stdout.splitlines() if line.startswith("{")]
     if not records:
         raise RunFailed("failed", f"no record printed: {proc.stdout[-500:]} {proc.stderr[-1500:]}")
