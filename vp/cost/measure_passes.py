@@ -38,15 +38,8 @@ def layers(shapes, device: torch.device, dtype: torch.dtype, timer: Timer, cycle
         blocks = [Block(h, heads, ffn, LAYERS, 0, i).to(device) for i in range(LAYERS)]
         meter = ActivationMeter([p for blk in blocks for p in blk.parameters()])
         times = {k: [] for k in LAYER_PASSES}
-
-        def timed(kind, fn):
-            if kind:
-                times[kind].append(timer.sample(fn))
-            else:
-                fn()
-
-        stage_passes(blocks, meter, lambda: torch.randn(b, s, h, device=device).requires_grad_(), timed,
-                     cycles + IN_FLIGHT, cast)
+        stage_passes(blocks, meter, lambda: torch.randn(b, s, h, device=device).requires_grad_(),
+                     timing(times, timer), cycles + IN_FLIGHT, cast)
         per_layer = {k: statistics.median(v) / LAYERS for k, v in times.items()}
         out.append([b, s, h, heads, ffn] + [per_layer[k] for k in LAYER_PASSES])
     return out
@@ -60,17 +53,20 @@ def empty_passes(device: torch.device, dtype: torch.dtype, timer: Timer, cycles:
     from vp.runtime.memory import ActivationMeter
 
     times = {k: [] for k in LAYER_PASSES}
+    shape = (1, 8, 8)  # an input as small as a pass can be handed: what is left is the pass's own fixed cost
+    stage_passes([], ActivationMeter([]), lambda: torch.randn(shape, device=device).requires_grad_(),
+                 timing(times, timer), cycles + IN_FLIGHT)
+    return [[statistics.median(times[k]) for k in LAYER_PASSES]]
 
+
+def timing(times: dict[str, list], timer: Timer):
+    """stage_passes' `timed`: a pass of a kind sampled by `timer` into times[kind]; a step of no kind just run."""
     def timed(kind, fn):
         if kind:
             times[kind].append(timer.sample(fn))
         else:
             fn()
-
-    shape = (1, 8, 8)  # an input as small as a pass can be handed: what is left is the pass's own fixed cost
-    stage_passes([], ActivationMeter([]), lambda: torch.randn(shape, device=device).requires_grad_(), timed,
-                 cycles + IN_FLIGHT)
-    return [[statistics.median(times[k]) for k in LAYER_PASSES]]
+    return timed
 
 
 def stage_passes(blocks, meter, new_input, timed, steps: int, cast=contextlib.nullcontext()) -> None:
