@@ -32,13 +32,21 @@ class WeightGradStore:
 
     def __init__(self):
         self._pending = []
+        self._held: list[torch.Tensor] = []
 
     def put(self, x: torch.Tensor, grad_out: torch.Tensor, weight: torch.Tensor):
         self._pending.append((x, grad_out, weight))
 
-    def defer(self, step):
-        """A weight-gradient computation of another shape (a tensor-parallel SUMMA loop): run at flush()."""
+    def defer(self, step, *held: torch.Tensor):
+        """A weight-gradient computation of another shape (a tensor-parallel SUMMA loop): run at flush(); `held`:
+        the tensors it keeps until then (for held_storages)."""
         self._pending.append(step)
+        self._held.extend(held)
+
+    def held_storages(self) -> dict[int, int]:
+        """{storage address: bytes} of the tensors kept for flush(): the linears' inputs and output gradients."""
+        tensors = [t for item in self._pending if not callable(item) for t in item[:2]] + self._held
+        return {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}
 
     @torch.no_grad()  # like autograd's own backward: no graph is built from the saved inputs
     def flush(self):
@@ -49,6 +57,7 @@ class WeightGradStore:
             x, grad_out, weight = item
             _accumulate(weight, _grad_weight(x, grad_out))
         self._pending.clear()
+        self._held.clear()
 
     def __len__(self):
         return len(self._pending)

@@ -29,19 +29,54 @@ def device_layer_params(cfg: RunConfig, split: Split) -> int:
     return (4 * h * h + 2 * h * f + 3 * h + f) // split.tp + 6 * h  # proj and fc2 biases, two LayerNorms whole
 
 
+# A layer's saved activations per token (Korthikanti et al. 2022, flash attention, no sequence parallelism): 16 h
+# elements of the compute type, 12 h of them split t ways in 1-D (q, k, v, the attention output, fc1's output and
+# GeLU's) and 4 h whole (the two LayerNorm inputs, the qkv and fc1 inputs), and Megatron's two dropout masks of
+# 1 byte per element (2 h bytes, whole in 1-D): 34 s b h bytes in bf16. vp.model has no dropout, so on its fp32 CPU
+# runs the masks are 2 of 66 bytes the accounting does not see (3 %).
+SPLIT_ELEMENTS, WHOLE_ELEMENTS, MASK_BYTES = 12, 4, 2
+
+
+def _layer_bytes_per_token_h(split: Split, act_bytes: int) -> float:
+    """Bytes per token and hidden unit one device saves of a layer without recomputation: 34 x share in bf16 (the
+    figure the paper reproductions are pinned to, computed as before), plus the elements' extra bytes at a wider
+    activation type."""
+    return (WHOLE_ELEMENTS + SPLIT_ELEMENTS + MASK_BYTES / 2) * 2 * split.activation_share() + (act_bytes - 2) * \
+        _elements(split)
+
+
+def _elements(split: Split) -> float:
+    """Elements per token and hidden unit one device saves of a layer (no masks)."""
+    return 16 / split.tp if split.mode.grid else WHOLE_ELEMENTS + SPLIT_ELEMENTS / split.tp
+
+
 def layer_activation_bytes(cfg: RunConfig, hw: Hardware) -> float:
-    """Saved activations of one layer for one microbatch on one device: 34 s b h bytes at 2 bytes/element
-    (Korthikanti et al. 2022, no recomputation, with flash attention so no s^2 term), scaled to the profile's
-    element size; with tensor parallelism the device's share (grid 1/tp, 1-D (10 + 24/t)/34: Split). Recomputation
-    (vp.recompute): full keeps the layer's input alone (2 s b h bytes in bf16); selective keeps what none keeps
-    here, since the 34 s b h already leaves out the attention core's s^2 probabilities (flash attention), which is
-    what selective recomputation saves on a device without it. Under full recomputation and a split backward, the
-    tensors B makes again and W needs are held from B to W: the simulator does not count them."""
-    share = Split.of(cfg).activation_share()
-    if cfg.recompute == "full":  # only the layer's input [s, b, h], whole on a 1-D device, 1/tp of it on a grid
-        return cfg.seq_len * cfg.micro_batch_size * cfg.hidden * hw.act_bytes * (share if Split.of(cfg).mode.grid
-                                                                                  else 1.0)
-    return 34 * cfg.seq_len * cfg.micro_batch_size * cfg.hidden * hw.act_bytes / 2 * share
+    """Saved activations of one layer for one microbatch on one device (above; with tensor parallelism the device's
+    share: grid 1/tp, 1-D (10 + 24/t)/34 in bf16: Split). Recomputation (vp.recompute): full keeps the layer's input
+    alone (s b h elements, whole on a 1-D device, 1/tp of it on a grid); selective keeps what none keeps here, since
+    the 34 s b h already leaves out the attention core's s^2 probabilities (flash attention), which is what
+    selective recomputation saves on a device without it."""
+    split = Split.of(cfg)
+    sbh = cfg.seq_len * cfg.micro_batch_size * cfg.hidden
+    if cfg.recompute == "full":
+        return sbh * hw.act_bytes * (split.activation_share() if split.mode.grid else 1.0)
+    return sbh * _layer_bytes_per_token_h(split, hw.act_bytes)
+
+
+def edge_bytes(cfg: RunConfig, hw: Hardware, stage: int, local_vocab: bool) -> float:
+    """Under full recomputation, what a stage's edges keep beside its layers' inputs, per microbatch on one device:
+    the first stage's int64 token ids (with the input embedding local) and the last stage's final LayerNorm input
+    with its fp32 mean and 1/std. (Without recomputation the 34 s b h per layer, to which the paper reproductions
+    are pinned, leaves them out: 1 / (17 layers) of a stage in bf16.)"""
+    if cfg.recompute != "full":
+        return 0.0
+    split = Split.of(cfg)
+    n = cfg.micro_batch_size * cfg.seq_len // split.blocks
+    vector = cfg.hidden // split.q if split.mode.grid else cfg.hidden
+    out = 8.0 * n if stage == 0 and local_vocab else 0.0
+    if stage == len(cfg.stage_layers) - 1:
+        out += n * (vector * hw.act_bytes + 8)
+    return out
 
 
 def stage_params(cfg: RunConfig, sched: Schedule) -> tuple[list[int], list[int]]:
@@ -104,17 +139,23 @@ def held_bytes(cfg: RunConfig, hw: Hardware, sched: Schedule) -> dict:
     those two), so a transformer layer keeps as much as it saved (the linears' inputs, 7h of the 16h elements per
     token a layer saves, plus the 9h output gradients B adds) and is counted whole until W, while the last
     stage's output layer frees its fp32 softmax at B and keeps the logits' gradient (in the activation type, the
-    output linear's output gradient) and its input until W."""
+    output linear's output gradient) and its input until W. Under full recomputation F keeps each layer's input
+    (and the stage's edges: edge_bytes) and a split B, which makes the layer's tensors again, leaves W what it
+    needs, as many elements as the layer saves without recomputation (the masks aside): B frees a negative amount.
+    """
     split = Split.of(cfg)
     n, h, v = cfg.micro_batch_size * cfg.seq_len // split.blocks, cfg.hidden, cfg.padded_vocab_size
     memory = {}
     for st, layers in enumerate(cfg.stage_layers):
-        held = layers * layer_activation_bytes(cfg, hw)
+        held = layers * layer_activation_bytes(cfg, hw) + edge_bytes(cfg, hw, st, not sched.vocab_parallel)
+        if sched.split_w and cfg.recompute == "full":
+            kept = cfg.seq_len * cfg.micro_batch_size * cfg.hidden * _elements(split) * hw.act_bytes
+            memory[("B", st)] = layers * (layer_activation_bytes(cfg, hw) - kept)
         if not sched.vocab_parallel and st == sched.n_stages - 1:
             rows = split.vocab_rows(v)
             held += n * rows * 4 + n * h * hw.act_bytes  # fp32 softmax of its rows, the input
             if sched.split_w:  # B frees the softmax; W needs the logits' gradient (act_bytes) and the input
-                memory[("B", st)] = n * rows * (4 - hw.act_bytes)
+                memory[("B", st)] = memory.get(("B", st), 0.0) + n * rows * (4 - hw.act_bytes)
         memory[("F", st)] = held
     if sched.vocab_parallel:
         memory[("S", None)] = n * split.vocab_rows(v, cfg.pp) * 4 + n * h * hw.act_bytes

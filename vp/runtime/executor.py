@@ -261,10 +261,10 @@ class Executor:
             else:  # keyed by this chunk, the one that produced the gradient
                 local = self.s.where(stage_idx - 1)[0] == self.rank
                 (st.local_grad if local else st.to_send_grad)[(mb, c)] = x_in.grad
+        self.meter.release((mb, c))
         if store is not None:
             st.wgrad[(mb, c)] = store
-        else:
-            self.meter.release((mb, c))
+            self.meter.hold((mb, c), store.held_storages())
 
     def _W(self, a: Action):
         self.st.wgrad.pop((a.mb, a.chunk)).flush()

@@ -1,6 +1,7 @@
-"""CPU memory accounting: bytes of tensors saved for backward by each stage pass, of the output layer's
-state between S and T, and of received buffers, tracked from the action that creates them to the action
-that frees them. (On CUDA the allocator's own peak figures are reported instead.)"""
+"""CPU memory accounting: bytes of tensors saved for backward by each stage pass (from F to B; where W is split,
+F's until B and then what B leaves for W until W), of the output layer's state between S and T, and of received
+buffers, tracked from the action that creates them to the action that frees them. (On CUDA the allocator's own
+peak figures are reported instead.)"""
 import contextlib
 
 import torch
@@ -20,6 +21,12 @@ class ActivationMeter:
 
     def release(self, key):
         self.current -= self.live.pop(key, 0)
+
+    def hold(self, key, storages: dict[int, int]):
+        """Counts {storage address: bytes} under key, parameters excluded: what a split B leaves for its W
+        (vp.wgrad.WeightGradStore.held_storages: each linear's input and output gradient, made again by B under
+        full recomputation)."""
+        self.add(key, sum(n for ptr, n in storages.items() if ptr not in self._params))
 
     @contextlib.contextmanager
     def track(self, key):

@@ -291,8 +291,10 @@ def simulate(s: Schedule, costs: Costs | None = None, strict: bool = False,
                     t_mem += memd[b]
                     if t_mem > t_peak:
                         t_peak = t_mem
-                else:
+                else:  # a negative free holds more (B of a recomputed layer makes what its W needs)
                     t_mem -= memd[b]
+                    if t_mem > t_peak:
+                        t_peak = t_mem
             t_busy += d
             ended(finish)
             t_clock = finish

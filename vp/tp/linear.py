@@ -41,7 +41,7 @@ class _GridLinear(torch.autograd.Function):
 
         if ctx.store is None:
             return grad_x, summa.atb(x.to(grad_y.dtype), grad_y, tp).to(weight.dtype), grad_b, None, None
-        ctx.store.defer(weight_grad)
+        ctx.store.defer(weight_grad, x, grad_y)
         return grad_x, None, grad_b, None, None
 
 

@@ -106,7 +106,7 @@ class _VocabLoss(torch.autograd.Function):
 
         if ctx.store is None:
             return grad_x, (grad_y.t().to(xf.dtype) @ xf).to(w.dtype), None, None, None, None, None
-        ctx.store.defer(weight_grad)
+        ctx.store.defer(weight_grad, grad_y, xf)
         return grad_x, None, None, None, None, None, None
 
 
