@@ -219,7 +219,11 @@ def main(argv=None) -> int:
         ap.error(moved("vp.bench tpsim"))
     args = ap.parse_args(argv)
     if args.what == "overlap":
-        run_overlap(args)
+        try:
+            run_overlap(args)
+        except ValueError as err:  # a refused config or --link-gbit where it cannot run
+            print(f"error: {err}", file=sys.stderr)
+            return 2
         return 0
     if args.what == "comms":
         from vp.bench.comms import run as run_comms
