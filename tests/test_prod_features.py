@@ -123,8 +123,10 @@ def test_prod_features_overlap_launches_buckets_from_the_hooks(pools):
 @pytest.mark.parametrize("change, words", [
     (dict(zero=1), "dp >= 2"),
     (dict(overlap_grad_reduce=True), "dp >= 2"),
-    (dict(dp=2, zero=2), "zero=2 is unknown"),
+    (dict(dp=2, zero=2), r"zero=2 \(sharded gradients\) is not built.*use zero=1"),
+    (dict(dp=2, zero=3), "zero=3 is unknown"),
     (dict(dp=2, bucket_mb=0), "bucket_mb=0"),
+    (dict(bucket_mb=4.0), "bucket_mb=4.0 sizes the data-parallel reduction's buckets, but dp=1"),
 ])
 def test_prod_features_refusals(change, words):
     with pytest.raises(ValueError, match=words):
@@ -227,6 +229,7 @@ def test_prod_features_are_hydra_axes_of_a_sim_sweep(tmp_path, monkeypatch):
     """run.zero, run.overlap_grad_reduce and run.recompute are axes a sweep varies (simulated here); the records
     carry them and the modelled memory_breakdown; zero 1 holds fewer optimizer bytes, full recomputation fewer
     activations; zero without dp is refused before anything is submitted."""
+    from harness.report.frame import records_frame
     from harness_util import sweep
     from test_harness_runs import records
 
@@ -241,5 +244,8 @@ def test_prod_features_are_hydra_axes_of_a_sim_sweep(tmp_path, monkeypatch):
             for r in records(tmp_path, "paper_1f1b")}
     assert recs[(1, "none")]["optimizer_states"] == pytest.approx(recs[(0, "none")]["optimizer_states"] / 2)
     assert recs[(0, "full")]["activations"] < recs[(0, "none")]["activations"]
+    # the report's tables tell the runs of one cell apart by the fields that differ (harness.report.frame)
+    variants = set(records_frame(records(tmp_path, "paper_1f1b"))["variant"])
+    assert variants == {f"recompute={r}, zero={z}" for z in (0, 1) for r in ("none", "full")}, variants
     code, _ = sweep(tmp_path, *grid[:4])  # dp 1
     assert code == 2

@@ -226,6 +226,11 @@ RECOMPUTE = ("none", "selective", "full")  # vp.recompute.MODES (this module sta
 
 def check_data_parallel(cfg: RunConfig) -> None:
     """The data-parallel knobs (vp.runtime.data_parallel): each needs replicas to act on."""
+    if cfg.zero == 2 and not isinstance(cfg.zero, bool):
+        raise ValueError("zero=2 (sharded gradients) is not built: every parameter's gradient accumulates over the "
+                         "microbatches until the last backward, so the whole fp32 gradient buffer is held at the "
+                         "peak whatever is freed after the reduce-scatter (docs/design.md); use zero=1, the "
+                         "distributed optimizer (Megatron's is ZeRO-1 too)")
     if cfg.zero not in ZERO_STAGES or isinstance(cfg.zero, bool):
         raise ValueError(f"zero={cfg.zero!r} is unknown; use 0 (replicated optimizer) or 1 (distributed optimizer: "
                          f"Adam states and fp32 master weights sharded over the dp group)")
@@ -239,3 +244,6 @@ def check_data_parallel(cfg: RunConfig) -> None:
                          f"set dp >= 2 or drop overlap_grad_reduce")
     if isinstance(cfg.bucket_mb, bool) or not isinstance(cfg.bucket_mb, (int, float)) or not cfg.bucket_mb > 0:
         raise ValueError(f"bucket_mb={cfg.bucket_mb!r} must be a positive number of MiB (default 25)")
+    if cfg.bucket_mb != RunConfig.bucket_mb and cfg.dp < 2:
+        raise ValueError(f"bucket_mb={cfg.bucket_mb} sizes the data-parallel reduction's buckets, but dp={cfg.dp}; "
+                         f"set dp >= 2 or drop bucket_mb")
