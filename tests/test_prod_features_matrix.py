@@ -153,3 +153,14 @@ def test_prod_features_zero1_weights_on_tp_blocks_and_vocab_shards(pools):
         assert len(plain_w) == len(zero_w) > 0
         for a, b in zip(plain_w, zero_w):
             torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-6, msg=lambda m: f"rank {rank}: {m}")
+
+
+def test_prod_features_bench_overlap_refuses_a_link_it_cannot_make(capsys, monkeypatch):
+    """python -m vp.bench overlap --link-gbit: exit code 2 and the reason, before any process starts."""
+    from vp.bench.__main__ import main
+
+    assert main(["overlap", "--link-gbit", "0", "--rounds", "1"]) == 2
+    assert "--link-gbit 0.0 must be a positive rate" in capsys.readouterr().err
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    assert main(["overlap", "--link-gbit", "1", "--rounds", "1"]) == 2
+    assert "run as root" in capsys.readouterr().err
