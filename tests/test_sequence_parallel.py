@@ -141,3 +141,72 @@ def test_prod_features_sequence_parallel_is_a_hydra_axis(tmp_path, monkeypatch):
     assert recs[True]["activations"] < recs[False]["activations"]
     code, _ = sweep(tmp_path, *grid[:4])  # tp 1
     assert code == 2
+
+
+def sp_layers(rank, world, kinds):
+    """On 1-D t = 2 with sequence parallelism: the output, grad of the input and grad of every parameter (after the
+    once-per-iteration sums) of each kind, this device's positions of the input and output gradient."""
+    from test_tp_layers import SEED, H, VOCAB, references
+    from tp_util import place, tagged_grads
+    from vp.config import padded_vocab_size
+    from vp.model import vocab_rows
+    from vp.tp.block import shard_block
+    from vp.tp.context import TensorParallel
+    from vp.tp.grads import reduce_replicated
+    from vp.tp.sequence import sequence_block
+    from vp.tp.vocab import VocabEmbedding, VocabOutput
+    from vp.vocab.output import Shard
+    from vp.wgrad import WeightGradStore
+
+    _, mesh, me, comm = place(rank, world, ["1d-2"])
+    try:
+        tp = TensorParallel.of(mesh, me, comm, sequence_parallel=True)
+        out = {}
+        for kind in kinds:
+            parts, data = references()
+            x = sequence_block(data["x"], tp).clone().requires_grad_()
+            dy = sequence_block(data["dy"], tp)
+            store = WeightGradStore() if kind == "block_split_w" else None
+            if kind == "vocab":
+                shard = Shard.of(tp.c, tp.columns, padded_vocab_size(VOCAB, None, tp.columns), VOCAB)
+                rows = (shard.start, shard.start + shard.rows)
+                m = torch.nn.ModuleDict({"embed": VocabEmbedding(vocab_rows(SEED, "embed", VOCAB, *rows, H), shard, tp),
+                                         "head": VocabOutput(vocab_rows(SEED, "head", VOCAB, *rows, H), shard, tp)})
+                y = m["embed"](data["ids"])
+                loss = m["head"](x, data["targets"], data["weights"])
+                (loss + (y * dy).sum()).backward()
+            else:
+                m = shard_block(parts["block"], tp)
+                y, loss = m(x, store), None
+                y.backward(dy)
+                if store is not None:
+                    store.flush()
+            reduce_replicated([m], tp)
+            out[kind] = (y.detach(), x.grad, tagged_grads(m, False), None if loss is None else loss.detach())
+        return tp.c, out
+    finally:
+        comm.close()
+
+
+def test_prod_features_sequence_parallel_layers_match_single_process(pools):
+    """The 1-D block (whole and with V-Half's split backward: the weight gradients' all-gathers deferred to W) and the
+    vocabulary layers with sequence parallelism, on t = 2 gloo processes: output and input gradient by positions,
+    every parameter's gradient (the sequence-sharded ones after their sum over tp, equal on both devices) as the
+    single-process fp32 model's."""
+    from test_tp_layers import HEADS, VOCAB, close, reference_of
+    from tp_util import assemble, unpermute_qkv
+
+    kinds = ["block", "block_split_w", "vocab"]
+    per_device = dict(pools(2).run(sp_layers, kinds))
+    for i, kind in enumerate(kinds):
+        ref_y, ref_dx, ref_grads, ref_loss = reference_of(kind)
+        got = [per_device[c][kind] for c in range(2)]
+        close(torch.cat([g[0] for g in got], 1), ref_y, f"{kind}: output")
+        close(torch.cat([g[1] for g in got], 1), ref_dx, f"{kind}: grad of the input")
+        assert set(got[0][2]) == set(ref_grads), (kind, sorted(got[0][2]), sorted(ref_grads))
+        for name, (tag, _) in got[0][2].items():
+            full = assemble(tag, {(0, c, 0): per_device[c][kind][2][name][1] for c in range(2)}, 2, 1)
+            full = unpermute_qkv(name, full, HEADS, 2)
+            close(full[:VOCAB] if kind == "vocab" else full, ref_grads[name], f"{kind}: grad of {name}")
+        if ref_loss is not None:
+            close(got[0][3], ref_loss, "loss")
