@@ -53,12 +53,12 @@ def test_prod_features_sequence_parallel_every_method_pp2_x_tp2(pools):
 def test_prod_features_sequence_parallel_zero1_overlap_recompute_memory(pools):
     """With the distributed optimizer and overlapped, bucketed reduce-scatters on dp 2 x tp 2 (the LayerNorms'
     gradient shares summed over tp after the dp reduction), and with full recomputation on pp 2 x tp 2 under V-Half's
-    split backward: the plain run's losses. And on a model whose layers outweigh its output layer, the activations the
-    memory meter holds shrink with sequence parallelism as the memory model says (34 s b h / t per layer against
-    10 s b h + 24 s b h / t), within 5 % on every rank."""
+    split backward with two sequences per micro-batch: the plain run's losses. And on a model whose layers outweigh
+    its output layer, the activations the memory meter holds shrink with sequence parallelism as the memory model
+    says (34 s b h / t per layer against 10 s b h + 24 s b h / t), within 5 % on every rank."""
     sizes = dict(hidden=64, heads=4, seq_len=32, vocab_size=500)
     cfgs = [sp_cfg("baseline", pp=1, dp=2, tp=2, zero=1, overlap_grad_reduce=True, bucket_mb=SMALL),
-            sp_cfg("vhalf-vocab-2", tp=2, recompute="full"), sp_cfg("vocab-1", tp=2, **sizes)]
+            sp_cfg("vhalf-vocab-2", tp=2, recompute="full", micro_batch_size=2), sp_cfg("vocab-1", tp=2, **sizes)]
     runs = pools(4).run(run_each, cfgs + [cfgs[-1].with_(sequence_parallel=False)])
     check_runs([r[:3] for r in runs], cfgs, memory=True)
     sp, plain = cfgs[-1], cfgs[-1].with_(sequence_parallel=False)
@@ -210,3 +210,14 @@ def test_prod_features_sequence_parallel_layers_match_single_process(pools):
             close(full[:VOCAB] if kind == "vocab" else full, ref_grads[name], f"{kind}: grad of {name}")
         if ref_loss is not None:
             close(got[0][3], ref_loss, "loss")
+
+
+def test_prod_features_sequence_parallel_cli_refuses_grids():
+    """vp.train's --sequence-parallel reaches the config's checks: a 2-D grid is refused before any process starts."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "vp.train", "--pp", "1", "--method", "baseline", "--tp", "4",
+                          "--tp-mode", "2d", "--micro-batch-size", "2", "--sequence-parallel"], capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 2 and "sequence_parallel" in out.stderr and "tp_mode=1d" in out.stderr, out.stderr
