@@ -126,7 +126,8 @@ def test_prod_features_sequence_parallel_in_the_cost_model():
 
 def test_prod_features_sequence_parallel_is_a_hydra_axis(tmp_path, monkeypatch):
     """run.sequence_parallel is an axis a sweep varies (simulated here): the records carry it and hold fewer
-    activation bytes with it; without 1-D tp the sweep is refused before anything is submitted."""
+    activation bytes with it, the report's tables tell the two runs apart by it; without 1-D tp the sweep is refused
+    before anything is submitted."""
     from harness_util import sweep
     from test_harness_runs import records
 
@@ -134,11 +135,13 @@ def test_prod_features_sequence_parallel_is_a_hydra_axis(tmp_path, monkeypatch):
     setups = ", ".join(f"{{model: 4b, run.pp: 4, vocab: 32k, run.sequence_parallel: {sp}}}" for sp in ("false", "true"))
     grid = ["experiment=paper_1f1b", "backend=sim", f"grid.setups=[{setups}]",
             "grid.product={run.seq_len: [2048], method: [vocab-2]}", "run.tp=2"]
-    code, lines = sweep(tmp_path, *grid)
+    code, lines = sweep(tmp_path, *grid, report=True)
     assert code == 0 and "2 jobs" in lines[0], lines
     recs = {r["config"]["sequence_parallel"]: r["metrics"]["memory_breakdown"][0]
             for r in records(tmp_path, "paper_1f1b")}
     assert recs[True]["activations"] < recs[False]["activations"]
+    tables = "".join(p.read_text() for p in (tmp_path / "reports" / "paper_1f1b").rglob("*.md"))
+    assert "sequence_parallel=True" in tables and "sequence_parallel=False" in tables  # the rows' variant
     code, _ = sweep(tmp_path, *grid[:4])  # tp 1
     assert code == 2
 
