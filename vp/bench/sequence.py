@@ -48,9 +48,9 @@ def run(args) -> list[dict]:
                "sp_model": model[True][p], "plain_wire": wire[False][p], "sp_wire": wire[True][p]}
         rows.append(row)
         print(f"rank {rank}: activations plain {row['plain']} B (model {row['plain_model']:.0f}, measured/model "
-              f"{row['plain'] / row['plain_model']:.3f}), sequence parallel {row['sp']} B (model {row['sp_model']:.0f}, "
-              f"{row['sp'] / row['sp_model']:.3f}); sp / plain measured {row['sp'] / row['plain']:.3f}, modelled "
-              f"{row['sp_model'] / row['plain_model']:.3f}; tp bytes on the wire per iteration plain "
+              f"{row['plain'] / row['plain_model']:.3f}), sequence parallel {row['sp']} B "
+              f"(model {row['sp_model']:.0f}, {row['sp'] / row['sp_model']:.3f}); sp / plain measured "
+              f"{row['sp'] / row['plain']:.3f}, modelled {row['sp_model'] / row['plain_model']:.3f}; tp bytes on the wire per iteration plain "
               f"{row['plain_wire']:.0f}, sequence parallel {row['sp_wire']:.0f}")
     print(f"{plain.method} {plain.mesh.describe()}: sequence parallel / plain iteration time, median "
           f"{statistics.median(times):.3f} over {len(times)} rounds (min {min(times):.3f}, max {max(times):.3f})")

@@ -33,9 +33,10 @@ def layer_activation_bytes(cfg: RunConfig, hw: Hardware) -> float:
     """Saved activations of one layer for one microbatch on one device: 34 s b h bytes at 2 bytes/element
     (Korthikanti et al. 2022, no recomputation, with flash attention so no s^2 term), scaled to the profile's
     element size; with tensor parallelism the device's share (grid 1/tp, 1-D (10 + 24/t)/34, 1-D with sequence
-    parallelism 34/t: Split). Recomputation (vp.recompute): full keeps the layer's input alone (2 s b h bytes in
-    bf16, 1/t of it sequence parallel); selective keeps what none keeps here, since the 34 s b h already leaves out the attention core's s^2 probabilities (flash attention), which is
-    what selective recomputation saves on a device without it. Under full recomputation and a split backward, the
+    parallelism 1/t: Split). Recomputation (vp.recompute): full keeps the layer's input alone (2 s b h bytes in bf16,
+    1/t of it sequence parallel); selective keeps what none keeps here, since the 34 s b h already leaves out the
+    attention core's s^2 probabilities (flash attention), which is what selective recomputation saves on a device
+    without it. Under full recomputation and a split backward, the
     tensors B makes again and W needs are held from B to W: the simulator does not count them."""
     split = Split.of(cfg)
     share = split.activation_share()

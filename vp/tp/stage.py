@@ -3,8 +3,9 @@ seeded parameters and the vocabulary rows of this device's shard, so the single-
 
 Every device receives the whole micro-batch's token ids and keeps its token block (grid: sequences
 [j b/(dq), (j+1) b/(dq)) with j = k*q + r; 1-D: all of them); activations between blocks stay in the mode's layout
-(grid: [b/(dq), s, h/q], 1-D: [b, s, h], 1-D sequence parallel: [b, s/t, h], positions of device t). Parameter names are the single-process ones (embed, head and pos under
-modules of those names), so tests and checkpoints can match them.
+(grid: [b/(dq), s, h/q], 1-D: [b, s, h], 1-D sequence parallel: [b, s/t, h], positions of device t). Parameter
+names are the single-process ones (embed, head and pos under modules of those names), so tests and checkpoints can
+match them.
 """
 import torch
 import torch.nn as nn
