@@ -6,7 +6,7 @@ Compute, per device of a stage's tp group (tp = 1 is 1-D with t = 1: the whole s
   1-D   Megatron: qkv and fc1 column-parallel (N/t), proj and fc2 row-parallel (K/t), every device on all n
         tokens; attention on heads/t; elementwise work as the activations split (Korthikanti et al. 2022,
         without sequence parallelism: 24 s b h of 34 divide by t, the 10 s b h of LayerNorms, residuals and
-        dropout masks do not)
+        dropout masks do not; with it (Split.sequence_parallel) all 34 do)
   grid  SUMMA on [q, q, d]: per linear q steps of one GEMM on m = n/(dq) tokens x K/q x N/q blocks
         (F: m x N/q x K/q; B: m x K/q x N/q; W: K/q x N/q x m); attention on heads/q of n/(dq) tokens;
         elementwise work on the device's 1/tp share
