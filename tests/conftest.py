@@ -124,7 +124,8 @@ GROUPS = {"test_harness_slurm.py": "slurm", "test_cluster2.py::test_cluster2_slu
           "test_harness_runs.py::test_killed_rank_": "real_sweep", "test_harness_runs.py::test_wandb_": "real_sweep",
           **dict.fromkeys(["test_mesh_train.py", "test_nccl.py", "test_runtime.py", "test_tp_bench.py",
                            "test_tp_layers.py", "test_tp_train.py", "test_vocab.py", "test_precision.py",
-                            "test_prod_features.py", "test_prod_features_matrix.py", "test_gpu_trust.py"], "gloo")}
+                            "test_prod_features.py", "test_prod_features_matrix.py", "test_gpu_trust.py",
+                            "test_sequence_parallel.py"], "gloo")}
 
 
 def group_of(nodeid: str) -> str | None:

@@ -126,7 +126,7 @@ def without_prod_features(rec: dict, hardware: dict) -> dict:
     activations the peak activations."""
     from vp.record import OMITTED_AT_DEFAULT
 
-    for name in ("zero", "overlap_grad_reduce", "bucket_mb", "recompute"):
+    for name in ("zero", "overlap_grad_reduce", "bucket_mb", "recompute", "sequence_parallel"):
         assert rec["config"].pop(name) == OMITTED_AT_DEFAULT[name]
     m = rec["metrics"]
     overhead = hardware.get("overhead_bytes", 2 * 2**30)

@@ -191,10 +191,10 @@ class Comm(TrafficCounts):
         """[*] -> [size, *]"""
         self._count(channel, "all_gather", t)
         out = torch.empty((self.size(channel), *t.shape), dtype=t.dtype, device=t.device)
-        if self.size(channel) > 1:
+        if self.size(channel) > 1:  # gloo takes the concatenated (flat) form of the output only
             t = t.contiguous()
             self._collective(channel, "all_gather",
-                             lambda: dist.all_gather(list(out.unbind(0)), t, group=self._pg(channel), async_op=True))
+                             lambda: _ALL_GATHER(out.view(-1), t.view(-1), group=self._pg(channel), async_op=True))
         else:
             out[0] = t
         return out

@@ -8,7 +8,7 @@ from functools import cached_property
 
 from vp.mesh import Mesh, check_mesh
 from vp.schedule.methods import Method, chunks_for, get_method
-from vp.tp.modes import check_sizes, get_mode
+from vp.tp.modes import check_sizes, get_mode, near
 
 DEVICES = ("cpu", "cuda")
 NCCL_FORMS = ("lazy", "queue", "p2p", "both", "all")  # vp.nccl.FORMS (this module stays free of torch)
@@ -47,6 +47,7 @@ class RunConfig:
     overlap_grad_reduce: bool = False  # dp reduction of each bucket launched in the last backward, on its own stream
     bucket_mb: float = 25.0  # MiB of fp32 gradients per dp reduction bucket
     recompute: str = "none"  # activation recomputation: none | selective (attention core) | full (vp.recompute)
+    sequence_parallel: bool = False  # 1-D tp: LayerNorms and the residual stream split over tp along the sequence
 
     @property
     def ffn(self) -> int:
@@ -165,6 +166,7 @@ def check_config(cfg: RunConfig) -> RunConfig:
         raise ValueError(f"pp={cfg.pp}: method={spec.name} is a pipeline method and needs pp >= 2 "
                          f"(pp=1 runs one stage with method=baseline)")
     check_tensor_parallel(cfg, spec)
+    check_sequence_parallel(cfg)
     if not isinstance(cfg.warmup, int) or not 0 <= cfg.warmup < cfg.iterations:
         raise ValueError(f"warmup={cfg.warmup!r} must be 0..iterations-1 = {cfg.iterations - 1} "
                          f"so that at least one iteration is measured")
@@ -218,6 +220,27 @@ def check_tensor_parallel(cfg: RunConfig, spec: Method) -> None:
                              f"[2, 2, 1] grid) or drop tp_mode")
         return
     check_sizes(get_mode(cfg.tp_mode), cfg.tp, cfg.tp_depth, cfg.hidden, cfg.heads, cfg.ffn, cfg.micro_batch_size)
+
+
+def check_sequence_parallel(cfg: RunConfig) -> None:
+    """Sequence parallelism (vp.tp.sequence) shards Megatron's 1-D layout along the sequence: it needs 1-D tp over
+    two or more devices and a sequence that splits evenly over them."""
+    sp = cfg.sequence_parallel
+    if not isinstance(sp, bool):
+        raise ValueError(f"sequence_parallel={sp!r} must be true or false")
+    if not sp:
+        return
+    if cfg.tp < 2:
+        raise ValueError(f"sequence_parallel splits the sequence over the tensor-parallel devices, but tp={cfg.tp}; "
+                         f"set tp >= 2 with tp_mode=1d or drop sequence_parallel")
+    if get_mode(cfg.tp_mode).grid:
+        raise ValueError(f"sequence_parallel applies to 1-D tensor parallelism only, but tp_mode={cfg.tp_mode} (a grid "
+                         f"already splits every activation over its devices); use tp_mode=1d or drop "
+                         f"sequence_parallel")
+    if cfg.seq_len % cfg.tp:
+        raise ValueError(f"seq_len={cfg.seq_len} is not divisible by tp={cfg.tp} (sequence_parallel gives each device "
+                         f"seq_len / tp positions); use a multiple of {cfg.tp} such as {near(cfg.seq_len, cfg.tp)}, "
+                         f"or drop sequence_parallel")
 
 
 ZERO_STAGES = (0, 1)

@@ -11,7 +11,7 @@ STATUSES = ("ok", "failed", "oom", "timeout")
 NOT_SEMANTIC = ("timeout_s",)  # changing these does not change what a run measures
 # fields added later: hashed only when set, so older run ids hold
 OMITTED_AT_DEFAULT = {"emulate_nccl": None, "zero": 0, "overlap_grad_reduce": False, "bucket_mb": 25.0,
-                      "recompute": "none"}
+                      "recompute": "none", "sequence_parallel": False}
 
 
 def run_id(config: dict, backend: str, hardware: dict | None = None) -> str:

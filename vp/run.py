@@ -55,7 +55,7 @@ def train_rank(cfg: RunConfig, rank: int, comm: Comm, device: torch.device, faul
     observer: called after each iteration with (iteration, loss or None where this rank does not know it, seconds);
     it must return at once (the harness's live W&B logging hands the values to another process)."""
     where = cfg.mesh.coords(rank)
-    tp = TensorParallel.of(cfg.mesh, rank, comm) if cfg.tp > 1 else None
+    tp = TensorParallel.of(cfg.mesh, rank, comm, cfg.sequence_parallel) if cfg.tp > 1 else None
     sched = validate_schedule(build(cfg.method, cfg.pp, cfg.microbatches, cfg.n_chunks))
     model = build_rank_model(cfg, sched, where.p, device, tp)
     runtime = Runtime(cfg, sched, where.p, model, comm, device, fault, replica=where.d, global_rank=rank)

@@ -76,6 +76,9 @@ def parse_args(argv=None):
     ap.add_argument("--recompute", default=d.recompute, metavar="none|selective|full",
                     help="activation recomputation: selective recomputes the attention core in backward, full each "
                          "transformer layer from its kept input")
+    ap.add_argument("--sequence-parallel", action="store_true",
+                    help="1-D tensor parallelism: LayerNorms and the residual stream split over tp along the sequence, "
+                         "all-gathers and reduce-scatters in place of the all-reduces (needs --tp >= 2, tp_mode 1d)")
     ap.add_argument("--json", action="store_true", help="print the result record as one JSON object")
     ap.add_argument("--max-tokens", type=int, default=MAX_TOKENS_PER_MICROBATCH,
                     help="refuse micro_batch_size x seq_len above this (a sanity limit against typos)")

@@ -6,6 +6,7 @@ python -m vp.bench tp        tensor-parallel grids: bytes per layer measured aga
 python -m vp.bench peer      the same GPT under torch.distributed.pipelining and under this project (vp/bench/peer.py)
 python -m vp.bench sim       the schedule simulator's time and memory over a ladder of sizes (vp/bench/sim.py)
 python -m vp.bench overlap   real CPU runs with and without --overlap-grad-reduce, alternated (vp/bench/overlap.py)
+python -m vp.bench sequence  real CPU runs of 1-D tp with and without --sequence-parallel (vp/bench/sequence.py)
 python -m vp.bench comms     the communicators of a run at any size, without processes (vp/bench/comms.py)
 """
 import argparse
@@ -18,6 +19,8 @@ import torch.nn.functional as F
 
 from vp.bench.overlap import add_parser as add_overlap_parser
 from vp.bench.overlap import run as run_overlap
+from vp.bench.sequence import add_parser as add_sequence_parser
+from vp.bench.sequence import run as run_sequence
 from vp.comm import Comm
 from vp.renamed import moved, refuse_renamed_flags
 from vp.schedule.methods import VOCAB
@@ -204,6 +207,7 @@ def main(argv=None) -> int:
     sm.add_argument("--sizes", nargs="+", default=None, help="PPxMICROBATCHES, default: 32x128 64x256 128x512 256x1024")
     sm.add_argument("--rounds", type=int, default=1, help="rounds over all rows; the fastest is shown with the spread")
     add_overlap_parser(sub)
+    add_sequence_parser(sub)
     c = sub.add_parser("comms", help="groups, world-wide creation calls and NCCL buffers per rank, no processes")
     for name, default in (("--dp", 1), ("--pp", 1), ("--tp", 1), ("--tp-depth", 1), ("--rank", 0)):
         c.add_argument(name, type=int, default=default)
@@ -224,6 +228,9 @@ def main(argv=None) -> int:
         except ValueError as err:  # a refused config or --link-gbit where it cannot run
             print(f"error: {err}", file=sys.stderr)
             return 2
+        return 0
+    if args.what == "sequence":
+        run_sequence(args)
         return 0
     if args.what == "comms":
         from vp.bench.comms import run as run_comms

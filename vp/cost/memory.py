@@ -31,7 +31,8 @@ def device_layer_params(cfg: RunConfig, split: Split) -> int:
 
 # A layer's saved activations per token (Korthikanti et al. 2022, flash attention, no sequence parallelism): 16 h
 # elements of the compute type, 12 h of them split t ways in 1-D (q, k, v, the attention output, fc1's output and
-# GeLU's) and 4 h whole (the two LayerNorm inputs, the qkv and fc1 inputs), and Megatron's two dropout masks of
+# GeLU's) and 4 h whole (the two LayerNorm inputs, the qkv and fc1 inputs; t ways too with sequence parallelism:
+# 34 s b h / t), and Megatron's two dropout masks of
 # 1 byte per element (2 h bytes, whole in 1-D): 34 s b h bytes in bf16. vp.model has no dropout, so on its fp32 CPU
 # runs the masks are 2 of 66 bytes the accounting does not see (3 %).
 SPLIT_ELEMENTS, WHOLE_ELEMENTS, MASK_BYTES = 12, 4, 2
@@ -47,19 +48,23 @@ def _layer_bytes_per_token_h(split: Split, act_bytes: int) -> float:
 
 def _elements(split: Split) -> float:
     """Elements per token and hidden unit one device saves of a layer (no masks)."""
-    return 16 / split.tp if split.mode.grid else WHOLE_ELEMENTS + SPLIT_ELEMENTS / split.tp
+    if split.mode.grid or split.sequence_parallel:
+        return 16 / split.tp
+    return WHOLE_ELEMENTS + SPLIT_ELEMENTS / split.tp
 
 
 def layer_activation_bytes(cfg: RunConfig, hw: Hardware) -> float:
     """Saved activations of one layer for one microbatch on one device (above; with tensor parallelism the device's
-    share: grid 1/tp, 1-D (10 + 24/t)/34 in bf16: Split). Recomputation (vp.recompute): full keeps the layer's input
-    alone (s b h elements, whole on a 1-D device, 1/tp of it on a grid); selective keeps what none keeps here, since
+    share: grid 1/tp, 1-D (10 + 24/t)/34 in bf16, 1-D with sequence parallelism 1/t: Split). Recomputation
+    (vp.recompute): full keeps the layer's input alone (s b h elements, whole on a plain 1-D device, 1/tp of it on a
+    grid or sequence parallel); selective keeps what none keeps here, since
     the 34 s b h already leaves out the attention core's s^2 probabilities (flash attention), which is what
     selective recomputation saves on a device without it."""
     split = Split.of(cfg)
     sbh = cfg.seq_len * cfg.micro_batch_size * cfg.hidden
     if cfg.recompute == "full":
-        return sbh * hw.act_bytes * (split.activation_share() if split.mode.grid else 1.0)
+        sharded = split.mode.grid or split.sequence_parallel
+        return sbh * hw.act_bytes * (split.activation_share() if sharded else 1.0)
     return sbh * _layer_bytes_per_token_h(split, hw.act_bytes)
 
 
@@ -74,8 +79,8 @@ def edge_bytes(cfg: RunConfig, hw: Hardware, stage: int, local_vocab: bool) -> f
     n = cfg.micro_batch_size * cfg.seq_len // split.blocks
     vector = cfg.hidden // split.q if split.mode.grid else cfg.hidden
     out = 8.0 * n if stage == 0 and local_vocab else 0.0
-    if stage == len(cfg.stage_layers) - 1:
-        out += n * (vector * hw.act_bytes + 8)
+    if stage == len(cfg.stage_layers) - 1:  # sequence parallel: this device's positions of it
+        out += n // split.sequence_shards * (vector * hw.act_bytes + 8)
     return out
 
 

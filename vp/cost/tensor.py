@@ -6,7 +6,7 @@ Compute, per device of a stage's tp group (tp = 1 is 1-D with t = 1: the whole s
   1-D   Megatron: qkv and fc1 column-parallel (N/t), proj and fc2 row-parallel (K/t), every device on all n
         tokens; attention on heads/t; elementwise work as the activations split (Korthikanti et al. 2022,
         without sequence parallelism: 24 s b h of 34 divide by t, the 10 s b h of LayerNorms, residuals and
-        dropout masks do not)
+        dropout masks do not; with it (Split.sequence_parallel) all 34 do)
   grid  SUMMA on [q, q, d]: per linear q steps of one GEMM on m = n/(dq) tokens x K/q x N/q blocks
         (F: m x N/q x K/q; B: m x K/q x N/q; W: K/q x N/q x m); attention on heads/q of n/(dq) tokens;
         elementwise work on the device's 1/tp share
@@ -39,10 +39,16 @@ class Split:
     mode: TensorMode
     tp: int
     depth: int
+    sequence_parallel: bool = False  # 1-D: the activations outside the tp regions split along the sequence
 
     @classmethod
     def of(cls, cfg: RunConfig) -> "Split":
-        return cls(get_mode(cfg.tp_mode), cfg.tp, cfg.mesh.depth)
+        return cls(get_mode(cfg.tp_mode), cfg.tp, cfg.mesh.depth, cfg.sequence_parallel)
+
+    @property
+    def sequence_shards(self) -> int:
+        """How many ways a stage's activation is split along the sequence (sequence parallel: t, else 1)."""
+        return self.tp if self.sequence_parallel else 1
 
     @property
     def q(self) -> int:
@@ -77,8 +83,9 @@ class Split:
         return 1.0 / self.tp
 
     def activation_share(self) -> float:
-        """One device's share of a layer's saved activations and elementwise traffic."""
-        if self.mode.grid:
+        """One device's share of a layer's saved activations and elementwise traffic (sequence parallel: the
+        10 s b h of LayerNorms, residuals and linear inputs split t ways too, Korthikanti's 34 s b h / t)."""
+        if self.mode.grid or self.sequence_parallel:
             return 1.0 / self.tp
         return (REPLICATED_SBH + SPLIT_SBH / self.tp) / (REPLICATED_SBH + SPLIT_SBH)
 
@@ -92,7 +99,7 @@ ONE_DEVICE = Split(get_mode("1d"), 1, 1)  # tp = 1: the whole stage on one devic
 
 def tp_shape(cfg: RunConfig) -> Shape:
     return Shape(get_mode(cfg.tp_mode), cfg.tp, cfg.tp_depth, cfg.hidden, cfg.ffn, cfg.seq_len, cfg.micro_batch_size,
-                 cfg.microbatches, cfg.padded_vocab_size, 4 if cfg.dtype == "fp32" else 2)
+                 cfg.microbatches, cfg.padded_vocab_size, 4 if cfg.dtype == "fp32" else 2, cfg.sequence_parallel)
 
 
 def stage_tp_collectives(cfg: RunConfig, sched: Schedule, stage: int) -> list[Collective]:
@@ -151,13 +158,18 @@ def _one_buffer_each(cols: list[Collective]) -> list[Collective]:
 def vocab_row_steps(cfg: RunConfig, sched: Schedule, rank: int, split: Split) -> list[Collective]:
     """The vocabulary passes' steps inside a stage's tp group (vp.runtime.executor.launch): the root of C0
     gathers X's hidden over its grid row, the root of IF sums the embedding over the row (1-D: all-reduce,
-    grid: reduce-scatter of the fp32 [n, h]), the root of IB gathers the gradient's hidden; every device
+    grid: reduce-scatter of the fp32 [n, h]), the root of IB gathers the gradient's hidden (1-D sequence parallel:
+    C0 and IB gather the positions, IF reduce-scatters along the sequence); every device
     all-reduces its shards' gradients over its token blocks (grid)."""
     mb, q, h = cfg.microbatches, split.q, cfg.hidden
     n = cfg.micro_batch_size * cfg.seq_len // split.blocks
     act = 4 if cfg.dtype == "fp32" else 2
     first, last = rank == sched.first_rank, rank == sched.last_rank
     rows = split.vocab_rows(cfg.padded_vocab_size, cfg.pp)
+    if split.sequence_parallel:  # the stage's activation is this device's positions: gather X, scatter the sum
+        return [Collective("C0.row", "all_gather", q, n * h / q, mb * last, act, "C0"),
+                Collective("IF.row", "reduce_scatter", q, n * h, mb * first, 4, "IF"),
+                Collective("IB.row", "all_gather", q, n * h / q, mb * first, act, "IB")]
     if not split.mode.grid:
         return [Collective("IF.row", "all_reduce", q, n * h, mb * first, 4, "IF")]
     return [Collective("C0.row", "all_gather", q, n * h / q, mb * last, act, "C0"),

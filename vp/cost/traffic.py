@@ -21,11 +21,13 @@ def payloads(cfg: RunConfig, sched: Schedule) -> dict[str, list[tuple[str, float
     [n, h] fp32 (all-reduce); C2 grad X; IF the partial embeddings of the fp32 shards; IB the first stage's
     embedding gradient in the compute dtype; the naive algorithm's S the max [n] and (sum, target) [2, n], its
     T grad X. With tensor parallelism each device sends its own part: n is its token block's tokens (a grid
-    splits the micro-batch d q ways), and a stage's activation holds its hidden columns (grid: h/q)."""
+    splits the micro-batch d q ways), and a stage's activation holds its hidden columns (grid: h/q) or, 1-D sequence
+    parallel, its positions (s/t)."""
     split = Split.of(cfg)
     n, h = cfg.micro_batch_size * cfg.seq_len // split.blocks, cfg.hidden
     item = 4 if cfg.dtype == "fp32" else 2
-    act, whole = n * split.hidden_share(h) * item, n * h * item  # a stage's activation; IB's whole hidden
+    # a stage's activation (sequence parallel: its positions [b, s/t, h]); IB's whole hidden
+    act, whole = n // split.sequence_shards * split.hidden_share(h) * item, n * h * item
     grad32 = 4 * n * h
     return {"SF": [("send", act)], "SB": [("send", act)], "C0": [("broadcast", 4 * n * (h + 1))],
             "C1": [("all_gather", 12 * n)] + ([("all_reduce", grad32)] if sched.vocab.grad_x_in_s else []),

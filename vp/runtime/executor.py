@@ -18,6 +18,7 @@ from vp.schedule.rules import collective, p2p_peer, root_of
 from vp.tp.context import TensorParallel
 from vp.tp.grads import reduce_replicated
 from vp.tp.layout import token_rows
+from vp.tp.sequence import gather_sequence, scatter_sequence, sequence_block
 from vp.vocab import input as vocab_in
 from vp.vocab import output as vocab_out
 from vp.wgrad import WeightGradStore
@@ -74,8 +75,11 @@ class Executor:
         self.tp = model.tp
         self.blocks, self.block = (self.tp.batch_blocks, self.tp.token_block) if self.tp else (1, 0)
         self.grid = self.tp is not None and self.tp.mode.grid
+        # 1-D sequence parallelism: a device holds positions [t s/t, (t+1) s/t) of its stage's activations
+        self.seq_parallel = self.tp is not None and self.tp.sequence_parallel
         rows = cfg.micro_batch_size // self.blocks
-        self.act_shape = (rows, cfg.seq_len, cfg.hidden // self.tp.q if self.grid else cfg.hidden)
+        seq = cfg.seq_len // self.tp.q if self.seq_parallel else cfg.seq_len
+        self.act_shape = (rows, seq, cfg.hidden // self.tp.q if self.grid else cfg.hidden)
         self.tokens = rows * cfg.seq_len
         self.last_stage = sched.n_stages - 1
         self.loss_scale = 1.0
@@ -103,9 +107,13 @@ class Executor:
         """This device's sequences (its token block) of a whole micro-batch tensor [b, ...]."""
         return token_rows(t, self.blocks, self.block)
 
-    # -- hidden-dimension layout of a tensor-parallel grid (1-D devices and tp = 1 hold the whole hidden) ----
+    # -- layout of a stage's activation: a grid splits the hidden, 1-D sequence parallelism the positions; plain
+    # 1-D devices and tp = 1 hold the whole of it ------------------------------------------------------------
     def full_hidden(self, x: torch.Tensor, channel: str) -> torch.Tensor:
-        """[..., h/q] of each device of a grid row -> [..., h], gathered over the row."""
+        """[..., h/q] of each device of a grid row -> [..., h], gathered over the row (sequence parallel:
+        [b, s/t, h] -> [b, s, h])."""
+        if self.seq_parallel:
+            return gather_sequence(x, self.tp, channel)
         if not self.grid:
             return x
         parts = self.comm.all_gather(x.contiguous(), channel)  # [q, ..., h/q]
@@ -113,15 +121,20 @@ class Executor:
 
     def sum_hidden(self, x: torch.Tensor, channel: str) -> torch.Tensor:
         """Partial [..., h] of the devices of a stage's row, summed: a grid device keeps its column's [..., h/q]
-        (reduce-scatter), a 1-D device all of it (all-reduce)."""
+        (reduce-scatter), a 1-D device all of it (all-reduce) or, sequence parallel, its positions (reduce-scatter)."""
         if self.tp is None:
             return x
+        if self.seq_parallel:
+            return scatter_sequence(x, self.tp, channel)
         if not self.grid:
             return self.comm.all_reduce(x, channel)
         return self.comm.reduce_scatter(x.view(*x.shape[:-1], self.tp.q, -1).movedim(-2, 0).contiguous(), channel)
 
     def hidden_block(self, x: torch.Tensor) -> torch.Tensor:
-        """[..., h] -> this device's column [..., h/q] (a grid) or all of it."""
+        """[n, h] -> this device's column [n, h/q] (a grid), its positions [b, s/t, h] (sequence parallel) or all
+        of it."""
+        if self.seq_parallel:
+            return sequence_block(x.view(self.act_shape[0], self.cfg.seq_len, -1), self.tp)
         if not self.grid:
             return x
         return x.view(*x.shape[:-1], self.tp.q, -1)[..., self.tp.c, :]
@@ -171,8 +184,9 @@ class Executor:
             root = root_of(self.s, "IB")
             if self.rank == root:  # a grid gathers the gradient's hidden over its row first
                 buf = self.full_hidden(st.embed_grad.pop(mb), "IB.row")
-            else:  # the whole hidden of this device's token block, in the root's dtype
-                buf = torch.empty(*self.act_shape[:-1], self.cfg.hidden, dtype=self.dtype, device=self.device)
+            else:  # the whole hidden and sequence of this device's token block, in the root's dtype
+                buf = torch.empty(self.act_shape[0], self.cfg.seq_len, self.cfg.hidden, dtype=self.dtype,
+                                  device=self.device)
             # the root drops buf at its IB, maybe before the broadcast has read it; the others' buf is written there
             st.pending[inst] = comm.submit(inst.group, lambda: comm.broadcast(buf, root, inst.group), inst.text(),
                                            reads=(buf,))

@@ -2,7 +2,8 @@
 (process groups cut from vp.mesh) that the layers communicate on.
 
 Channels (each its own process group, so tensor-parallel traffic never shares one with the pipeline's):
-  1-D   tp     the stage's t devices: Megatron's all-reduces
+  1-D   tp     the stage's t devices: Megatron's all-reduces (sequence parallel: its all-gathers and
+               reduce-scatters, and the gradient sum of the parameters applied to sequence shards)
         row    the same devices, for the vocabulary layers (statistics, input gradient)
   grid  row    ROW(r, k), ordered by column c: SUMMA broadcasts/reduces of X-blocks, LayerNorm statistics,
                the vocabulary layers
@@ -32,11 +33,12 @@ class TensorParallel:
     c: int  # grid column; 1-D: the device index t
     k: int
     comm: Comm
+    sequence_parallel: bool = False  # 1-D: activations between the tp regions split along the sequence (vp.tp.sequence)
 
     @classmethod
-    def of(cls, mesh: Mesh, rank: int, comm: Comm) -> "TensorParallel":
+    def of(cls, mesh: Mesh, rank: int, comm: Comm, sequence_parallel: bool = False) -> "TensorParallel":
         co = mesh.coords(rank)
-        return cls(mesh.mode, mesh.q, mesh.depth, co.r, co.c, co.k, comm)
+        return cls(mesh.mode, mesh.q, mesh.depth, co.r, co.c, co.k, comm, sequence_parallel)
 
     def __post_init__(self):
         where = {"tp": self.c, "row": self.c, "col": self.r, "dep": self.k, "batch": self.token_block}

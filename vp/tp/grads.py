@@ -10,7 +10,9 @@ Bias scheme: every replica of a bias is live (each device adds its bias block to
 copy); the batch all-reduce makes the copies' gradients, hence the copies, identical. (Colossal-AI's legacy
 layers keep a live bias on row 0 only and hand the other rows zero gradients.)
 1-D devices hold whole activations, so their replicated parameters (row-parallel biases, LayerNorms, the position
-embedding) already get identical gradients and their groups here are of one device: nothing is sent.
+embedding) already get identical gradients and their groups here are of one device: nothing is sent. With sequence
+parallelism (vp.tp.sequence) each device applies them to its own positions only: they are REPLICATED over tp, whose
+all-reduce sums the shares.
 Each channel's gradients travel as one flat buffer.
 """
 import torch

@@ -51,15 +51,15 @@ def check_sizes(mode: TensorMode, tp: int, tp_depth: int, hidden: int, heads: in
     for name, value in (("hidden", hidden), ("heads", heads), ("ffn_hidden", ffn)):
         if value % q:
             raise ValueError(f"{name}={value} is not divisible by {what}; use a multiple of {q} "
-                             f"such as {_near(value, q)}")
+                             f"such as {near(value, q)}")
     blocks = mode.batch_blocks(tp, tp_depth)
     if micro_batch_size % blocks:
         raise ValueError(f"micro_batch_size={micro_batch_size} is not divisible by d*q={blocks} of tp_mode={mode.name} "
                          f"(each device holds whole sequences of its token block); use a multiple of {blocks} "
-                         f"such as {_near(micro_batch_size, blocks)}")
+                         f"such as {near(micro_batch_size, blocks)}")
 
 
-def _near(value: int, multiple: int) -> str:
+def near(value: int, multiple: int) -> str:
     below = (value // multiple) * multiple
     above = below + multiple
     return f"{below} or {above}" if below else f"{above}"

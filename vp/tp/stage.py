@@ -3,20 +3,20 @@ seeded parameters and the vocabulary rows of this device's shard, so the single-
 
 Every device receives the whole micro-batch's token ids and keeps its token block (grid: sequences
 [j b/(dq), (j+1) b/(dq)) with j = k*q + r; 1-D: all of them); activations between blocks stay in the mode's layout
-(grid: [b/(dq), s, h/q], 1-D: [b, s, h]). Parameter names are the single-process ones (embed, head and pos under
-modules of those names), so tests and checkpoints can match them.
+(grid: [b/(dq), s, h/q], 1-D: [b, s, h], 1-D sequence parallel: [b, s/t, h], positions of device t). Parameter
+names are the single-process ones (embed, head and pos under modules of those names), so tests and checkpoints can
+match them.
 """
-import copy
-
 import torch
 import torch.nn as nn
 
 from vp.recompute import run_layers
-from vp.tp.block import shard_block
+from vp.tp.block import sequence_norm, shard_block
 from vp.tp.context import TensorParallel
 from vp.tp.grads import reduce_replicated
 from vp.tp.layout import block, token_rows
 from vp.tp.norm import GridLayerNorm
+from vp.tp.sequence import SEQUENCE_REPLICATED
 from vp.tp.vocab import VocabEmbedding, VocabOutput
 from vp.vocab.output import Shard
 from vp.wgrad import WeightGradStore
@@ -28,8 +28,15 @@ class Position(nn.Module):
 
     def __init__(self, full: torch.Tensor, tp: TensorParallel):
         super().__init__()
+        self.tp = tp
         w = block(full.detach(), tp.q, tp.c, 1) if tp.mode.grid else full.detach()
         self.weight = nn.Parameter(w.clone())
+        if tp.sequence_parallel:  # whole on every device, each adding the rows of its positions
+            self.REPLICATED = {"weight": SEQUENCE_REPLICATED}
+
+    def rows(self, seq: int) -> torch.Tensor:
+        """The rows of this device's `seq` positions (sequence parallel: block t of s/t of them)."""
+        return self.weight[self.tp.c * seq:(self.tp.c + 1) * seq] if self.tp.sequence_parallel else self.weight[:seq]
 
 
 class TensorParallelStage(nn.Module):
@@ -51,7 +58,7 @@ class TensorParallelStage(nn.Module):
         self.layers = nn.ModuleDict({name: shard_block(b, tp) for name, b in blocks or full.layers.items()})
         self.recompute = full.recompute  # vp.recompute
         if self.last:
-            self.final_norm = GridLayerNorm(full.final_norm, tp) if tp.mode.grid else copy.deepcopy(full.final_norm)
+            self.final_norm = GridLayerNorm(full.final_norm, tp) if tp.mode.grid else sequence_norm(full.final_norm, tp)
             if head_rows is not None:
                 self.head = VocabOutput(head_rows, shard, tp)
 
@@ -63,7 +70,8 @@ class TensorParallelStage(nn.Module):
         """x: the micro-batch's token ids [b, s] (first stage with its embedding), else this device's activation
         block (on a first stage without one: the block of the summed embedding)."""
         if self.first:
-            x = (self.embed(self.local(x)) if self.embed is not None else x) + self.pos.weight[: x.shape[1]]
+            x = self.embed(self.local(x)) if self.embed is not None else x
+            x = x + self.pos.rows(x.shape[1])
         x = run_layers(self.layers.values(), x, wgrad, self.recompute)
         return self.final_norm(x) if self.last else x
 

@@ -13,6 +13,9 @@ Per transformer layer (n = micro-batch tokens, m = n/(dq) tokens per grid device
 (h, h), (h, ffn), (ffn, h), X-block m K/q, W-block K N/q^2), per micro-batch unless "per iteration":
   1-D   4 all-reduces of [n, h] over tp (2 forward after the row-parallel linears, 2 backward before the
         column-parallel ones); nothing per iteration
+  1-D sequence parallel (vp.tp.sequence): forward 2 all-gathers of [n/t, h] (before qkv, fc1) and 2 reduce-scatters
+        of [n, h] (after proj, fc2), backward their conjugates, and in W (inside B when not split) the 2 all-gathers
+        again for the weight gradients; per iteration the all-reduce of the LayerNorms' and biases' shares, 6h
   grid  per linear: 2q broadcasts of X-blocks over ROW (ab, atb), 2q of W-blocks over COL (ab, abt), q reduces
         of X-blocks over ROW (abt), q of W-blocks over COL (atb); per LayerNorm 2 all-reduces of [2, m] over ROW;
         per iteration the DEP all-reduce of the 4 W-blocks and the batch all-reduce of the biases and LayerNorm
@@ -69,6 +72,7 @@ class Shape:
     microbatches: int
     padded_vocab_size: int
     itemsize: int = 4
+    sequence_parallel: bool = False  # 1-D: all-gathers and reduce-scatters along the sequence (vp.tp.sequence)
 
     @property
     def q(self) -> int:
@@ -98,6 +102,14 @@ def layer_collectives(s: Shape) -> list[Collective]:
     """One transformer layer, per device and iteration, each collective tagged with the pass that issues it
     (W: the weight-gradient half of the backward, which runs inside B when a schedule does not split it)."""
     mb, h, n, size = s.microbatches, s.hidden, s.tokens, s.itemsize
+    if s.sequence_parallel:
+        t = s.tp
+        return _keep([Collective("tp", "all_gather", t, n * h / t, 2 * mb, size, "F"),  # g before qkv, fc1
+                      Collective("tp", "reduce_scatter", t, n * h, 2 * mb, size, "F"),  # g-bar after proj, fc2
+                      Collective("tp", "reduce_scatter", t, n * h, 2 * mb, size, "B"),  # g's backward
+                      Collective("tp", "all_gather", t, n * h / t, 2 * mb, size, "B"),  # g-bar's backward
+                      Collective("tp", "all_gather", t, n * h / t, 2 * mb, size, "W"),  # qkv, fc1 inputs for grad W
+                      Collective("tp", "all_reduce", t, 6 * h, 1, GRAD_ITEMSIZE)])  # LayerNorms, proj/fc2 biases
     if not s.mode.grid:
         return _keep([Collective("tp", "all_reduce", s.tp, n * h, 2 * mb, size, "F"),  # after proj, fc2
                       Collective("tp", "all_reduce", s.tp, n * h, 2 * mb, size, "B")])  # before qkv, fc1
@@ -127,6 +139,16 @@ def stage_collectives(s: Shape, first: bool = True, last: bool = True, vocab_lay
     The defaults: a one-stage model that holds its vocabulary layers."""
     mb, h, n, v, size = s.microbatches, s.hidden, s.tokens, s.padded_vocab_size, s.itemsize
     embed, output = first and vocab_layers, last and vocab_layers
+    if s.sequence_parallel:
+        t = s.tp
+        return _keep([Collective("row", "reduce_scatter", t, n * h, mb * embed, size, "F"),  # embedding
+                      Collective("row", "all_gather", t, n * h / t, mb * embed, size, "B"),  # embedding grad
+                      Collective("row", "all_gather", t, n * h / t, mb * output, size, "F"),  # output layer X
+                      Collective("row", "reduce_scatter", t, n * h, mb * output, size, "B"),  # output grad X
+                      Collective("row", "all_reduce", t, n, mb * output, size, "F"),  # max of the logits
+                      Collective("row", "all_reduce", t, 2 * n, mb * output, size, "F"),  # sum exp, target
+                      Collective("tp", "all_reduce", t, first * s.seq_len * h + last * 2 * h, 1,
+                                 GRAD_ITEMSIZE)])  # the position embedding, the final LayerNorm: shares summed
     if not s.mode.grid:
         return _keep([Collective("row", "all_reduce", s.tp, n * h, mb * embed, size, "F"),  # embedding
                       Collective("row", "all_reduce", s.tp, n * h, mb * output, size, "B"),  # output grad X
