@@ -136,7 +136,8 @@ def test_plan_writes_an_experiment_that_the_sweep_reproduces(user_conf, capsys):
     assert len(done) == len({tuple(r["overrides"]) for r in rows})
     for row in rows:
         match = [r for r in done if all(r["config"][k] == row[k] for k in
-                                           ("method", "dp", "pp", "tp", "tp_mode", "micro_batch_size", "chunks"))]
+                                           ("method", "dp", "pp", "tp", "tp_mode", "micro_batch_size", "chunks",
+                                            *KNOBS))]
         assert match and match[0]["metrics"]["tokens_per_s"] == row["tokens_per_s"], row
         assert max(match[0]["metrics"]["peak_memory_bytes"]) == row["peak_memory_bytes"]
 

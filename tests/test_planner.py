@@ -1,0 +1,127 @@
+"""The planner's answers with the production knobs (issue 43): the knobs as axes, what their variants share and
+when one dominates another, the device's capacity less the margin and each row's headroom, the bound's rounding
+tolerance, and the simulated peak checked again. Names carry `planner`."""
+import importlib
+import random
+from dataclasses import replace
+
+import pytest
+
+from harness.sim import simulate_job
+from vp.config import RunConfig
+from vp.cost import PROFILES, GiB, pass_costs
+from vp.cost.profiles import H100_TOTAL_MIB, check_profile
+from vp.plan import Problem, Rejection, candidates, search
+from vp.plan.bounds import makespan_lower_bound
+from vp.plan.space import KNOBS, configuration
+from vp.plan.variants import Shared, dominates
+from vp.schedule import Costs, build, simulate
+
+S = importlib.import_module("vp.plan.search")  # the module (vp.plan exports its search function under that name)
+SMALL = RunConfig(layers=8, hidden=512, heads=8, seq_len=256, vocab_size=32000, device="cuda", dtype="bf16")
+HW = replace(PROFILES["a100_80g"], memory_bytes=4.0 * GiB)  # tight: memory decides part of the space
+
+
+def test_planner_searches_each_knob_where_it_applies():
+    runs = [c for c in candidates(Problem(SMALL, 8, 16, methods=("baseline", "vocab-2"))) if not isinstance(c, Rejection)]
+    for run in runs:
+        if run.dp == 1:
+            assert not run.zero and not run.overlap_grad_reduce
+        if "sequence_parallel" in KNOBS and (run.tp == 1 or run.tp_mode != "1d"):
+            assert not run.sequence_parallel
+    replicated = {(r.zero, r.overlap_grad_reduce, r.recompute) for r in runs if r.dp > 1}
+    assert len(replicated) == 2 * 2 * 3  # every combination where dp > 1
+    assert {r.recompute for r in runs if r.dp == 1} == {"none", "selective", "full"}
+    fixed = [c for c in candidates(Problem(SMALL, 8, 16, fixed={"zero": 1, "recompute": "full"},
+                                           methods=("baseline",)))]
+    runs = [c.run if isinstance(c, Rejection) else c for c in fixed]
+    assert all(r.zero == 1 and r.recompute == "full" for r in runs if r is not None)
+    refused = [c for c in fixed if isinstance(c, Rejection) and c.run is not None and c.run.dp == 1]
+    assert any(c.reason == "zero without data parallelism (dp = 1)" for c in refused)
+
+
+def test_planner_knob_variants_share_only_what_the_cost_model_shares():
+    """The figures priced once per configuration (vp.plan.variants.Shared) are those of pricing each variant alone."""
+    held, shared = S.StageCommunicators(), Shared()
+    runs = [c for c in candidates(Problem(SMALL, 8, 16, methods=("baseline", "vocab-2", "vhalf")))
+            if not isinstance(c, Rejection)]
+    rng = random.Random(43)
+    for run in rng.sample(runs, 60):
+        got, alone = S.price(run, HW, held, shared=shared), S.price(run, HW, held)
+        if isinstance(alone, Rejection):
+            assert isinstance(got, Rejection) and got.message == alone.message
+            continue
+        assert (got.static, got.costs, got.tail, got.bound) == (alone.static, alone.costs, alone.tail, alone.bound)
+        sk = S.skeleton(run)
+        full, _ = shared("costs.full", run, lambda: (pass_costs(run, HW, sk), None))
+        assert full == pass_costs(run, HW, sk)
+
+
+def test_planner_dominated_variants_are_no_faster_and_no_smaller():
+    """Where dominates(y, x) says so, harness.sim finds y at least as fast as x with no more peak memory."""
+    held = S.StageCommunicators()
+    by_config: dict = {}
+    for c in candidates(Problem(SMALL, 8, 16, methods=("baseline", "vocab-2", "vhalf"))):
+        if isinstance(c, Rejection):
+            continue
+        p = S.price(c, PROFILES["a100_80g"], held)
+        p.costs = pass_costs(c, PROFILES["a100_80g"], p.skeleton)
+        by_config.setdefault(configuration(c), []).append(p)
+    pairs = [(y, x) for group in by_config.values() for y in group for x in group if dominates(y, x)]
+    assert len(pairs) > 10 and {x.run.recompute for _, x in pairs} >= {"selective"}
+    for y, x in random.Random(1).sample(pairs, 10):
+        a, b = (simulate_job(p.run, PROFILES["a100_80g"], "x", {})["metrics"] for p in (y, x))
+        assert a["tokens_per_s"] >= b["tokens_per_s"] and max(a["peak_memory_bytes"]) <= max(b["peak_memory_bytes"])
+
+
+def test_planner_keeps_the_margin_and_shows_headroom():
+    problem = Problem(SMALL, 8, 16, methods=("baseline", "vocab-2"), memory_margin=0.1)
+    plan = search(problem, HW, top=5)
+    assert plan.rows and plan.budget == pytest.approx(0.9 * HW.memory_bytes)
+    for row in plan.rows:
+        assert row.peak_memory_bytes <= plan.budget
+        assert row.headroom_bytes == HW.memory_bytes - row.peak_memory_bytes and row.headroom >= 0.1
+    loose = search(replace(problem, memory_margin=0.0), HW, top=5)
+    assert max(r.peak_memory_bytes for r in loose.rows) > plan.budget  # the margin turned plans away
+    for bad in (-0.1, 1.0, True, "5%"):
+        with pytest.raises(ValueError, match="plan.memory_margin"):
+            replace(problem, memory_margin=bad)
+
+
+def test_planner_profiles_carry_the_capacity_torch_reports():
+    assert PROFILES["h100"].memory_bytes == H100_TOTAL_MIB * 2**20 < 80 * GiB
+    assert PROFILES["h200"].memory_bytes < 141 * GiB
+    with pytest.raises(ValueError, match="memory_bytes=.* is not above overhead_bytes"):
+        check_profile({**PROFILES["h100"].to_dict(), "memory_bytes": 1.0 * GiB})
+
+
+def test_planner_bound_above_the_makespan_by_rounding_still_enters():
+    """Uniform 1F1B with F = B = 0.7: the bound sums the same passes in another order and exceeds the simulated
+    makespan by a rounding error; the race compares with a relative tolerance, so the candidate is simulated."""
+    s = build("baseline", 4, 8)
+    costs = Costs({**{("F", st): 0.7 for st in range(4)}, **{("B", st): 0.7 for st in range(4)}})
+    bound, makespan = makespan_lower_bound(replace(s, ranks=[]), costs), simulate(s, costs).makespan
+    assert makespan < bound <= makespan * (1 + S.REL)
+    run = SMALL.with_(method="baseline", pp=4, microbatches=8)
+    tokens = run.microbatches * run.micro_batch_size * run.seq_len
+    race = S._Race(1)
+    race.add(S.Row(run, tokens / makespan, 0.5, makespan, 1.0, 0, 0.0))
+    twin = S._Priced(run.with_(recompute="selective"), s, costs, [1.0] * 4, 0.0, [0.0] * 4, [0.0] * 4,
+                     tokens / bound)
+    assert twin.bound < tokens / makespan and race.could_enter(twin)
+
+
+def test_planner_drops_a_plan_whose_simulated_peak_exceeds_the_budget(monkeypatch):
+    """Where the activation bracket said a plan fits and its simulation says it does not, the plan is dropped and
+    the reason shown."""
+    from vp.plan import bounds
+
+    def low(s, costs):
+        lo, hi = bounds.activation_bounds(s, costs)
+        return [0.0] * len(lo), [0.0] * len(hi)
+
+    monkeypatch.setattr(S, "activation_bounds", low)
+    plan = search(Problem(SMALL, 8, 16, methods=("baseline", "vocab-2")), HW, top=5)
+    assert plan.rejected.get(S.SIMULATED_MEMORY)
+    assert "simulated peak memory" in plan.examples[S.SIMULATED_MEMORY]
+    assert all(r.peak_memory_bytes <= plan.budget for r in plan.rows)
