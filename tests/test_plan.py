@@ -178,6 +178,7 @@ def test_plan_check_says_which_profile_it_needs(user_conf, capsys):
     rows = list(range(10))
     assert plan_check.pick(rows, 5, 2) == [0, 1, 2, 3, 4, 8, 9]
     assert plan_check.pick(rows, 5, 0) == [0, 1, 2, 3, 4]  # was every row: rows[-0:] is the whole list
+    assert plan_check.pick(rows, 3, 2, first=[0, 4, 9]) == [0, 4, 9, 8]  # the top configurations, none twice
 
 
 def test_plan_check_gathers_each_plans_runs_over_its_rounds(tmp_path):
@@ -204,9 +205,10 @@ def test_plan_check_gathers_each_plans_runs_over_its_rounds(tmp_path):
     record(2, "b", "baseline", "failed", 0.0)
     (tmp_path / "round2" / "plan_x" / "notes.json").write_text("{}")  # not a record's name
     got = measured_rounds(tmp_path, 2, "plan_x")
-    assert got == {("vocab-1", 1, 4, 1, "1d", 1, 2, 1, None): [500.0, 700.0],
-                   ("baseline", 1, 4, 1, "1d", 1, 2, 1, None): [300.0]}
-    assert measured_rounds(tmp_path, 1, "plan_x")[("vocab-1", 1, 4, 1, "1d", 1, 2, 1, None)] == [500.0]
+    off = tuple(values[0] for values, _ in KNOBS.values())  # records without knob fields: every knob off
+    assert got == {("vocab-1", 1, 4, 1, "1d", 1, 2, 1, None, *off): [500.0, 700.0],
+                   ("baseline", 1, 4, 1, "1d", 1, 2, 1, None, *off): [300.0]}
+    assert measured_rounds(tmp_path, 1, "plan_x")[("vocab-1", 1, 4, 1, "1d", 1, 2, 1, None, *off)] == [500.0]
 
 
 def test_spearman_of_ranks():
