@@ -8,6 +8,7 @@ from pathlib import Path
 from omegaconf import OmegaConf
 
 from harness.sim import simulator_version
+from vp.cost import PROFILES
 from vp.plan import Plan, Problem, Row
 from vp.plan.space import KNOBS, divisors
 
@@ -103,8 +104,9 @@ def best_lines(plan: Plan) -> list[str]:
 
 def describe(plan: Plan, hw, path: Path, experiment: str, folder: Path) -> str:
     lines = [f"{plan.candidates} candidates, {plan.feasible} feasible, {plan.simulated} simulated, "
-             f"{plan.pruned} skipped by a safe bound" + (f" ({plan.dominated} of them as a knob variant of theirs is as "
-                                                          f"fast with no more memory)" if plan.dominated else "")
+             f"{plan.pruned} skipped by a safe bound"
+             + (f" ({plan.dominated} of them as a knob variant of theirs is as fast with no more memory)"
+                if plan.dominated else "")
              + (f", {plan.undecided} skipped before their memory was decided" if plan.undecided else "")
              + f", {plan.seconds:.1f} s ({plan.cpu_seconds:.1f} s of CPU; hardware={hw.name}, "
                f"{hw.memory_bytes / GiB:.2f} GiB per device as torch reports it, plans within "
@@ -152,8 +154,9 @@ def no_plan_message(p: Problem, hw, plan: Plan) -> str:
         r = rej.run
         msg += (f". The closest to fitting, {r.method} on {r.dp} x {r.pp} x {r.tp} ({r.tp_mode}) with micro_batch_size "
                 f"{r.micro_batch_size}, needs {rej.excess / GiB:.1f} GiB more than the {plan.budget / GiB:.1f} "
-                f"GiB a plan may use on {hw.name} (plan.memory_margin): give more GPUs (plan.gpus={2 * p.gpus}), a smaller model, or hardware with "
-                f"more memory (hardware=h200: 141 GiB)")
+                f"GiB a plan may use on {hw.name} (plan.memory_margin): give more GPUs"
+                f" (plan.gpus={2 * p.gpus}), a smaller model, or hardware with "
+                f"more memory (hardware=h200: {PROFILES['h200'].memory_bytes / GiB:.1f} GiB)")
     elif plan.examples:
         reason = max(plan.rejected, key=plan.rejected.get)
         msg += f". The most common refusal says: {plan.examples[reason]}"

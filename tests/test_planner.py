@@ -23,7 +23,8 @@ HW = replace(PROFILES["a100_80g"], memory_bytes=4.0 * GiB)  # tight: memory deci
 
 
 def test_planner_searches_each_knob_where_it_applies():
-    runs = [c for c in candidates(Problem(SMALL, 8, 16, methods=("baseline", "vocab-2"))) if not isinstance(c, Rejection)]
+    runs = [c for c in candidates(Problem(SMALL, 8, 16, methods=("baseline", "vocab-2")))
+            if not isinstance(c, Rejection)]
     for run in runs:
         if run.dp == 1:
             assert not run.zero and not run.overlap_grad_reduce
