@@ -126,3 +126,40 @@ def test_planner_drops_a_plan_whose_simulated_peak_exceeds_the_budget(monkeypatc
     assert plan.rejected.get(S.SIMULATED_MEMORY)
     assert "simulated peak memory" in plan.examples[S.SIMULATED_MEMORY]
     assert all(r.peak_memory_bytes <= plan.budget for r in plan.rows)
+
+
+def test_planner_rows_are_what_backend_sim_records_with_every_knob():
+    """Each knob's rows, the overlapped gradient reduction's included (its tail from the simulated iteration), have
+    the tokens/s and peak memory harness.sim records for the same RunConfig, to the last bit."""
+    plan = search(Problem(SMALL, 8, 16, methods=("baseline", "vocab-2")), PROFILES["a100_80g"], top=3, prune=False)
+    picked = {}
+    for row in plan.rows:
+        r = row.run
+        picked.setdefault((r.zero, r.overlap_grad_reduce, r.recompute), row)
+    assert len(picked) == 12
+    for row in picked.values():
+        rec = simulate_job(row.run, PROFILES["a100_80g"], "x", {})["metrics"]
+        assert rec["tokens_per_s"] == row.tokens_per_s and max(rec["peak_memory_bytes"]) == row.peak_memory_bytes
+
+
+def test_planner_prints_and_writes_each_rows_knobs_and_headroom(user_conf, capsys):
+    """The table shows the knobs and headroom; the JSON rows and the experiment file's setups carry every knob."""
+    import json
+
+    from harness import plan as P
+
+    argv = ["model=tiny", "vocab=8k", "hardware=h100", "plan.gpus=4", "plan.global_batch=8", "run.seq_len=128",
+            "plan.top=3", "plan.name=k", "plan.methods=[baseline,vocab-2]", "plan.memory_margin=0.1"]
+    assert P.run(argv) == 0
+    out = capsys.readouterr().out
+    assert "| knobs |" in out and "| headroom GiB (%) |" in out and "plans within" in out
+    assert P.run(argv + ["plan.json=true", "run.zero=1"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["memory_budget_bytes"] == pytest.approx(0.9 * PROFILES["h100"].memory_bytes)
+    for row in data["top"]:
+        assert row["zero"] == 1 and row["dp"] > 1 and 0.1 <= row["headroom"] < 1
+        assert {f"run.{k}={row[k]}" for k in KNOBS} <= set(row["overrides"])
+    text = (user_conf / "conf" / "experiment" / "plan_k.yaml").read_text()
+    assert "run.recompute:" in text and "run.overlap_grad_reduce:" in text and "knobs zero1" in text
+    assert P.run(argv + ["plan.memory_margin=1.5"]) == 2
+    assert "plan.memory_margin=1.5 is out of range" in capsys.readouterr().err
