@@ -167,3 +167,25 @@ def test_planner_prints_and_writes_each_rows_knobs_and_headroom(user_conf, capsy
     assert "run.recompute:" in text and "run.overlap_grad_reduce:" in text and "knobs zero1" in text
     assert P.run(argv + ["plan.memory_margin=1.5"]) == 2
     assert "plan.memory_margin=1.5 is out of range" in capsys.readouterr().err
+
+
+def test_planner_transfers_hold_the_receiver_only():
+    """The simulator's rule for a pipeline transfer, which the runtime's rendezvous point-to-point follows
+    (docs/planner.md; scripts/p2p-late-receive.py): a send takes no time on its rank, and a receive reached long
+    after its send still takes the whole transfer."""
+    s = build("baseline", 2, 4)
+    costs = Costs({**{("F", st): 1.0 for st in range(2)}, **{("B", st): 2.0 for st in range(2)}}, {"P2P": 0.5})
+    result = simulate(s, costs)
+    sent = {}
+    for actions, starts, ends in result.spans:
+        for a, start, end in zip(actions, starts, ends):
+            if a.kind in ("SF", "SB"):
+                assert end == start
+                sent[(a.kind[1], a.mb)] = start
+    late = 0
+    for actions, starts, ends in result.spans:
+        for a, start, end in zip(actions, starts, ends):
+            if a.kind in ("RF", "RB"):
+                assert end == pytest.approx(max(start, sent[(a.kind[1], a.mb)]) + 0.5)
+                late += start > sent[(a.kind[1], a.mb)] + 0.5
+    assert late  # some receives come long after their send, and still wait the transfer
