@@ -7,7 +7,9 @@ draws the Pareto front of throughput against peak memory, and writes the experim
 user's config folder (on Hydra's search path, like calibrated profiles), so that
 `python -m harness.sweep experiment=plan_<name>` runs the plans (backend=sim predicts them again, bit for bit).
 A command-line value for an axis (method=, run.dp= run.pp= run.tp= run.tp_mode= run.tp_depth=
-run.micro_batch_size= run.microbatches= run.chunks= run.redis_last_layers=) fixes it.
+run.micro_batch_size= run.microbatches= run.chunks= run.redis_last_layers=, and the knobs run.zero=
+run.overlap_grad_reduce= run.recompute= run.sequence_parallel=) fixes it. plan.memory_margin (default 0.05) is the
+share of the device's memory every plan leaves free.
 """
 import json
 import os
@@ -22,13 +24,12 @@ from harness.plan_output import describe, experiment_text, figure, no_plan_messa
 from harness.profiles import CONF, user_conf_dir
 from vp.checks import writable_path
 from vp.files import write_text_atomic
-from vp.plan import Problem, search
+from vp.plan import AXES, Problem, search
 
 warnings.filterwarnings("ignore", r"provider=hydra\.searchpath in main, path=.* is not available\.", UserWarning)
 
 # command-line keys that fix an axis of the search -> the RunConfig field
-FIXING = {"method": "method", **{f"run.{k}": k for k in ("dp", "pp", "tp", "tp_mode", "tp_depth", "micro_batch_size",
-                                                          "microbatches", "chunks", "redis_last_layers")}}
+FIXING = {"method": "method", **{f"run.{k}": k for k in AXES if k != "method"}}
 USAGE = __doc__
 
 
@@ -66,7 +67,7 @@ def problem_of(cfg, given: dict) -> tuple[Problem, object]:
     return Problem(base.with_(chunks=None, redis_last_layers=None), cfg.plan.gpus, cfg.plan.global_batch, fixed,
                    gpus_per_node=hw.gpus_per_node, tp_in_node=cfg.plan.tp_in_node,
                    tokens_per_microbatch=cfg.limits.tokens_per_microbatch, schedule_size=cfg.limits.schedule_size,
-                   **kw), hw
+                   memory_margin=cfg.plan.memory_margin, **kw), hw
 
 
 def plan_name(cfg) -> str:

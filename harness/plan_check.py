@@ -1,8 +1,9 @@
 """python -m harness.plan_check [--hardware NAME] [--results-dir DIR] [--rounds N]  (make plan-check [HARDWARE=NAME])
 
 The planner against reality on this machine: plans a small vocabulary-heavy GPT on 4 CPU processes with a
-profile of this machine (default: the one `python -m harness.calibrate --measure` writes), runs the predicted
-top 5 and bottom 2 feasible plans for real through harness.sweep in rounds (every plan once a round; round r's
+profile of this machine (default: the one `python -m harness.calibrate --measure` writes), every knob searched
+(zero, overlap_grad_reduce, recompute), runs the predicted top 5 configurations (each at its fastest knobs) and
+the bottom 2 feasible plans for real through harness.sweep in rounds (every plan once a round; round r's
 records in DIR/plan_check_<profile>/round<r>/), and prints the rank correlation of the plans' median measured
 tokens/s against the predicted, ending with the line `spearman <value> measured-best-at-predicted-rank <k>`.
 Rounds spread each plan's runs over the check, so that the machine's speed drifting within minutes falls on every
@@ -19,6 +20,7 @@ from hydra import initialize_config_dir
 
 from harness.measure import default_name
 from harness.profiles import CONF, user_conf_dir
+from vp.plan.space import KNOBS
 from vp.renamed import refuse_renamed_flags
 
 # 4 measured iterations after a warm-up, their median: one run's iterations varied by up to 50 % on the loaded
@@ -43,14 +45,23 @@ def spearman(xs: list[float], ys: list[float]) -> float:
     return float(pd.Series(xs).rank().corr(pd.Series(ys).rank()))
 
 
-def pick(rows: list, top: int, bottom: int) -> list:
-    """The predicted top `top` and bottom `bottom` of the ranked rows (bottom 0: none; rows[-0:] is all of them)."""
-    return rows[:top] + rows[len(rows) - bottom:]
+def pick(rows: list, top: int, bottom: int, first: list | None = None) -> list:
+    """The predicted top `top` (of `first` where given: the plan's top configurations) and bottom `bottom` of the
+    ranked rows, none twice (bottom 0: none; rows[-0:] is all of them)."""
+    head = (rows if first is None else first)[:top]
+    return head + [r for r in rows[len(rows) - bottom:] if r not in head]
 
 
-def plan_key(method, dp, pp, tp, tp_mode, tp_depth, micro_batch_size, chunks, redis_last_layers) -> tuple:
-    """What tells the plans of a check apart (a record's config fields; a plan row's run fields)."""
-    return method, dp, pp, tp, tp_mode, tp_depth, micro_batch_size, chunks, redis_last_layers
+def plan_key(method, dp, pp, tp, tp_mode, tp_depth, micro_batch_size, chunks, redis_last_layers, *knobs) -> tuple:
+    """What tells the plans of a check apart (a record's config fields; a plan row's run fields), knobs in KNOBS'
+    order."""
+    return method, dp, pp, tp, tp_mode, tp_depth, micro_batch_size, chunks, redis_last_layers, *knobs
+
+
+def run_key(r) -> tuple:
+    """plan_key of a RunConfig."""
+    return plan_key(r.method, r.dp, r.pp, r.tp, r.tp_mode, r.tp_depth, r.micro_batch_size, r.n_chunks,
+                    r.redis_last_layers, *(getattr(r, k) for k in KNOBS))
 
 
 def measured_rounds(folder: Path, rounds: int, experiment: str) -> dict[tuple, list[float]]:
@@ -64,7 +75,8 @@ def measured_rounds(folder: Path, rounds: int, experiment: str) -> dict[tuple, l
             if rec["status"] == "ok":
                 c = rec["config"]
                 key = plan_key(c["method"], c["dp"], c["pp"], c["tp"], c["tp_mode"], c["tp_depth"],
-                               c["micro_batch_size"], c["chunks"], c.get("redis_last_layers"))
+                               c["micro_batch_size"], c["chunks"], c.get("redis_last_layers"),
+                               *(c.get(k, values[0]) for k, (values, _) in KNOBS.items()))
                 mtime = path.stat().st_mtime
                 if key not in newest or mtime > newest[key][0]:
                     newest[key] = (mtime, rec["metrics"]["tokens_per_s"])
@@ -93,7 +105,7 @@ def main(argv=None) -> int:
         print(f"plan-check refused: {err}", file=sys.stderr)
         return 2
     from harness import plan as P
-    from harness.plan_output import experiment_text
+    from harness.plan_output import experiment_text, knobs_text
     from vp.files import write_text_atomic
     from harness.sweep import run as sweep
     from vp.plan import search
@@ -111,13 +123,14 @@ def main(argv=None) -> int:
         print(f"plan-check: only {len(plan.rows)} feasible plans, fewer than {args.top} + {args.bottom}",
               file=sys.stderr)
         return 1
-    chosen = pick(plan.rows, args.top, args.bottom)
+    chosen = pick(plan.rows, args.top, args.bottom, plan.top)
     plan.top, plan.best_per_method = chosen, {}
     experiment = f"plan_{name}"
     path = P.experiment_path(cfg, name)
     write_text_atomic(path, experiment_text(cfg, overrides, plan, experiment, hw))
-    print(f"plan: {len(plan.rows)} feasible of {plan.candidates}; running predicted ranks 1-{args.top} and "
-          f"{len(plan.rows) - args.bottom + 1}-{len(plan.rows)} for real ({path})", flush=True)
+    print(f"plan: {len(plan.rows)} feasible of {plan.candidates}; running the predicted top {args.top} "
+          f"configurations and ranks {len(plan.rows) - args.bottom + 1}-{len(plan.rows)} for real ({path})",
+          flush=True)
     folder = Path(args.results_dir) / experiment
     for r in range(1, args.rounds + 1):
         print(f"round {r} of {args.rounds}", flush=True)
@@ -132,10 +145,10 @@ def main(argv=None) -> int:
           f"(median of {args.rounds} rounds: least-most)")
     for i, row in enumerate(chosen):
         r = row.run
-        got = measured.get(plan_key(r.method, r.dp, r.pp, r.tp, r.tp_mode, r.tp_depth, r.micro_batch_size, r.n_chunks,
-                                    r.redis_last_layers), [])
-        rank = i + 1 if i < args.top else len(plan.rows) - len(chosen) + i + 1
-        what = f"{r.method} {r.dp}x{r.pp}x{r.tp} {r.tp_mode} mbs {r.micro_batch_size} m {r.microbatches}"
+        got = measured.get(run_key(r), [])
+        rank = plan.rows.index(row) + 1  # among every feasible plan, knob variants included
+        what = (f"{r.method} {r.dp}x{r.pp}x{r.tp} {r.tp_mode} mbs {r.micro_batch_size} m {r.microbatches} "
+                f"{knobs_text(row)}")
         median = statistics.median(got) if len(got) == args.rounds else None
         spread = f"{min(got):,.0f}-{max(got):,.0f}" if got else ""
         print(f"{rank:>14}  {what:<44} {row.tokens_per_s:>18,.0f}  "

@@ -139,6 +139,8 @@ class PlanSchema:
     json: bool = False  # print one JSON object instead of the tables
     prune: bool = True  # skip candidates a safe bound shows cannot enter the answer; false: simulate every one
     tp_in_node: bool = True  # tensor-parallel groups inside one node (tp <= hardware gpus_per_node)
+    memory_margin: float = ranged(0.0, 0.5, default=0.05, fix="the share of the device's memory a plan leaves free "
+                                  "for fragmentation and what the model does not see (0.05: 5 %)")
     methods: list[str] | None = None  # null: every method; method=NAME fixes one
     out: str | None = None  # the experiment file; null: <user config folder>/experiment/plan_<name>.yaml
     figures: str = "plans"  # the folder of plan_<name>/ (Pareto figure, table, JSON)

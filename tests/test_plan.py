@@ -11,6 +11,8 @@ from harness.sim import simulate_job
 from vp.config import RunConfig
 from vp.cost import PROFILES, GiB
 from vp.plan import MEMORY, Problem, Rejection, candidates, search
+from vp.plan.space import KNOBS, configuration
+from vp.plan.variants import knob_index
 from vp.plan.bounds import activation_bounds, makespan_lower_bound
 from vp.schedule import Costs, build, simulate
 from vp.schedule.methods import METHODS
@@ -59,24 +61,38 @@ def test_bound_is_tight_for_uniform_1f1b():
 
 
 def _exhaustive(problem, hw):
-    """Every candidate through harness.sim (what backend=sim records), best first: the reference."""
+    """Every candidate through harness.sim (what backend=sim records) that fits the device less the plan's margin,
+    best first (a tie to the lower knob index): the reference."""
     rows = []
     for c in candidates(problem):
         if isinstance(c, Rejection):
             continue
         rec = simulate_job(c, hw, "x", {})
-        if rec["status"] == "ok":
-            rows.append((-rec["metrics"]["tokens_per_s"], max(rec["metrics"]["peak_memory_bytes"]), c))
-    return sorted(rows, key=lambda t: t[:2])
+        peak = max(rec["metrics"]["peak_memory_bytes"])
+        if rec["status"] == "ok" and peak <= problem.budget(hw.memory_bytes):
+            rows.append((-rec["metrics"]["tokens_per_s"], peak, knob_index(c), c))
+    return [(t, m, c) for t, m, _, c in sorted(rows, key=lambda t: t[:3])]
+
+
+def _top_configurations(ref, k):
+    out, seen = [], set()
+    for t, m, c in ref:
+        if configuration(c) not in seen and len(out) < k:
+            seen.add(configuration(c))
+            out.append((t, m, c))
+    return out
 
 
 def test_first_choices_equal_an_exhaustive_simulation():
+    """With every knob searched: the pruned search's top-k configurations, best per method and Pareto front are those
+    of an exhaustive simulation through harness.sim, within the device less the planner's margin."""
     hw = replace(PROFILES["a100_80g"], memory_bytes=4.0 * GiB)  # tight (NCCL buffers included): memory rejects part of the space
     problem = Problem(SMALL, 8, 16, methods=("baseline", "vocab-2", "interleaved", "vhalf-vocab-1", "redis"))
     plan = search(problem, hw, top=5)
     ref = _exhaustive(problem, hw)
     assert plan.rejected.get(MEMORY) and plan.simulated < plan.feasible == len(ref)
-    assert [(r.run, r.tokens_per_s) for r in plan.top] == [(c, -t) for t, _, c in ref[:5]]
+    assert {k for _, _, c in ref for k in KNOBS if getattr(c, k) != KNOBS[k][0][0]} == set(KNOBS)  # every knob on
+    assert [(r.run, r.tokens_per_s) for r in plan.top] == [(c, -t) for t, _, c in _top_configurations(ref, 5)]
     for method, row in plan.best_per_method.items():
         assert row.tokens_per_s == max(-t for t, _, c in ref if c.method == method)
     front = search(problem, hw, top=5, prune=False).pareto
@@ -120,7 +136,8 @@ def test_plan_writes_an_experiment_that_the_sweep_reproduces(user_conf, capsys):
     assert len(done) == len({tuple(r["overrides"]) for r in rows})
     for row in rows:
         match = [r for r in done if all(r["config"][k] == row[k] for k in
-                                           ("method", "dp", "pp", "tp", "tp_mode", "micro_batch_size", "chunks"))]
+                                           ("method", "dp", "pp", "tp", "tp_mode", "micro_batch_size", "chunks",
+                                            *KNOBS))]
         assert match and match[0]["metrics"]["tokens_per_s"] == row["tokens_per_s"], row
         assert max(match[0]["metrics"]["peak_memory_bytes"]) == row["peak_memory_bytes"]
 
@@ -131,10 +148,10 @@ def test_bad_input_says_what_would_fit(user_conf, capsys):
     common = ["model=tiny", "vocab=8k", "run.seq_len=128", "plan.global_batch=8"]
     assert P.run(common + ["plan.gpus=7"]) == 1
     assert "plan.gpus=7 is prime" in capsys.readouterr().err
-    assert P.run(["model=30b", "vocab=256k", "hardware=a100_80g", "run.seq_len=4096", "plan.gpus=8",
-                  "plan.global_batch=8", "method=baseline"]) == 1
+    assert P.run(["model=30b", "vocab=256k", "hardware=a100_80g", "run.seq_len=4096", "plan.gpus=4",
+                  "plan.global_batch=8", "method=baseline"]) == 1  # 8 fit with full recomputation
     err = capsys.readouterr().err
-    assert "needs" in err and "GiB more" in err and "plan.gpus=16" in err
+    assert "needs" in err and "GiB more" in err and "plan.gpus=8" in err
     assert P.run(common) == 2
     assert "plan.gpus is not set" in capsys.readouterr().err
     assert P.run(common + ["plan.gpus=4", "method=baseline,vocab-2"]) == 2
@@ -161,6 +178,7 @@ def test_plan_check_says_which_profile_it_needs(user_conf, capsys):
     rows = list(range(10))
     assert plan_check.pick(rows, 5, 2) == [0, 1, 2, 3, 4, 8, 9]
     assert plan_check.pick(rows, 5, 0) == [0, 1, 2, 3, 4]  # was every row: rows[-0:] is the whole list
+    assert plan_check.pick(rows, 3, 2, first=[0, 4, 9]) == [0, 4, 9, 8]  # the top configurations, none twice
 
 
 def test_plan_check_gathers_each_plans_runs_over_its_rounds(tmp_path):
@@ -187,9 +205,10 @@ def test_plan_check_gathers_each_plans_runs_over_its_rounds(tmp_path):
     record(2, "b", "baseline", "failed", 0.0)
     (tmp_path / "round2" / "plan_x" / "notes.json").write_text("{}")  # not a record's name
     got = measured_rounds(tmp_path, 2, "plan_x")
-    assert got == {("vocab-1", 1, 4, 1, "1d", 1, 2, 1, None): [500.0, 700.0],
-                   ("baseline", 1, 4, 1, "1d", 1, 2, 1, None): [300.0]}
-    assert measured_rounds(tmp_path, 1, "plan_x")[("vocab-1", 1, 4, 1, "1d", 1, 2, 1, None)] == [500.0]
+    off = tuple(values[0] for values, _ in KNOBS.values())  # records without knob fields: every knob off
+    assert got == {("vocab-1", 1, 4, 1, "1d", 1, 2, 1, None, *off): [500.0, 700.0],
+                   ("baseline", 1, 4, 1, "1d", 1, 2, 1, None, *off): [300.0]}
+    assert measured_rounds(tmp_path, 1, "plan_x")[("vocab-1", 1, 4, 1, "1d", 1, 2, 1, None, *off)] == [500.0]
 
 
 def test_spearman_of_ranks():

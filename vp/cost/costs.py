@@ -86,18 +86,20 @@ def comm_cpu_times(cfg: RunConfig, hw: Hardware, sched: Schedule) -> dict:
     return {kind: s for kind, s in out.items() if s > 0}
 
 
-def tail_s(cfg: RunConfig, hw: Hardware, sched: Schedule, result=None) -> float:
+def tail_s(cfg: RunConfig, hw: Hardware, sched: Schedule, result=None, hidden: bool = False) -> float:
     """Seconds after the pipeline's flush on the slowest device: its tensor-parallel group's once-per-iteration
     all-reduces (grid: depth and token-block replicas' gradients, the loss), then what is exposed of the
     data-parallel reduction (vp.cost.data_parallel: all of it, or with overlap_grad_reduce and the simulated
     iteration `result` what the dp stream has left at the flush), then the optimizer step over its parameters
     (zero 1: its 1/dp shard) where the profile measured it, then zero 1's all-gather of the weights. Where devices
     share cores (a CPU profile's `cores`) the data-parallel collectives and the step are slowed by devices / cores:
-    every device runs them at once (a gloo all-reduce of the gradients copies and sums them on the CPU)."""
+    every device runs them at once (a gloo all-reduce of the gradients copies and sums them on the CPU).
+    hidden=True counts none of the reduction as exposed: the least the tail can be with overlap_grad_reduce, before
+    the iteration is simulated (the planner's bound)."""
     net = Network.of(hw, cfg.world)
     slower = hw.contention(min(cfg.world, hw.gpus_per_node))
-    dp = [slower * (r + g) for r, g in zip(exposed_reduce_per_rank(cfg, hw, sched, result),
-                                           gather_per_rank(cfg, hw, sched))]
+    exposed = [0.0] * cfg.pp if hidden else exposed_reduce_per_rank(cfg, hw, sched, result)
+    dp = [slower * (r + g) for r, g in zip(exposed, gather_per_rank(cfg, hw, sched))]
     share = cfg.dp if cfg.zero else 1
     step = [slower * optimizer_s(hw, n // share, [t // share for t in vocab])
             for n, vocab in zip(rank_params(cfg, sched), vocab_tensors(cfg, sched))]

@@ -60,9 +60,11 @@ def exposed_reduce_per_rank(cfg: RunConfig, hw: Hardware, sched: Schedule, resul
             ready += [(start + (i + 1) / k * (end - start), min(bucket, n - i * bucket)) for i in range(k)]
         if shards[p]:
             ready.append((last.get("shards", (0.0, 0.0))[1], shards[p]))
-        stream = 0.0
+        stream, seconds = 0.0, {}  # bucket elements -> its reduction's seconds: the full buckets share one size
         for at, n in sorted(ready):
-            stream = max(stream, at) + reduce_s(cfg, hw, p, n)
+            if n not in seconds:
+                seconds[n] = reduce_s(cfg, hw, p, n)
+            stream = max(stream, at) + seconds[n]
         flush = ends[-1] if ends else 0.0
         out.append(max(0.0, stream - flush))
     return out

@@ -2,7 +2,13 @@
 efficiencies that turn datasheet peaks into achieved rates. docs/cost-model.md gives every field's source.
 
 Sources of the built-in profiles:
-- peak_flops, mem_bandwidth, sms, memory_bytes, link_bandwidth: NVIDIA's A100 (80 GB SXM4), H100 (SXM5) and
+- memory_bytes: the device's capacity as torch reports it (torch.cuda.get_device_properties(0).total_memory, the
+  total of torch.cuda.mem_get_info(); CUDA's totalGlobalMem, less than the marketed 80 or 141 GB and than
+  nvidia-smi's total, which counts memory the driver reserves): 'NVIDIA H100 80GB HBM3' prints total_memory=81089MB
+  under torch 2.7 / CUDA 12.8 (published readings range 81082-81090 MiB, 79.2 GiB; nvidia-smi shows 81559 MiB),
+  'NVIDIA H200' total_memory=143156MB (139.8 GiB); the A100 profile keeps the nominal 80 GiB (no torch reading
+  of an A100-SXM4-80GB at hand). A measured GPU profile should set it from torch on the machine;
+- peak_flops, mem_bandwidth, sms, link_bandwidth: NVIDIA's A100 (80 GB SXM4), H100 (SXM5) and
   H200 (SXM) datasheets: dense BF16/FP16 tensor FLOP/s (A100 312 T, H100/H200 989 T), HBM bandwidth (2039 GB/s,
   3.35 TB/s, 4.8 TB/s), SMs (108, 132, 132), NVLink per GPU (600 GB/s A100, 900 GB/s H100/H200, both
   directions together: half of it each way);
@@ -72,7 +78,7 @@ class Hardware:
     ib_latency: float = 14e-6  # seconds per ring step between nodes
     collective_latency: float = 8.4e-6  # fixed cost of one collective call
     # memory
-    memory_bytes: float = 80 * GiB
+    memory_bytes: float = 80 * GiB  # the device's capacity as torch reports it (total_memory); planners keep a margin
     bytes_per_param: float = 18.0  # bf16 weight + fp32 grad + fp32 master weight and two Adam moments
     act_bytes: int = 2  # bytes per activation element (bf16)
     overhead_bytes: float = 2 * GiB  # CUDA context, allocator slack
@@ -156,6 +162,11 @@ def check_profile(d) -> "Hardware":
     if not isinstance(d.get("machine", {}), dict):
         raise ValueError(f"{where}: machine must be a mapping")
     _check_tables(d.get("measured", {}), where)
+    fixed = d.get("overhead_bytes", Hardware.overhead_bytes)
+    if "memory_bytes" in d and d["memory_bytes"] <= fixed:
+        raise ValueError(f"{where}: memory_bytes={d['memory_bytes']!r} is not above overhead_bytes={fixed!r} (CUDA "
+                         f"context, allocator slack): give the device's capacity as torch reports it, "
+                         f"torch.cuda.get_device_properties(0).total_memory, in bytes")
     ints = {k: int(d[k]) for k in INTEGERS if k in d}
     try:
         return Hardware(**{**d, **ints})
@@ -212,11 +223,15 @@ def link_buffer_bytes(channels: int) -> float:
     return channels * (NCCL_BUFFSIZE + NCCL_LL_BUFFSIZE)
 
 
+H100_TOTAL_MIB = 81089  # torch.cuda.get_device_properties(0).total_memory of an H100 80GB HBM3, in MiB (above)
+H200_TOTAL_MIB = 143156  # and of an H200 (141 GB HBM3e)
+
 PROFILES = {
     "a100_80g": Hardware("a100_80g", DEVICE_PEAKS["A100"]),
     "h100": Hardware("h100", DEVICE_PEAKS["H100"], mem_bandwidth=3.35e12, sms=132, gemm_efficiency=0.801,
-                     attention_efficiency=0.5, link_bandwidth=450e9, ib_bandwidth=50e9, comm_bytes=1 * GiB),
+                     attention_efficiency=0.5, link_bandwidth=450e9, ib_bandwidth=50e9, comm_bytes=1 * GiB,
+                     memory_bytes=H100_TOTAL_MIB * 2**20),
     "h200": Hardware("h200", DEVICE_PEAKS["H200"], mem_bandwidth=4.8e12, sms=132, gemm_efficiency=0.830,
-                     attention_efficiency=0.5, link_bandwidth=450e9, ib_bandwidth=50e9, memory_bytes=141 * GiB,
-                     comm_bytes=1 * GiB),
+                     attention_efficiency=0.5, link_bandwidth=450e9, ib_bandwidth=50e9,
+                     memory_bytes=H200_TOTAL_MIB * 2**20, comm_bytes=1 * GiB),
 }

@@ -10,12 +10,17 @@ schedule is built only where the bracket straddles the device's memory and the c
 Two candidates with the same schedule and the same costs are simulated once.
 
 tokens/s, MFU, peak memory and bubble are computed as backend=sim computes a record (harness.sim): makespan plus
-the tail after the flush, vp.metrics.throughput, static bytes plus held activations per pipeline rank.
+the tail after the flush (with overlap_grad_reduce, from the simulated iteration), vp.metrics.throughput, static
+bytes plus held activations per pipeline rank. A plan must fit the device's capacity less plan.memory_margin
+(Problem.budget); the simulated peak is checked again before a plan enters the answer.
+
+Knob variants of one configuration (vp.plan.variants) share their schedule, and where only zero or
+overlap_grad_reduce differ their costs too, so one simulation serves them; the top-k lists configurations, each at
+its fastest variant, while best per method and the Pareto front take every variant.
 """
-import heapq
 import math
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from collections import OrderedDict
 
 from vp.config import RunConfig
@@ -24,58 +29,15 @@ from vp.cost.passes import compute_times
 from vp.cost.memory import comm_buffer_bytes, held_bytes
 from vp.metrics import throughput
 from vp.plan.bounds import activation_bounds, makespan_lower_bound
-from vp.plan.space import Problem, Rejection, candidates
+from vp.plan.answer import MEMORY, REL, SIMULATED_MEMORY, Plan, Row, _Race, _rank_key, pareto, top_configurations
+from vp.plan.space import Problem, Rejection, candidates, configuration
+from vp.plan.variants import Shared, dominates
 from vp.channels import rank_communicators
 from vp.schedule import Costs, Schedule, build, simulate
 from vp.schedule.simulate import collector_paused
 from vp.schedule.methods import get_method
 
-MEMORY = "peak memory above the device's"
-
-
-@dataclass
-class Row:
-    run: RunConfig
-    tokens_per_s: float
-    mfu: float
-    iteration_s: float
-    peak_memory_bytes: float  # the largest over devices
-    peak_rank: int  # the pipeline rank that holds it
-    bubble: float  # mean idle fraction of the iteration (the record's bubble_rate)
-
-    def to_dict(self) -> dict:
-        r = self.run
-        return {"method": r.method, "dp": r.dp, "pp": r.pp, "tp": r.tp, "tp_mode": r.tp_mode, "tp_depth": r.tp_depth,
-                "micro_batch_size": r.micro_batch_size, "microbatches": r.microbatches, "chunks": r.n_chunks,
-                "redis_last_layers": r.redis_last_layers, "tokens_per_s": self.tokens_per_s, "mfu": self.mfu,
-                "iteration_s": self.iteration_s, "peak_memory_bytes": self.peak_memory_bytes,
-                "peak_rank": self.peak_rank, "bubble": self.bubble}
-
-
-@dataclass
-class Plan:
-    candidates: int = 0
-    feasible: int = 0
-    simulated: int = 0
-    pruned: int = 0  # feasible, skipped by a bound (never in the answer)
-    undecided: int = 0  # skipped by a bound before their memory was decided (counted in neither feasible nor rejected)
-    seconds: float = 0.0  # wall clock
-    cpu_seconds: float = 0.0  # this process's CPU time (the wall clock of a machine shared with others is not)
-    rejected: dict = field(default_factory=dict)  # reason -> count
-    examples: dict = field(default_factory=dict)  # reason -> the check's message for one candidate
-    closest: list = field(default_factory=list)  # memory rejections nearest to fitting: (excess bytes, RunConfig)
-    rows: list = field(default_factory=list)  # every simulated feasible candidate, best first
-    top: list = field(default_factory=list)
-    best_per_method: dict = field(default_factory=dict)
-    pareto: list = field(default_factory=list)  # by peak memory, rising; each row faster than all before it
-
-    def reject(self, rej: Rejection) -> None:
-        self.rejected[rej.reason] = self.rejected.get(rej.reason, 0) + 1
-        self.examples.setdefault(rej.reason, rej.message)
-        if rej.reason == MEMORY:
-            heapq.heappush(self.closest, (-rej.excess, id(rej), rej))
-            if len(self.closest) > 5:
-                heapq.heappop(self.closest)
+__all__ = ["MEMORY", "REL", "SIMULATED_MEMORY", "Plan", "Row", "pareto", "price", "search", "top_configurations"]
 
 
 @dataclass
@@ -84,7 +46,7 @@ class _Priced:
     skeleton: Schedule
     costs: object
     static: list
-    tail: float
+    tail: float  # exact; with overlap_grad_reduce the least it can be (none of the reduction exposed)
     act_lo: list
     act_hi: list
     bound: float  # tokens/s no simulation of this candidate can exceed
@@ -126,21 +88,30 @@ class Built:
         return s
 
 
-def price(run: RunConfig, hw: Hardware, held: "StageCommunicators") -> _Priced | Rejection:
+def price(run: RunConfig, hw: Hardware, held: "StageCommunicators", budget: float | None = None,
+          shared: Shared | None = None) -> _Priced | Rejection:
     """The candidate's costs and bound, or its memory rejection where parameters and optimizer state alone (the
-    cheapest figure) exceed the device; activations are bracketed later (bracket()), where they are needed."""
+    cheapest figure) exceed the budget (default: the device's capacity); activations are bracketed later
+    (bracket()), where they are needed. shared: what knob variants share, worked out once (vp.plan.variants)."""
+    budget = hw.memory_bytes if budget is None else budget
+    shared = Shared() if shared is None else shared
     sk = skeleton(run)
-    static = fixed_bytes(run, hw, sk, held)
+    static = shared("static", run, lambda: fixed_bytes(run, hw, sk, held))
     zero = [0.0] * run.pp
-    if max(static) > hw.memory_bytes:
-        return memory_rejection(_Priced(run, sk, None, static, 0.0, zero, zero, 0.0), hw, exact=False)
-    costs = compute_costs(run, hw, sk)
-    tail = tail_s(run, hw, sk)
-    return _Priced(run, sk, costs, static, tail, zero, [math.inf] * run.pp, _bound(run, hw, sk, costs, tail))
+    if max(static) > budget:
+        return memory_rejection(_Priced(run, sk, None, static, 0.0, zero, zero, 0.0), hw, budget, exact=False)
+    costs, span = shared("costs", run, lambda: _with_span(sk, compute_costs(run, hw, sk)))
+    tail = shared("tail", run, lambda: tail_s(run, hw, sk, hidden=run.overlap_grad_reduce))
+    return _Priced(run, sk, costs, static, tail, zero, [math.inf] * run.pp, _bound(run, hw, span, tail))
 
 
-def _bound(run: RunConfig, hw: Hardware, sk: Schedule, costs, tail: float) -> float:
-    return throughput(run, makespan_lower_bound(sk, costs) + tail, run.world, hw.peak_flops)["tokens_per_s"]
+def _with_span(sk: Schedule, costs: Costs) -> tuple:
+    return costs, makespan_lower_bound(sk, costs)
+
+
+def _bound(run: RunConfig, hw: Hardware, span: float, tail: float) -> float:
+    """tokens/s no simulation can exceed, from a lower bound on the makespan and on the tail."""
+    return throughput(run, span + tail, run.world, hw.peak_flops)["tokens_per_s"]
 
 
 def fixed_bytes(run: RunConfig, hw: Hardware, sk: Schedule, held: "StageCommunicators") -> list[float]:
@@ -191,13 +162,19 @@ def bracket(p: _Priced, hw: Hardware, built: Built | None = None) -> None:
         p.act_lo, p.act_hi = activation_bounds(p.skeleton, p.costs)
 
 
-def memory_rejection(c: _Priced, hw: Hardware, exact: bool) -> Rejection:
+def memory_rejection(c: _Priced, hw: Hardware, budget: float, exact: bool) -> Rejection:
     peak = c.memory_lo
     rank = max(range(len(c.static)), key=lambda r: c.static[r] + c.act_lo[r])
     at_least = "" if exact else "at least "
     return Rejection(c.run, MEMORY, f"peak memory {at_least}{peak / 2**30:.1f} GiB on pipeline rank {rank} "
                      f"(static {c.static[rank] / 2**30:.1f} GiB + activations {c.act_lo[rank] / 2**30:.1f} GiB) "
-                     f"exceeds the {hw.memory_bytes / 2**30:.0f} GiB of {hw.name}", peak - hw.memory_bytes)
+                     f"exceeds the {budget / 2**30:.1f} GiB a plan may use on {hw.name} ({_budget_text(hw, budget)})",
+                     peak - budget)
+
+
+def _budget_text(hw: Hardware, budget: float) -> str:
+    margin = 1 - budget / hw.memory_bytes
+    return f"its {hw.memory_bytes / 2**30:.2f} GiB less the {100 * margin:.0f} % of plan.memory_margin"
 
 
 def _costs_key(costs) -> tuple:
@@ -214,47 +191,27 @@ def predict(c: _Priced, hw: Hardware, cache: dict, built: Built) -> Row:
     if key not in cache:
         cache[key] = simulate(sched, c.costs)
     result = cache[key]
-    seconds = result.makespan + c.tail
+    # overlap_grad_reduce: what the dp stream has left at the flush of this simulated iteration (harness.sim's tail)
+    tail = tail_s(run, hw, sched, result) if run.overlap_grad_reduce else c.tail
+    seconds = result.makespan + tail
     thr = throughput(run, seconds, run.world, hw.peak_flops)
     peak = [s + a for s, a in zip(c.static, result.peak_activations)]
     rank = max(range(len(peak)), key=peak.__getitem__)
     bubble = sum(1.0 - b / seconds for b in result.busy) / len(result.busy)
-    return Row(run, thr["tokens_per_s"], thr["mfu"], seconds, peak[rank], rank, bubble)
-
-
-class _Race:
-    """What a candidate must beat to enter the answer: the k-th best, its method's best, the Pareto front."""
-
-    def __init__(self, top: int):
-        self.top, self.best_k, self.by_method, self.front = top, [], {}, []
-
-    def could_enter(self, c: _Priced) -> bool:
-        if len(self.best_k) < self.top or c.bound >= self.best_k[0]:
-            return True
-        if c.bound >= self.by_method.get(c.run.method, -1.0):
-            return True
-        return not any(tps >= c.bound and mem <= c.memory_lo for mem, tps in self.front)
-
-    def add(self, row: Row) -> None:
-        heapq.heappush(self.best_k, row.tokens_per_s)
-        if len(self.best_k) > self.top:
-            heapq.heappop(self.best_k)
-        m = row.run.method
-        self.by_method[m] = max(self.by_method.get(m, -1.0), row.tokens_per_s)
-        p = (row.peak_memory_bytes, row.tokens_per_s)
-        if not any(t >= p[1] and mm <= p[0] for mm, t in self.front):
-            self.front = [(mm, t) for mm, t in self.front if not (p[1] >= t and p[0] <= mm)] + [p]
+    return Row(run, thr["tokens_per_s"], thr["mfu"], seconds, peak[rank], rank, bubble, hw.memory_bytes)
 
 
 @collector_paused
 def search(problem: Problem, hw: Hardware, top: int = 10, prune: bool = True, log=None) -> Plan:
-    """The plan: every candidate counted (feasible or rejected per reason), the exact top-k, best per method and
-    Pareto front. prune=False simulates every feasible candidate (the exhaustive reference). Python's cyclic
-    collector is paused throughout, as for build and simulate: the search allocates millions of small acyclic
+    """The plan: every candidate counted (feasible or rejected per reason), the exact top-k configurations, best per
+    method and Pareto front. prune=False simulates every feasible candidate (the exhaustive reference). Python's
+    cyclic collector is paused throughout, as for build and simulate: the search allocates millions of small acyclic
     objects (freed by their reference counts) while it holds its schedules, and each collection walked all of them
     (about a sixth of the CPU time at 30b on 1024 GPUs)."""
     t0, c0 = time.perf_counter(), time.process_time()
     plan, priced, held, said = Plan(), [], StageCommunicators(), t0
+    budget, shared = problem.budget(hw.memory_bytes), Shared()
+    plan.budget = budget
     for c in candidates(problem):
         plan.candidates += 1
         if log and time.perf_counter() - said > 30:
@@ -263,7 +220,7 @@ def search(problem: Problem, hw: Hardware, top: int = 10, prune: bool = True, lo
         if isinstance(c, Rejection):
             plan.reject(c)
             continue
-        p = price(c, hw, held)
+        p = price(c, hw, held, budget, shared)
         if isinstance(p, Rejection):
             plan.reject(p)
         else:
@@ -273,36 +230,49 @@ def search(problem: Problem, hw: Hardware, top: int = 10, prune: bool = True, lo
         log(f"{plan.candidates} candidates priced, {len(priced)} within memory by their static bytes, "
             f"{time.perf_counter() - t0:.1f} s; bounding and simulating")
     race, cache, built, said = _Race(top), {}, Built(), time.perf_counter()
+    simulated: dict = {}  # configuration -> its simulated knob variants that fit (_Priced)
     for i, p in enumerate(priced):
         if log and time.perf_counter() - said > 30:
             said = time.perf_counter()
             log(f"  {i} of {len(priced)} visited, {plan.simulated} simulated, {said - t0:.0f} s")
         bracket(p, hw)
-        if p.memory_lo > hw.memory_bytes:
-            plan.reject(memory_rejection(p, hw, exact=p.act_lo == p.act_hi))
+        if p.memory_lo > budget * (1 + REL):
+            plan.reject(memory_rejection(p, hw, budget, exact=p.act_lo == p.act_hi))
             continue
         if not prune or race.could_enter(p):  # now the whole cost model: communication too
-            p.costs = pass_costs(p.run, hw, p.skeleton)
-            p.bound = _bound(p.run, hw, p.skeleton, p.costs, p.tail)
-        if prune and not race.could_enter(p):
-            if p.memory_hi <= hw.memory_bytes:
+            p.costs, span = shared("costs.full", p.run, lambda: _with_span(p.skeleton, pass_costs(p.run, hw,
+                                                                                                    p.skeleton)))
+            p.bound = _bound(p.run, hw, span, p.tail)
+        skip = prune and not race.could_enter(p)
+        if prune and not skip and any(dominates(y, p) for y in simulated.get(configuration(p.run), ())):
+            skip = True
+            plan.dominated += 1
+        if skip:
+            if p.memory_hi <= budget:
                 plan.feasible += 1
                 plan.pruned += 1
             else:
                 plan.undecided += 1
             continue
-        if p.memory_hi > hw.memory_bytes:  # the bracket straddles the device: walk the built schedule
+        if p.memory_hi > budget:  # the bracket straddles the budget: walk the built schedule
             bracket(p, hw, built)
-            if p.memory_lo > hw.memory_bytes:
-                plan.reject(memory_rejection(p, hw, exact=True))
+            if p.memory_lo > budget:
+                plan.reject(memory_rejection(p, hw, budget, exact=True))
                 continue
         row = predict(p, hw, cache, built)
+        if row.peak_memory_bytes > budget:  # the simulated peak, checked again: the plan is dropped, with why
+            over = row.peak_memory_bytes - budget
+            plan.reject(Rejection(p.run, SIMULATED_MEMORY, f"simulated peak memory {row.peak_memory_bytes / 2**30:.2f}"
+                                  f" GiB on pipeline rank {row.peak_rank} exceeds the {budget / 2**30:.2f} GiB a plan"
+                                  f" may use on {hw.name} ({_budget_text(hw, budget)})", over))
+            continue
         plan.feasible += 1
         plan.simulated += 1
         plan.rows.append(row)
         race.add(row)
+        simulated.setdefault(configuration(p.run), []).append(p)
     plan.rows.sort(key=_rank_key)
-    plan.top = plan.rows[:top]
+    plan.top = top_configurations(plan.rows, top)
     for row in plan.rows:
         plan.best_per_method.setdefault(row.run.method, row)
     plan.pareto = pareto(plan.rows)
@@ -310,18 +280,3 @@ def search(problem: Problem, hw: Hardware, top: int = 10, prune: bool = True, lo
     plan.seconds, plan.cpu_seconds = time.perf_counter() - t0, time.process_time() - c0
     return plan
 
-
-def _rank_key(row: Row) -> tuple:
-    r = row.run
-    return (-row.tokens_per_s, row.peak_memory_bytes, r.method, r.dp, r.pp, r.tp, r.tp_mode, r.tp_depth,
-            r.micro_batch_size, r.n_chunks, r.redis_last_layers or 0)
-
-
-def pareto(rows: list[Row]) -> list[Row]:
-    """Rows no other row beats in both tokens/s (higher) and peak memory (lower), by memory rising."""
-    front, best = [], -1.0
-    for row in sorted(rows, key=lambda r: (r.peak_memory_bytes, -r.tokens_per_s)):
-        if row.tokens_per_s > best:
-            front.append(row)
-            best = row.tokens_per_s
-    return front

@@ -8,20 +8,33 @@ Axes (each fixable to one value through Problem.fixed, keyed by its RunConfig fi
   micro_batch_size   every divisor of the sequences of one replica (global_batch / dp); microbatches = the rest
   chunks             interleaved families: every c >= 2 with layers divisible by pp x c
   redis_last_layers  redis: 0 .. layers // pp layers left on the last stage (vp.config.redis_layers places them)
+  knobs              the production features (KNOBS): zero {0, 1} and overlap_grad_reduce where dp > 1, recompute
+                     {none, selective, full}, sequence_parallel where 1-D tp > 1 (once RunConfig has the field)
 The vocabulary is padded by vp.config's rule (a multiple of the vocabulary shards, or the given pad_multiple).
 A candidate that cannot run is a Rejection with the reason it failed and the checks' own message (the fix).
 """
+import itertools
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Iterator, NamedTuple
 
 from vp.checks import MAX_SCHEDULE_SIZE, MAX_TOKENS_PER_MICROBATCH, check_schedule_size, check_size
-from vp.config import RunConfig, check_config
+from vp.config import RECOMPUTE, ZERO_STAGES, RunConfig, check_config
 from vp.schedule.methods import METHODS, get_method
 
+# The production features as axes: RunConfig field -> (its values, the first being "off"; where it applies). Where a
+# knob does not apply it stays off (vp.config refuses it there). A knob whose RunConfig field does not exist yet is
+# left out, so adding one is one line here (and its memory and time in vp.cost).
+_ALL_KNOBS = {
+    "zero": (tuple(ZERO_STAGES), lambda r: r.dp > 1),
+    "overlap_grad_reduce": ((False, True), lambda r: r.dp > 1),
+    "recompute": (tuple(RECOMPUTE), lambda r: True),
+    "sequence_parallel": ((False, True), lambda r: r.tp > 1 and r.tp_mode == "1d"),
+}
+KNOBS = {k: v for k, v in _ALL_KNOBS.items() if k in {f.name for f in fields(RunConfig)}}
 AXES = ("method", "dp", "pp", "tp", "tp_mode", "tp_depth", "micro_batch_size", "microbatches", "chunks",
-        "redis_last_layers")
+        "redis_last_layers", *KNOBS)
 
 
 @dataclass(frozen=True)
@@ -35,17 +48,27 @@ class Problem:
     tp_in_node: bool = True
     tokens_per_microbatch: int = MAX_TOKENS_PER_MICROBATCH  # the sweep's limits, so every plan row is runnable
     schedule_size: int = MAX_SCHEDULE_SIZE
+    # fraction of the device's capacity kept free for the allocator's fragmentation and what the model does not see
+    memory_margin: float = 0.05
 
     def __post_init__(self):
         for name in ("gpus", "global_batch"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"plan.{name}={value!r} must be a positive integer")
+        m = self.memory_margin
+        if isinstance(m, bool) or not isinstance(m, (int, float)) or not 0 <= m < 1:
+            raise ValueError(f"plan.memory_margin={m!r} must be a fraction in [0, 1): the share of the device's "
+                             f"memory a plan leaves free (0.05 keeps 5 %)")
         unknown = sorted(set(self.fixed) - set(AXES))
         if unknown:
             raise ValueError(f"cannot fix {unknown}: the planner's axes are {', '.join(AXES)}")
         for name in self.methods:
             get_method(name)
+
+    def budget(self, capacity: float) -> float:
+        """Bytes a plan may use on a device of `capacity` bytes: the capacity less the margin."""
+        return capacity * (1.0 - self.memory_margin)
 
 
 class Rejection(NamedTuple):
@@ -113,7 +136,27 @@ def candidates(p: Problem) -> Iterator[RunConfig | Rejection]:
                     for extra in _method_axes(p, method, pp):
                         run = b.with_(method=method, dp=dp, pp=pp, tp=tp, tp_mode=mode, tp_depth=depth,
                                       micro_batch_size=mbs, microbatches=m, **extra)
-                        yield check(p, run)
+                        for knobs in knob_settings(p, run):
+                            yield check(p, run.with_(**knobs))
+
+
+def knob_settings(p: Problem, run: RunConfig) -> list[dict]:
+    """Every setting of the knobs (KNOBS) for one configuration: a knob that applies takes each of its values (or
+    the one fixed), one that does not stays off (or takes the fixed value, which vp.config then refuses)."""
+    axes = []
+    for name, (values, applies) in KNOBS.items():
+        axes.append(_choices(p, name, values if applies(run) else values[:1]))
+    return [dict(zip(KNOBS, combo)) for combo in itertools.product(*axes)]
+
+
+def knob_key(run: RunConfig) -> tuple:
+    """The run's knob values, in KNOBS order: what tells a configuration's knob variants apart."""
+    return tuple(getattr(run, k) for k in KNOBS)
+
+
+def configuration(run: RunConfig) -> RunConfig:
+    """The run with every knob off: what its knob variants share (one row of the top-k among them)."""
+    return run.with_(**{k: values[0] for k, (values, _) in KNOBS.items()})
 
 
 def _method_axes(p: Problem, method: str, pp: int) -> list[dict]:
@@ -142,6 +185,9 @@ REASONS = [
     (r"^seq_len=\d+ x micro_batch_size", "tokens per microbatch above limits.tokens_per_microbatch"),
     (r"^pp=\d+ x microbatches=", "schedule above limits.schedule_size"),
     (r"^chunks=", "chunks do not fit the method"),
+    (r"^zero=\d+ shards", "zero without data parallelism (dp = 1)"),
+    (r"^overlap_grad_reduce overlaps", "overlap_grad_reduce without data parallelism (dp = 1)"),
+    (r"^sequence_parallel", "sequence_parallel without 1-D tensor parallelism"),
 ]
 
 
