@@ -15,8 +15,7 @@ the tail after the flush, vp.metrics.throughput, static bytes plus held activati
 import heapq
 import math
 import time
-from dataclasses import dataclass, field, replace
-from collections import OrderedDict
+from dataclasses import dataclass, field
 
 from vp.config import RunConfig
 from vp.cost import Hardware, pass_costs, static_bytes, tail_s
@@ -24,9 +23,10 @@ from vp.cost.passes import compute_times
 from vp.cost.memory import comm_buffer_bytes, held_bytes
 from vp.metrics import throughput
 from vp.plan.bounds import activation_bounds, makespan_lower_bound
+from vp.plan.memo import Built, Memo, Phases, StageCommunicators
 from vp.plan.space import Problem, Rejection, candidates
-from vp.channels import rank_communicators
-from vp.schedule import Costs, Schedule, build, simulate
+from vp.schedule import Costs, Schedule, simulate
+from vp.schedule.program import _program
 from vp.schedule.simulate import collector_paused
 from vp.schedule.methods import get_method
 
@@ -64,6 +64,8 @@ class Plan:
     rejected: dict = field(default_factory=dict)  # reason -> count
     examples: dict = field(default_factory=dict)  # reason -> the check's message for one candidate
     closest: list = field(default_factory=list)  # memory rejections nearest to fitting: (excess bytes, RunConfig)
+    phases: dict = field(default_factory=dict)  # phase -> CPU seconds (vp.plan.memo.Phases)
+    memo: dict = field(default_factory=dict)  # memoised value -> (calls, computed): what the memo saved
     rows: list = field(default_factory=list)  # every simulated feasible candidate, best first
     top: list = field(default_factory=list)
     best_per_method: dict = field(default_factory=dict)
@@ -104,43 +106,31 @@ def skeleton(run: RunConfig) -> Schedule:
     return Schedule(run.method, run.pp, run.microbatches, run.n_chunks, spec.placement, spec.vocab, spec.split_w)
 
 
-class Built:
-    """The schedules built for one search, the most recently used kept up to a budget of actions (a pipeline of 64
-    ranks and 512 microbatches holds about 0.1 GiB): candidates that differ only in data or tensor parallelism, or
-    in the tensor mode, share their schedule, and are visited in the order of their bounds, not together."""
-
-    def __init__(self, budget: int = 2_000_000):  # actions: with their programs, under 1 GiB
-        self.held: OrderedDict = OrderedDict()  # (method, pp, microbatches, chunks) -> Schedule, least recent first
-        self.actions, self.budget = 0, budget
-
-    def __call__(self, run: RunConfig) -> Schedule:
-        key = (run.method, run.pp, run.microbatches, run.n_chunks)
-        s = self.held.pop(key, None)
-        if s is None:
-            s = build(*key)
-            self.actions += sum(map(len, s.ranks))
-        self.held[key] = s
-        while self.actions > self.budget and len(self.held) > 1:
-            _, old = self.held.popitem(last=False)
-            self.actions -= sum(map(len, old.ranks))
-        return s
-
-
-def price(run: RunConfig, hw: Hardware, held: "StageCommunicators") -> _Priced | Rejection:
+def price(run: RunConfig, hw: Hardware, held: "StageCommunicators", memo: Memo | None = None) -> _Priced | Rejection:
     """The candidate's costs and bound, or its memory rejection where parameters and optimizer state alone (the
-    cheapest figure) exceed the device; activations are bracketed later (bracket()), where they are needed."""
+    cheapest figure) exceed the device; activations are bracketed later (bracket()), where they are needed. memo:
+    the search's (vp.plan.memo), else a fresh one (every figure computed)."""
+    memo = Memo() if memo is None else memo
     sk = skeleton(run)
-    static = fixed_bytes(run, hw, sk, held)
+    static = memo("fixed", fixed_bytes, run, hw, sk, held)
     zero = [0.0] * run.pp
     if max(static) > hw.memory_bytes:
         return memory_rejection(_Priced(run, sk, None, static, 0.0, zero, zero, 0.0), hw, exact=False)
-    costs = compute_costs(run, hw, sk)
-    tail = tail_s(run, hw, sk)
-    return _Priced(run, sk, costs, static, tail, zero, [math.inf] * run.pp, _bound(run, hw, sk, costs, tail))
+    costs = compute_costs(run, hw, sk, memo)
+    tail = memo("tail", tail_s, run, hw, sk)
+    return _Priced(run, sk, costs, static, tail, zero, [math.inf] * run.pp, _bound(run, hw, sk, costs, tail, memo))
 
 
-def _bound(run: RunConfig, hw: Hardware, sk: Schedule, costs, tail: float) -> float:
-    return throughput(run, makespan_lower_bound(sk, costs) + tail, run.world, hw.peak_flops)["tokens_per_s"]
+def _bound(run: RunConfig, hw: Hardware, sk: Schedule, costs, tail: float, memo: Memo, name: str = "span") -> float:
+    """tokens/s no simulation can exceed: the makespan's lower bound (memoised under `name`: "span" for the costs
+    without communication, "full span" for pass_costs') plus the tail."""
+    span = memo(name, lambda _, sk, costs: makespan_lower_bound(sk, costs), run, sk, costs)
+    return throughput(run, span + tail, run.world, hw.peak_flops)["tokens_per_s"]
+
+
+def full_costs(p: _Priced, hw: Hardware, memo: Memo) -> Costs:
+    """pass_costs of a priced candidate, from its memoised pass times and held bytes (memoised: "full")."""
+    return memo("full", lambda run, sk, c: pass_costs(run, hw, sk, c.compute, c.memory), p.run, p.skeleton, p.costs)
 
 
 def fixed_bytes(run: RunConfig, hw: Hardware, sk: Schedule, held: "StageCommunicators") -> list[float]:
@@ -149,46 +139,25 @@ def fixed_bytes(run: RunConfig, hw: Hardware, sk: Schedule, held: "StageCommunic
     return [s + comm_buffer_bytes(h, hw) for s, h in zip(static_bytes(run, hw, sk), held.of_stages(run))]
 
 
-class StageCommunicators:
-    """The communicators device 0 of each stage holds (vp.channels.rank_communicators, what backend=sim counts), worked
-    out once per kind of schedule and mesh for one search:
-    - the channels and links a schedule uses depend on its method, pipeline and chunks, not on how many microbatches
-      pass (tests/test_plan.py checks m = pp, 2pp, 3pp), so the smallest schedule of a kind (m = pp) answers;
-    - device 0 of each stage lies in replica 0, whose groups are the same for every dp but the gradient all-reduce's
-      over replicas, held once whenever dp > 1: so dp = 2 answers for every dp > 1 (tests/test_plan.py checks it)."""
-
-    def __init__(self):
-        self.smallest: dict = {}  # (method, pp, chunks) -> its schedule with pp microbatches
-        self.held: dict = {}  # the key of of_stages() -> per stage, what its device 0 holds
-
-    def of_stages(self, run: RunConfig) -> tuple:
-        key = (run.method, run.pp, run.n_chunks, min(run.dp, 2), run.tp, run.tp_mode, run.tp_depth, run.dtype)
-        got = self.held.get(key)
-        if got is None:
-            kind = (run.method, run.pp, run.n_chunks)
-            if kind not in self.smallest:
-                self.smallest[kind] = build(run.method, run.pp, run.pp, run.n_chunks)
-            small = replace(run, microbatches=run.pp, dp=min(run.dp, 2))
-            held = rank_communicators(small, self.smallest[kind])
-            got = self.held[key] = tuple(held[small.mesh.rank(0, p, 0)] for p in range(run.pp))
-        return got
-
-
-def compute_costs(run: RunConfig, hw: Hardware, sk: Schedule) -> Costs:
+def compute_costs(run: RunConfig, hw: Hardware, sk: Schedule, memo: Memo | None = None) -> Costs:
     """pass_costs without communication: each pass's own work (vp.cost.passes.compute_times), to which
     pass_times adds the stage's tensor-parallel collectives (never less than zero: a grid's credit for what its
     SUMMA loop hides is at most those collectives' own time), and no collective or transfer time; the held
     memory is pass_costs'. Every time is at most pass_costs', so a bound from these is a bound. The search
     prices every candidate so, and asks pass_costs itself only of those it visits."""
-    return Costs(compute_times(run, hw, sk), {}, held_bytes(run, hw, sk))
+    memo = Memo() if memo is None else memo
+    return Costs(memo("compute", compute_times, run, hw, sk), {}, memo("held", held_bytes, run, hw, sk))
 
 
-def bracket(p: _Priced, hw: Hardware, built: Built | None = None) -> None:
-    """Bound p's held activations from the generator's order, or walk its built schedule (exact)."""
+def bracket(p: _Priced, hw: Hardware, built: Built | None = None, memo: Memo | None = None) -> None:
+    """Bound p's held activations from the generator's order (memo: the search's), or walk its built schedule
+    (exact)."""
     if built is not None:
         p.act_lo, p.act_hi = activation_bounds(built(p.run), p.costs)
     elif math.isinf(p.act_hi[0]):
-        p.act_lo, p.act_hi = activation_bounds(p.skeleton, p.costs)
+        memo = Memo() if memo is None else memo
+        p.act_lo, p.act_hi = memo("bracket", lambda _, sk, costs: activation_bounds(sk, costs), p.run, p.skeleton,
+                                  p.costs)
 
 
 def memory_rejection(c: _Priced, hw: Hardware, exact: bool) -> Rejection:
@@ -255,7 +224,13 @@ def search(problem: Problem, hw: Hardware, top: int = 10, prune: bool = True, lo
     (about a sixth of the CPU time at 30b on 1024 GPUs)."""
     t0, c0 = time.perf_counter(), time.process_time()
     plan, priced, held, said = Plan(), [], StageCommunicators(), t0
-    for c in candidates(problem):
+    memo, phase = Memo(), Phases()
+    space = iter(candidates(problem))
+    while True:
+        with phase("space"):  # the candidates and vp.config's checks
+            c = next(space, None)
+        if c is None:
+            break
         plan.candidates += 1
         if log and time.perf_counter() - said > 30:
             said = time.perf_counter()
@@ -263,7 +238,8 @@ def search(problem: Problem, hw: Hardware, top: int = 10, prune: bool = True, lo
         if isinstance(c, Rejection):
             plan.reject(c)
             continue
-        p = price(c, hw, held)
+        with phase("price"):  # static bytes, pass times without communication, tail, bound
+            p = price(c, hw, held, memo)
         if isinstance(p, Rejection):
             plan.reject(p)
         else:
@@ -277,13 +253,15 @@ def search(problem: Problem, hw: Hardware, top: int = 10, prune: bool = True, lo
         if log and time.perf_counter() - said > 30:
             said = time.perf_counter()
             log(f"  {i} of {len(priced)} visited, {plan.simulated} simulated, {said - t0:.0f} s")
-        bracket(p, hw)
+        with phase("bracket"):  # held activations from the generator's order
+            bracket(p, hw, memo=memo)
         if p.memory_lo > hw.memory_bytes:
             plan.reject(memory_rejection(p, hw, exact=p.act_lo == p.act_hi))
             continue
         if not prune or race.could_enter(p):  # now the whole cost model: communication too
-            p.costs = pass_costs(p.run, hw, p.skeleton)
-            p.bound = _bound(p.run, hw, p.skeleton, p.costs, p.tail)
+            with phase("full costs"):
+                p.costs = full_costs(p, hw, memo)
+                p.bound = _bound(p.run, hw, p.skeleton, p.costs, p.tail, memo, "full span")
         if prune and not race.could_enter(p):
             if p.memory_hi <= hw.memory_bytes:
                 plan.feasible += 1
@@ -292,23 +270,38 @@ def search(problem: Problem, hw: Hardware, top: int = 10, prune: bool = True, lo
                 plan.undecided += 1
             continue
         if p.memory_hi > hw.memory_bytes:  # the bracket straddles the device: walk the built schedule
-            bracket(p, hw, built)
+            with phase("build"):
+                built(p.run)
+            with phase("bracket"):
+                bracket(p, hw, built)
             if p.memory_lo > hw.memory_bytes:
                 plan.reject(memory_rejection(p, hw, exact=True))
                 continue
-        row = predict(p, hw, cache, built)
+        with phase("build"):
+            sched = built(p.run)
+        with phase("program"):  # what the simulator derives from a schedule once, whatever its costs
+            _program(sched)
+        with phase("simulate"):
+            row = predict(p, hw, cache, built)
         plan.feasible += 1
         plan.simulated += 1
         plan.rows.append(row)
         race.add(row)
+    with phase("answer"):
+        _answer(plan, top)
+    plan.phases = phase.seconds
+    plan.memo = {name: (memo.calls[name], memo.computed[name]) for name in memo.calls}
+    plan.seconds, plan.cpu_seconds = time.perf_counter() - t0, time.process_time() - c0
+    return plan
+
+
+def _answer(plan: Plan, top: int) -> None:
     plan.rows.sort(key=_rank_key)
     plan.top = plan.rows[:top]
     for row in plan.rows:
         plan.best_per_method.setdefault(row.run.method, row)
     plan.pareto = pareto(plan.rows)
     plan.closest = [rej for _, _, rej in sorted(plan.closest, key=lambda x: -x[0])]
-    plan.seconds, plan.cpu_seconds = time.perf_counter() - t0, time.process_time() - c0
-    return plan
 
 
 def _rank_key(row: Row) -> tuple:
