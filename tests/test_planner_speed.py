@@ -146,3 +146,24 @@ def test_planner_bench_prints_the_search_and_its_phases(capsys):
     assert row["search_cpu_s"] <= row["process_cpu_s"] and "price" in row["phases"] and "tail" in row["memo"]
     assert main(["plan", "--problems", "tiny=model"]) == 2
     assert "NAME=KEY=VALUE" in capsys.readouterr().err
+
+
+def test_planner_stage_parts_memo_is_the_traffic_model():
+    """A stage's tensor-parallel collectives (vp.cost.tensor._stage_parts, memoised on everything it reads) equal
+    vp.tp.traffic's called afresh, for every stage of random grids and methods; the lists handed out are fresh."""
+    from vp.cost.tensor import _stage_parts, tp_shape
+    from vp.plan.search import skeleton
+    from vp.tp.traffic import layer_collectives, stage_collectives
+
+    rng = random.Random(5)
+    runs = [c for c in candidates(Problem(SMALL, 64, 32)) if not isinstance(c, Rejection) and c.tp > 1]
+    for run in rng.sample(runs, 40):
+        sk = skeleton(run)
+        for st in range(sk.n_stages):
+            layers, rest = _stage_parts(run, sk, st)
+            shape = tp_shape(run)
+            assert layers == [replace(c, calls=c.calls * run.stage_layers[st]) for c in layer_collectives(shape)]
+            assert rest == stage_collectives(shape, first=st == 0, last=st == sk.n_stages - 1,
+                                             vocab_layers=not sk.vocab_parallel, loss=False)
+            layers.clear()
+            assert _stage_parts(run, sk, st)[0], run  # the memo's own is untouched
