@@ -58,6 +58,7 @@ def summary(plan: Plan, experiment_file: str | None) -> dict:
             "memory_budget_bytes": plan.budget,
             "seconds": round(plan.seconds, 2),
             "cpu_seconds": round(plan.cpu_seconds, 2),
+            "phases": {k: round(v, 3) for k, v in plan.phases.items()}, "memo": plan.memo,
             "rejected": dict(sorted(plan.rejected.items(), key=lambda kv: -kv[1])),
             "top": [row_json(r) for r in plan.top],
             "best_per_method": {m: row_json(r) for m, r in plan.best_per_method.items()},

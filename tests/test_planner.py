@@ -14,7 +14,8 @@ from vp.cost.profiles import H100_TOTAL_MIB, check_profile
 from vp.plan import Problem, Rejection, candidates, search
 from vp.plan.bounds import makespan_lower_bound
 from vp.plan.space import KNOBS, configuration
-from vp.plan.variants import Shared, dominates
+from vp.plan.memo import Memo
+from vp.plan.variants import dominates
 from vp.schedule import Costs, build, simulate
 
 S = importlib.import_module("vp.plan.search")  # the module (vp.plan exports its search function under that name)
@@ -42,20 +43,19 @@ def test_planner_searches_each_knob_where_it_applies():
 
 
 def test_planner_knob_variants_share_only_what_the_cost_model_shares():
-    """The figures priced once per configuration (vp.plan.variants.Shared) are those of pricing each variant alone."""
-    held, shared = S.StageCommunicators(), Shared()
+    """The figures priced once per search for the knob variants (vp.plan.memo) are those of pricing each variant
+    alone."""
+    held, memo = S.StageCommunicators(), Memo()
     runs = [c for c in candidates(Problem(SMALL, 8, 16, methods=("baseline", "vocab-2", "vhalf")))
             if not isinstance(c, Rejection)]
     rng = random.Random(43)
     for run in rng.sample(runs, 60):
-        got, alone = S.price(run, HW, held, shared=shared), S.price(run, HW, held)
+        got, alone = S.price(run, HW, held, memo=memo), S.price(run, HW, held)
         if isinstance(alone, Rejection):
             assert isinstance(got, Rejection) and got.message == alone.message
             continue
         assert (got.static, got.costs, got.tail, got.bound) == (alone.static, alone.costs, alone.tail, alone.bound)
-        sk = S.skeleton(run)
-        full, _ = shared("costs.full", run, lambda: (pass_costs(run, HW, sk), None))
-        assert full == pass_costs(run, HW, sk)
+        assert S.full_costs(got, HW, memo) == pass_costs(run, HW, S.skeleton(run))
 
 
 def test_planner_dominated_variants_are_no_faster_and_no_smaller():

@@ -127,9 +127,10 @@ def rank_communicators(cfg: RunConfig, sched: Schedule) -> list[Communicators]:
     world's, and one per group of two or more ranks of channels(cfg, sched), links counted apart."""
     held = [[1, 0] for _ in range(cfg.world)]
     for channel, groups in channels(cfg, sched).items():
+        kind = 1 if parse_link(channel) else 0
         for ranks in groups:
             for r in ranks if len(ranks) > 1 else ():
-                held[r][1 if parse_link(channel) else 0] += 1
+                held[r][kind] += 1
     return [Communicators(g, links) for g, links in held]
 
 

@@ -76,13 +76,17 @@ class RunConfig:
         columns = get_mode(self.tp_mode).side(self.tp, self.tp_depth)
         return (self.pp if self.spec.vocab_parallel else 1) * columns
 
-    @property
+    @cached_property  # a frozen config: computed once (the cost model asks for it per pass and per stage)
     def padded_vocab_size(self) -> int:
         return padded_vocab_size(self.vocab_size, self.pad_multiple, self.vocab_shards)
 
     @property
     def stage_layers(self) -> list[int]:
-        return stage_layers(self)
+        return list(self._stage_layers)  # a copy: the caller may change it
+
+    @cached_property
+    def _stage_layers(self) -> tuple[int, ...]:
+        return tuple(stage_layers(self))
 
     def to_dict(self) -> dict:
         d = asdict(self)

@@ -25,6 +25,7 @@ Pure Python: no torch, no process groups (vp.comm builds those from these lists)
 """
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import NamedTuple
 
 from vp.tp.modes import MODES, TensorMode, get_mode
@@ -125,9 +126,14 @@ class Mesh:
 
     # -- groups --------------------------------------------------------------------------------------
     def groups(self, axis: str) -> list[list[int]]:
-        """Every group along `axis`, each in the order of its varying index; together they cover the world."""
+        """Every group along `axis`, each in the order of its varying index; together they cover the world. Worked
+        out once per mesh and axis (_groups: the mesh is frozen; a planner asks for the same few meshes thousands of
+        times), handed out as fresh lists."""
         if axis not in AXES:
             raise ValueError(f"unknown mesh axis {axis!r}; axes: {', '.join(AXES)}")
+        return [list(g) for g in _groups(self, axis)]
+
+    def _groups(self, axis: str) -> list[list[int]]:
         R, C, K = range(self.rows), range(self.columns), range(self.depth)
         D, P, T = range(self.dp), range(self.pp), range(self.tp)
         rk, ti = self.rank, self.tp_index
@@ -151,6 +157,11 @@ class Mesh:
 
     def group_of(self, axis: str, rank: int) -> list[int]:
         return next(g for g in self.groups(axis) if rank in g)
+
+
+@lru_cache(maxsize=512)
+def _groups(mesh: Mesh, axis: str) -> tuple[tuple[int, ...], ...]:
+    return tuple(map(tuple, mesh._groups(axis)))
 
 
 def check_mesh(dp: int, pp: int, tp: int, tp_mode: str, tp_depth: int) -> None:

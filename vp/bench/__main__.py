@@ -5,6 +5,7 @@ python -m vp.bench pipeline  real 2-rank CPU runs of a vocabulary-heavy GPT, aga
 python -m vp.bench tp        tensor-parallel grids: bytes per layer measured against the closed form, time
 python -m vp.bench peer      the same GPT under torch.distributed.pipelining and under this project (vp/bench/peer.py)
 python -m vp.bench sim       the schedule simulator's time and memory over a ladder of sizes (vp/bench/sim.py)
+python -m vp.bench plan      the planner's CPU seconds per problem, with its phases (vp/bench/plan.py)
 python -m vp.bench overlap   real CPU runs with and without --overlap-grad-reduce, alternated (vp/bench/overlap.py)
 python -m vp.bench sequence  real CPU runs of 1-D tp with and without --sequence-parallel (vp/bench/sequence.py)
 python -m vp.bench comms     the communicators of a run at any size, without processes (vp/bench/comms.py)
@@ -170,6 +171,20 @@ def sim_main(args) -> int:
     return 0
 
 
+def plan_main(args) -> int:
+    from vp.bench import plan
+
+    try:
+        if args.rounds < 1:
+            raise ValueError(f"--rounds {args.rounds} must be a positive integer")
+        problems = [plan.parse_problem(x) for x in args.problems]
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    plan.run(problems, args.rounds, args.json)
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m vp.bench", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -206,6 +221,11 @@ def main(argv=None) -> int:
     sm.add_argument("--methods", nargs="+", default=None, help="default: vocab-2 vhalf-vocab-2 interleaved-vocab-2")
     sm.add_argument("--sizes", nargs="+", default=None, help="PPxMICROBATCHES, default: 32x128 64x256 128x512 256x1024")
     sm.add_argument("--rounds", type=int, default=1, help="rounds over all rows; the fastest is shown with the spread")
+    pl = sub.add_parser("plan", help="python -m harness.plan's CPU seconds per problem, by phase")
+    pl.add_argument("--json", action="store_true", help="print a list of row objects")
+    pl.add_argument("--problems", nargs="+", default=["30b", "70b"],
+                    help="30b, 70b (the issue's problems) or NAME=KEY=VALUE,KEY=VALUE,... (harness.plan overrides)")
+    pl.add_argument("--rounds", type=int, default=1, help="rounds over all problems; the least CPU time is shown")
     add_overlap_parser(sub)
     add_sequence_parser(sub)
     c = sub.add_parser("comms", help="groups, world-wide creation calls and NCCL buffers per rank, no processes")
@@ -215,7 +235,7 @@ def main(argv=None) -> int:
     c.add_argument("--method", default="vocab-2")
     c.add_argument("--hardware", default="h100", help="the profile whose NCCL buffer sizes count")
     c.add_argument("--json", action="store_true")
-    for parser in (ap, v, p, q, t, sm, c):
+    for parser in (ap, v, p, q, t, sm, pl, c):
         refuse_renamed_flags(parser)
     if argv is None:
         argv = sys.argv[1:]
@@ -243,6 +263,8 @@ def main(argv=None) -> int:
             return 2
     if args.what == "sim":
         return sim_main(args)
+    if args.what == "plan":
+        return plan_main(args)
     if args.what == "tp":
         from vp.bench.tp import run
 

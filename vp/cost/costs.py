@@ -149,18 +149,21 @@ def dp_allreduce_per_rank(cfg: RunConfig, hw: Hardware, sched: Schedule) -> list
     return [reduce_s(cfg, hw, p, n) for p, n in enumerate(rank_params(cfg, sched))]
 
 
-def pass_costs(cfg: RunConfig, hw: Hardware, sched: Schedule) -> Costs:
+def pass_costs(cfg: RunConfig, hw: Hardware, sched: Schedule, compute: dict | None = None,
+               held: dict | None = None) -> Costs:
     """Seconds per action and bytes held per microbatch on one device of each stage, for the simulator (on a CPU
     the actions that launch collectives off the compute path also pay those collectives' CPU time,
     comm_cpu_times); with how the devices share the node's cores where they do (sharing: that CPU time competes
-    for them as the passes' work does, since gloo's threads run on the same cores)."""
-    compute = compute_times(cfg, hw, sched)
+    for them as the passes' work does, since gloo's threads run on the same cores). compute, held: this run's
+    compute_times and held_bytes where the caller has them already (the planner's memo); never changed here."""
+    compute = compute_times(cfg, hw, sched) if compute is None else compute
     times = pass_times(cfg, hw, sched, compute)
     work = dict(compute)  # what competes for cores where devices share them: the passes' work and that CPU time
     for kind, cpu in comm_cpu_times(cfg, hw, sched).items():  # the action of that kind launches the instance
         times[(kind, None)] = times.get((kind, None), 0.0) + cpu
         work[(kind, None)] = work.get((kind, None), 0.0) + cpu
-    return Costs(times, comm_times(cfg, hw, sched), held_bytes(cfg, hw, sched), sharing(cfg, hw, work))
+    held = held_bytes(cfg, hw, sched) if held is None else held
+    return Costs(times, comm_times(cfg, hw, sched), held, sharing(cfg, hw, work))
 
 
 def sharing(cfg: RunConfig, hw: Hardware, compute: dict) -> Sharing | None:

@@ -75,7 +75,16 @@ def efficiency(hw: Hardware, g: Gemm) -> float:
 
 
 def gemm_time(hw: Hardware, g: Gemm, speedup: float = 1.0) -> float:
-    """Seconds of one GEMM; `speedup` is a calibrated per-pass-kind multiplier on its compute rate."""
+    """Seconds of one GEMM; `speedup` is a calibrated per-pass-kind multiplier on its compute rate. Computed once
+    per shape and profile (hw.gemm_memo: the profile is frozen, the shape too)."""
+    key = (g, speedup)
+    got = hw.gemm_memo.get(key)
+    if got is None:
+        got = hw.gemm_memo[key] = _gemm_time(hw, g, speedup)
+    return got
+
+
+def _gemm_time(hw: Hardware, g: Gemm, speedup: float) -> float:
     measured = hw.tables.gemm_s(g.m, g.n, g.k, g.accumulate)
     if measured is not None:
         return measured * g.batch / speedup

@@ -93,6 +93,9 @@ class Hardware:
 
     def __post_init__(self):
         object.__setattr__(self, "tables", Tables.of(self.measured))
+        # (Gemm, speedup) -> seconds (vp.cost.gemm.gemm_time): a pure function of this frozen profile; a search
+        # prices the same few hundred shapes hundreds of thousands of times
+        object.__setattr__(self, "gemm_memo", {})
         if self.link_comm_bytes < 0:
             object.__setattr__(self, "link_comm_bytes", link_buffer_bytes(LINK_MAX_CTAS))
 

@@ -16,7 +16,7 @@ SUMMA loop hides: the runtime prefetches step t+1's blocks during step t's GEMM 
 Collectives issued once per iteration (the depth and batch all-reduces) run after the flush, like dp's.
 """
 from dataclasses import dataclass, replace
-from functools import cache
+from functools import cache, lru_cache
 
 from vp.config import RunConfig
 from vp.cost.gemm import Gemm
@@ -114,10 +114,16 @@ def stage_tp_collectives(cfg: RunConfig, sched: Schedule, stage: int) -> list[Co
 def _stage_parts(cfg: RunConfig, sched: Schedule, stage: int) -> tuple[list[Collective], list[Collective]]:
     """A stage's collectives per device and iteration: its transformer layers', and the rest (vocabulary layers,
     final LayerNorm, embeddings' gradients)."""
-    shape = tp_shape(cfg)
-    layers = [replace(c, calls=c.calls * cfg.stage_layers[stage]) for c in layer_collectives(shape)]
-    return layers, stage_collectives(shape, first=stage == 0, last=stage == sched.n_stages - 1,
-                                     vocab_layers=not sched.vocab_parallel, loss=False)
+    layers, rest = _parts(tp_shape(cfg), cfg.stage_layers[stage], stage == 0, stage == sched.n_stages - 1,
+                          not sched.vocab_parallel)
+    return list(layers), list(rest)
+
+
+@lru_cache(maxsize=4096)
+def _parts(shape: Shape, layers: int, first: bool, last: bool, vocab_layers: bool) -> tuple[tuple, tuple]:
+    """_stage_parts from all it reads (frozen values): a search asks for the same few stages thousands of times."""
+    return (tuple(replace(c, calls=c.calls * layers) for c in layer_collectives(shape)),
+            tuple(stage_collectives(shape, first=first, last=last, vocab_layers=vocab_layers, loss=False)))
 
 
 def loss_rank(sched: Schedule) -> int:

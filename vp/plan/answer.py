@@ -60,6 +60,8 @@ class Plan:
     rejected: dict = field(default_factory=dict)  # reason -> count
     examples: dict = field(default_factory=dict)  # reason -> the check's message for one candidate
     closest: list = field(default_factory=list)  # memory rejections nearest to fitting: (excess bytes, RunConfig)
+    phases: dict = field(default_factory=dict)  # phase -> CPU seconds (vp.plan.memo.Phases)
+    memo: dict = field(default_factory=dict)  # memoised value -> (calls, computed): what the memo saved
     rows: list = field(default_factory=list)  # every simulated feasible candidate, best first
     top: list = field(default_factory=list)
     best_per_method: dict = field(default_factory=dict)

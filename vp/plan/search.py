@@ -14,14 +14,14 @@ the tail after the flush (with overlap_grad_reduce, from the simulated iteration
 bytes plus held activations per pipeline rank. A plan must fit the device's capacity less plan.memory_margin
 (Problem.budget); the simulated peak is checked again before a plan enters the answer.
 
-Knob variants of one configuration (vp.plan.variants) share their schedule, and where only zero or
-overlap_grad_reduce differ their costs too, so one simulation serves them; the top-k lists configurations, each at
+Knob variants of one configuration share their schedule, and where only zero or overlap_grad_reduce differ their
+costs too (vp.plan.memo: every figure is worked out once per search for the fields it reads), so one simulation
+serves them; the top-k lists configurations, each at
 its fastest variant, while best per method and the Pareto front take every variant.
 """
 import math
 import time
-from dataclasses import dataclass, replace
-from collections import OrderedDict
+from dataclasses import dataclass
 
 from vp.config import RunConfig
 from vp.cost import Hardware, pass_costs, static_bytes, tail_s
@@ -30,10 +30,11 @@ from vp.cost.memory import comm_buffer_bytes, held_bytes
 from vp.metrics import throughput
 from vp.plan.bounds import activation_bounds, makespan_lower_bound
 from vp.plan.answer import MEMORY, REL, SIMULATED_MEMORY, Plan, Row, _Race, _rank_key, pareto, top_configurations
+from vp.plan.memo import Built, Memo, Phases, StageCommunicators
 from vp.plan.space import Problem, Rejection, candidates, configuration
-from vp.plan.variants import Shared, dominates
-from vp.channels import rank_communicators
-from vp.schedule import Costs, Schedule, build, simulate
+from vp.plan.variants import dominates
+from vp.schedule import Costs, Schedule, simulate
+from vp.schedule.program import _program
 from vp.schedule.simulate import collector_paused
 from vp.schedule.methods import get_method
 
@@ -66,47 +67,27 @@ def skeleton(run: RunConfig) -> Schedule:
     return Schedule(run.method, run.pp, run.microbatches, run.n_chunks, spec.placement, spec.vocab, spec.split_w)
 
 
-class Built:
-    """The schedules built for one search, the most recently used kept up to a budget of actions (a pipeline of 64
-    ranks and 512 microbatches holds about 0.1 GiB): candidates that differ only in data or tensor parallelism, or
-    in the tensor mode, share their schedule, and are visited in the order of their bounds, not together."""
-
-    def __init__(self, budget: int = 2_000_000):  # actions: with their programs, under 1 GiB
-        self.held: OrderedDict = OrderedDict()  # (method, pp, microbatches, chunks) -> Schedule, least recent first
-        self.actions, self.budget = 0, budget
-
-    def __call__(self, run: RunConfig) -> Schedule:
-        key = (run.method, run.pp, run.microbatches, run.n_chunks)
-        s = self.held.pop(key, None)
-        if s is None:
-            s = build(*key)
-            self.actions += sum(map(len, s.ranks))
-        self.held[key] = s
-        while self.actions > self.budget and len(self.held) > 1:
-            _, old = self.held.popitem(last=False)
-            self.actions -= sum(map(len, old.ranks))
-        return s
-
-
-def price(run: RunConfig, hw: Hardware, held: "StageCommunicators", budget: float | None = None,
-          shared: Shared | None = None) -> _Priced | Rejection:
+def price(run: RunConfig, hw: Hardware, held: StageCommunicators, budget: float | None = None,
+          memo: Memo | None = None) -> _Priced | Rejection:
     """The candidate's costs and bound, or its memory rejection where parameters and optimizer state alone (the
     cheapest figure) exceed the budget (default: the device's capacity); activations are bracketed later
-    (bracket()), where they are needed. shared: what knob variants share, worked out once (vp.plan.variants)."""
+    (bracket()), where they are needed. memo: the search's (vp.plan.memo: what knob variants and candidates share,
+    worked out once), else a fresh one (every figure computed)."""
     budget = hw.memory_bytes if budget is None else budget
-    shared = Shared() if shared is None else shared
+    memo = Memo() if memo is None else memo
     sk = skeleton(run)
-    static = shared("static", run, lambda: fixed_bytes(run, hw, sk, held))
+    static = memo("fixed", fixed_bytes, run, hw, sk, held)
     zero = [0.0] * run.pp
     if max(static) > budget:
         return memory_rejection(_Priced(run, sk, None, static, 0.0, zero, zero, 0.0), hw, budget, exact=False)
-    costs, span = shared("costs", run, lambda: _with_span(sk, compute_costs(run, hw, sk)))
-    tail = shared("tail", run, lambda: tail_s(run, hw, sk, hidden=run.overlap_grad_reduce))
+    costs = compute_costs(run, hw, sk, memo)
+    span = memo("span", _span, run, sk, costs)
+    tail = memo("tail", lambda r, sk: tail_s(r, hw, sk, hidden=r.overlap_grad_reduce), run, sk)
     return _Priced(run, sk, costs, static, tail, zero, [math.inf] * run.pp, _bound(run, hw, span, tail))
 
 
-def _with_span(sk: Schedule, costs: Costs) -> tuple:
-    return costs, makespan_lower_bound(sk, costs)
+def _span(_run: RunConfig, sk: Schedule, costs: Costs) -> float:
+    return makespan_lower_bound(sk, costs)
 
 
 def _bound(run: RunConfig, hw: Hardware, span: float, tail: float) -> float:
@@ -114,52 +95,36 @@ def _bound(run: RunConfig, hw: Hardware, span: float, tail: float) -> float:
     return throughput(run, span + tail, run.world, hw.peak_flops)["tokens_per_s"]
 
 
-def fixed_bytes(run: RunConfig, hw: Hardware, sk: Schedule, held: "StageCommunicators") -> list[float]:
+def full_costs(p: _Priced, hw: Hardware, memo: Memo) -> Costs:
+    """pass_costs of a priced candidate, from its memoised pass times and held bytes (memoised: "full")."""
+    return memo("full", lambda run, sk, c: pass_costs(run, hw, sk, c.compute, c.memory), p.run, p.skeleton, p.costs)
+
+
+def fixed_bytes(run: RunConfig, hw: Hardware, sk: Schedule, held: StageCommunicators) -> list[float]:
     """Per stage, what a device holds whatever the schedule's order: parameters, gradients and optimizer state, and
     NCCL's buffers of the communicators it holds, exactly as harness.sim counts them for the record's peak."""
     return [s + comm_buffer_bytes(h, hw) for s, h in zip(static_bytes(run, hw, sk), held.of_stages(run))]
 
 
-class StageCommunicators:
-    """The communicators device 0 of each stage holds (vp.channels.rank_communicators, what backend=sim counts), worked
-    out once per kind of schedule and mesh for one search:
-    - the channels and links a schedule uses depend on its method, pipeline and chunks, not on how many microbatches
-      pass (tests/test_plan.py checks m = pp, 2pp, 3pp), so the smallest schedule of a kind (m = pp) answers;
-    - device 0 of each stage lies in replica 0, whose groups are the same for every dp but the gradient all-reduce's
-      over replicas, held once whenever dp > 1: so dp = 2 answers for every dp > 1 (tests/test_plan.py checks it)."""
-
-    def __init__(self):
-        self.smallest: dict = {}  # (method, pp, chunks) -> its schedule with pp microbatches
-        self.held: dict = {}  # the key of of_stages() -> per stage, what its device 0 holds
-
-    def of_stages(self, run: RunConfig) -> tuple:
-        key = (run.method, run.pp, run.n_chunks, min(run.dp, 2), run.tp, run.tp_mode, run.tp_depth, run.dtype)
-        got = self.held.get(key)
-        if got is None:
-            kind = (run.method, run.pp, run.n_chunks)
-            if kind not in self.smallest:
-                self.smallest[kind] = build(run.method, run.pp, run.pp, run.n_chunks)
-            small = replace(run, microbatches=run.pp, dp=min(run.dp, 2))
-            held = rank_communicators(small, self.smallest[kind])
-            got = self.held[key] = tuple(held[small.mesh.rank(0, p, 0)] for p in range(run.pp))
-        return got
-
-
-def compute_costs(run: RunConfig, hw: Hardware, sk: Schedule) -> Costs:
+def compute_costs(run: RunConfig, hw: Hardware, sk: Schedule, memo: Memo | None = None) -> Costs:
     """pass_costs without communication: each pass's own work (vp.cost.passes.compute_times), to which
     pass_times adds the stage's tensor-parallel collectives (never less than zero: a grid's credit for what its
     SUMMA loop hides is at most those collectives' own time), and no collective or transfer time; the held
     memory is pass_costs'. Every time is at most pass_costs', so a bound from these is a bound. The search
     prices every candidate so, and asks pass_costs itself only of those it visits."""
-    return Costs(compute_times(run, hw, sk), {}, held_bytes(run, hw, sk))
+    memo = Memo() if memo is None else memo
+    return Costs(memo("compute", compute_times, run, hw, sk), {}, memo("held", held_bytes, run, hw, sk))
 
 
-def bracket(p: _Priced, hw: Hardware, built: Built | None = None) -> None:
-    """Bound p's held activations from the generator's order, or walk its built schedule (exact)."""
+def bracket(p: _Priced, hw: Hardware, built: Built | None = None, memo: Memo | None = None) -> None:
+    """Bound p's held activations from the generator's order (memo: the search's), or walk its built schedule
+    (exact)."""
     if built is not None:
         p.act_lo, p.act_hi = activation_bounds(built(p.run), p.costs)
     elif math.isinf(p.act_hi[0]):
-        p.act_lo, p.act_hi = activation_bounds(p.skeleton, p.costs)
+        memo = Memo() if memo is None else memo
+        p.act_lo, p.act_hi = memo("bracket", lambda _, sk, costs: activation_bounds(sk, costs), p.run, p.skeleton,
+                                  p.costs)
 
 
 def memory_rejection(c: _Priced, hw: Hardware, budget: float, exact: bool) -> Rejection:
@@ -210,9 +175,14 @@ def search(problem: Problem, hw: Hardware, top: int = 10, prune: bool = True, lo
     (about a sixth of the CPU time at 30b on 1024 GPUs)."""
     t0, c0 = time.perf_counter(), time.process_time()
     plan, priced, held, said = Plan(), [], StageCommunicators(), t0
-    budget, shared = problem.budget(hw.memory_bytes), Shared()
+    budget, memo, phase = problem.budget(hw.memory_bytes), Memo(), Phases()
     plan.budget = budget
-    for c in candidates(problem):
+    space = iter(candidates(problem))
+    while True:
+        with phase("space"):  # the candidates and vp.config's checks
+            c = next(space, None)
+        if c is None:
+            break
         plan.candidates += 1
         if log and time.perf_counter() - said > 30:
             said = time.perf_counter()
@@ -220,7 +190,8 @@ def search(problem: Problem, hw: Hardware, top: int = 10, prune: bool = True, lo
         if isinstance(c, Rejection):
             plan.reject(c)
             continue
-        p = price(c, hw, held, budget, shared)
+        with phase("price"):  # static bytes, pass times without communication, tail, bound
+            p = price(c, hw, held, budget, memo)
         if isinstance(p, Rejection):
             plan.reject(p)
         else:
@@ -235,14 +206,15 @@ def search(problem: Problem, hw: Hardware, top: int = 10, prune: bool = True, lo
         if log and time.perf_counter() - said > 30:
             said = time.perf_counter()
             log(f"  {i} of {len(priced)} visited, {plan.simulated} simulated, {said - t0:.0f} s")
-        bracket(p, hw)
+        with phase("bracket"):  # held activations from the generator's order
+            bracket(p, hw, memo=memo)
         if p.memory_lo > budget * (1 + REL):
             plan.reject(memory_rejection(p, hw, budget, exact=p.act_lo == p.act_hi))
             continue
         if not prune or race.could_enter(p):  # now the whole cost model: communication too
-            p.costs, span = shared("costs.full", p.run, lambda: _with_span(p.skeleton, pass_costs(p.run, hw,
-                                                                                                    p.skeleton)))
-            p.bound = _bound(p.run, hw, span, p.tail)
+            with phase("full costs"):
+                p.costs = full_costs(p, hw, memo)
+                p.bound = _bound(p.run, hw, memo("full span", _span, p.run, p.skeleton, p.costs), p.tail)
         skip = prune and not race.could_enter(p)
         if prune and not skip and any(dominates(y, p) for y in simulated.get(configuration(p.run), ())):
             skip = True
@@ -255,11 +227,19 @@ def search(problem: Problem, hw: Hardware, top: int = 10, prune: bool = True, lo
                 plan.undecided += 1
             continue
         if p.memory_hi > budget:  # the bracket straddles the budget: walk the built schedule
-            bracket(p, hw, built)
+            with phase("build"):
+                built(p.run)
+            with phase("bracket"):
+                bracket(p, hw, built)
             if p.memory_lo > budget:
                 plan.reject(memory_rejection(p, hw, budget, exact=True))
                 continue
-        row = predict(p, hw, cache, built)
+        with phase("build"):
+            sched = built(p.run)
+        with phase("program"):  # what the simulator derives from a schedule once, whatever its costs
+            _program(sched)
+        with phase("simulate"):
+            row = predict(p, hw, cache, built)
         if row.peak_memory_bytes > budget:  # the simulated peak, checked again: the plan is dropped, with why
             over = row.peak_memory_bytes - budget
             plan.reject(Rejection(p.run, SIMULATED_MEMORY, f"simulated peak memory {row.peak_memory_bytes / 2**30:.2f}"
@@ -271,12 +251,19 @@ def search(problem: Problem, hw: Hardware, top: int = 10, prune: bool = True, lo
         plan.rows.append(row)
         race.add(row)
         simulated.setdefault(configuration(p.run), []).append(p)
+    with phase("answer"):
+        _answer(plan, top)
+    plan.phases = phase.seconds
+    plan.memo = {name: (memo.calls[name], memo.computed[name]) for name in memo.calls}
+    plan.seconds, plan.cpu_seconds = time.perf_counter() - t0, time.process_time() - c0
+    return plan
+
+
+def _answer(plan: Plan, top: int) -> None:
     plan.rows.sort(key=_rank_key)
     plan.top = top_configurations(plan.rows, top)
     for row in plan.rows:
         plan.best_per_method.setdefault(row.run.method, row)
     plan.pareto = pareto(plan.rows)
     plan.closest = [rej for _, _, rej in sorted(plan.closest, key=lambda x: -x[0])]
-    plan.seconds, plan.cpu_seconds = time.perf_counter() - t0, time.process_time() - c0
-    return plan
 

@@ -1,34 +1,15 @@
 """Knob variants of one configuration (vp.plan.space.KNOBS: zero, overlap_grad_reduce, recompute, sequence
-parallelism): what they share, priced once per search, and when one is known, from its costs alone, to be as fast
-as another with no more memory, so that the other need not be simulated (docs/planner.md, "Knobs").
+parallelism): their order, and when one is known, from its costs alone, to be as fast as another with no more
+memory, so that the other need not be simulated (docs/planner.md, "Knobs").
 
-What the variants share follows from the cost model: parameters, optimizer state and NCCL's buffers depend on zero
-but not on recompute or overlap_grad_reduce; the passes' times, transfers and held activations on recompute (and
-sequence parallelism) but not on zero or overlap_grad_reduce; the tail after the flush on zero and
-overlap_grad_reduce but not on recompute. tests/test_plan.py checks each against pricing every variant itself.
+What the variants share follows from the cost model and is worked out once per search by vp.plan.memo (each figure
+keyed on the RunConfig fields it reads): parameters, optimizer state and NCCL's buffers depend on zero but not on
+recompute or overlap_grad_reduce; the passes' times, transfers and held activations on recompute (and sequence
+parallelism) but not on zero or overlap_grad_reduce; the tail after the flush on zero and overlap_grad_reduce but
+not on recompute.
 """
 from vp.config import RunConfig
 from vp.plan.space import KNOBS
-
-# what a figure does not depend on: the knobs set to these values in its key
-IGNORES = {"static": {"recompute": "none", "overlap_grad_reduce": False},
-           "costs": {"zero": 0, "overlap_grad_reduce": False},
-           "tail": {"recompute": "none"}}
-
-
-class Shared:
-    """The figures knob variants share, each worked out once per search (kept on the search, not the module)."""
-
-    def __init__(self):
-        self.memo: dict = {}
-
-    def __call__(self, what: str, run: RunConfig, make):
-        key = (what, run.with_(**{k: v for k, v in IGNORES[what.split(".")[0]].items() if k in KNOBS}))
-        got = self.memo.get(key)
-        if got is None:
-            got = self.memo[key] = make()
-        return got
-
 
 def knob_index(run: RunConfig) -> tuple:
     """The run's knobs as positions in their value lists: (0, ...) is every knob off. Ties between variants of one

@@ -1,0 +1,170 @@
+"""What makes the planner fast changes none of its figures: the search's memo (vp.plan.memo) against the cost model
+called afresh, on every candidate of small spaces and on the knobs a space may search; a search with the memo
+against one that computes every figure; the GEMM memo of a profile; vp.bench plan through its command line."""
+import json
+import random
+from dataclasses import replace
+
+import pytest
+
+from vp.config import RunConfig
+from vp.cost import PROFILES, pass_costs
+from vp.cost.gemm import Gemm, _gemm_time, gemm_time
+from vp.plan import Problem, Rejection, candidates, search
+from vp.plan import memo as memo_module
+from vp.plan.memo import Memo, Phases
+from vp.plan.search import StageCommunicators, _bound, _span, bracket, full_costs, price
+
+SMALL = RunConfig(layers=8, hidden=512, heads=8, seq_len=256, vocab_size=32000, device="cuda", dtype="bf16")
+# the knobs a space may search (RunConfig fields): every memoised value is checked over them too
+KNOBS = {"zero": (0, 1), "recompute": ("none", "selective", "full"), "overlap_grad_reduce": (False, True),
+         "bucket_mb": (25.0, 4.0)}
+
+
+def _runs(problem: Problem, rng: random.Random, n: int) -> list[RunConfig]:
+    """n candidates of the space (all where there are fewer), each with random knobs, and each again with other
+    knobs (so that the memo meets keys that differ in a knob alone)."""
+    runs = [c for c in candidates(problem) if not isinstance(c, Rejection)]
+    runs = rng.sample(runs, min(n, len(runs)))
+    out = []
+    for run in runs:
+        for _ in range(2):
+            out.append(replace(run, **{k: rng.choice(v) for k, v in KNOBS.items()}))
+    rng.shuffle(out)
+    return out
+
+
+def _figures(p) -> tuple:
+    if isinstance(p, Rejection):
+        return (p.reason, p.message, p.excess)
+    return (p.static, p.costs.compute, p.costs.memory, p.tail, p.bound, p.act_lo, p.act_hi)
+
+
+@pytest.mark.parametrize("hw_name,gpus,batch", [("h100", 64, 32), ("a100_80g", 32, 64)])
+def test_planner_memo_equals_the_cost_model_on_random_candidates(hw_name, gpus, batch):
+    """Priced through one memo shared by all candidates (as the search prices them), every figure (static bytes,
+    pass times, held bytes, tail, bound, activation bracket) equals the same candidate priced afresh; the full
+    costs from the memoised parts equal pass_costs called alone."""
+    hw = PROFILES[hw_name]
+    rng = random.Random(f"{hw_name}{gpus}")
+    problem = Problem(SMALL, gpus, batch)
+    memo, held = Memo(), StageCommunicators()
+    runs = _runs(problem, rng, 60)
+    for run in runs:
+        shared = price(run, hw, held, memo=memo)
+        alone = price(run, hw, StageCommunicators())
+        if not isinstance(shared, Rejection):
+            bracket(shared, hw, memo=memo)
+            bracket(alone, hw)
+            assert _figures(shared) == _figures(alone), run
+            full, fresh = full_costs(shared, hw, memo), pass_costs(run, hw, alone.skeleton)
+            assert full == fresh, run
+            span = memo("full span", _span, run, shared.skeleton, full)
+            assert span == _span(run, alone.skeleton, fresh), run
+            assert _bound(run, hw, span, shared.tail) == _bound(run, hw, _span(run, alone.skeleton, fresh), alone.tail)
+        assert _figures(shared) == _figures(alone), run
+    assert sum(memo.computed.values()) < sum(memo.calls.values())  # and it saved work
+
+
+def test_planner_memo_keys_every_field_it_is_not_told_to_ignore():
+    """A field the memo is not told a value ignores is part of that value's key: two runs that differ only there
+    are computed apart (a new knob of RunConfig can make the memo too fine, never wrong)."""
+    memo, seen = Memo(), []
+    run = SMALL.with_(pp=2, microbatches=4)
+    for name, ignore in memo_module.IGNORES.items():
+        for field in ("hidden", "seed", "recompute", "zero", "dp", "microbatches"):
+            other = replace(run, **{field: {"hidden": 256, "seed": 7, "recompute": "full", "zero": 1, "dp": 2,
+                                            "microbatches": 8}[field]})
+            a = memo(name, lambda r: (r, seen.append(r)), run)
+            b = memo(name, lambda r: (r, seen.append(r)), other)
+            assert (a is b) == (field in ignore), (name, field)
+
+
+def test_planner_search_with_the_memo_equals_the_search_without(monkeypatch):
+    """The whole answer (counts, rejections, top, best per method, Pareto front, every simulated row) is the same
+    when the memo computes every figure afresh (no field ignored)."""
+    problem = Problem(SMALL, 16, 32)
+    hw = PROFILES["h100"]
+    fast = search(problem, hw, top=5)
+    monkeypatch.setattr(memo_module, "IGNORES", {name: () for name in memo_module.IGNORES})
+    slow = search(problem, hw, top=5)
+    assert slow.memo["tail"][0] == slow.memo["tail"][1] or slow.memo["tail"][1] > fast.memo["tail"][1]
+    for field in ("candidates", "feasible", "simulated", "pruned", "undecided", "rejected", "examples"):
+        assert getattr(fast, field) == getattr(slow, field), field
+    key = lambda row: (row.run, row.tokens_per_s, row.mfu, row.iteration_s, row.peak_memory_bytes, row.peak_rank,
+                       row.bubble)  # noqa: E731
+    for field in ("rows", "top", "pareto"):
+        assert list(map(key, getattr(fast, field))) == list(map(key, getattr(slow, field))), field
+    assert {m: key(r) for m, r in fast.best_per_method.items()} == {m: key(r) for m, r in slow.best_per_method.items()}
+    assert set(fast.phases) >= {"space", "price", "bracket", "simulate"}
+    assert all(v >= 0 for v in fast.phases.values())
+
+
+def test_planner_gemm_memo_is_the_model_and_follows_the_profile():
+    """gemm_time through a profile's memo equals the model computed afresh, shape by shape; a profile derived with
+    other parameters (dataclasses.replace) starts with its own memo and answers with its own figures."""
+    rng = random.Random(3)
+    hw = PROFILES["h100"]
+    shapes = [Gemm(rng.choice([64, 128, 1000, 4096]), rng.choice([8, 512, 5120]), rng.choice([7, 256, 8192]),
+                   rng.choice([1, 4]), accumulate=rng.random() < 0.5) for _ in range(50)]
+    for g in shapes * 2:
+        assert gemm_time(hw, g) == _gemm_time(hw, g, 1.0)
+        assert gemm_time(hw, g, 1.3) == _gemm_time(hw, g, 1.3)
+    slower = replace(hw, gemm_efficiency=hw.gemm_efficiency / 2)
+    assert slower.gemm_memo is not hw.gemm_memo
+    big = Gemm(8192, 8192, 8192)
+    assert gemm_time(slower, big) > gemm_time(hw, big)
+
+
+def test_planner_config_caches_hand_out_copies():
+    """RunConfig computes stage_layers and the padded vocabulary once; a caller changing the list it got changes
+    nothing for the next caller."""
+    cfg = SMALL.with_(pp=4, method="redis", redis_last_layers=1)
+    layers = cfg.stage_layers
+    layers[0] += 5
+    assert cfg.stage_layers != layers and sum(cfg.stage_layers) == cfg.layers
+    assert cfg.padded_vocab_size == cfg.padded_vocab_size >= cfg.vocab_size
+
+
+def test_planner_phases_count_the_innermost_block():
+    phases = Phases()
+    with phases("outer"):
+        sum(range(10000))
+        with phases("inner"):
+            sum(range(10000))
+    assert set(phases.seconds) == {"outer", "inner"} and not phases._stack
+
+
+def test_planner_bench_prints_the_search_and_its_phases(capsys):
+    """python -m vp.bench plan through the real harness.plan command (a small problem): the process's CPU seconds,
+    the plan's counts and its phases; a malformed problem is refused with how to write one."""
+    from vp.bench.__main__ import main
+
+    small = "tiny=model=small,vocab=32k,hardware=h100,plan.gpus=8,plan.global_batch=8,run.seq_len=256"
+    assert main(["plan", "--json", "--problems", small]) == 0
+    (row,) = json.loads(capsys.readouterr().out)
+    assert row["problem"] == "tiny" and row["process_cpu_s"] > 0 and row["candidates"] >= row["feasible"] > 0
+    assert row["search_cpu_s"] <= row["process_cpu_s"] and "price" in row["phases"] and "tail" in row["memo"]
+    assert main(["plan", "--problems", "tiny=model"]) == 2
+    assert "NAME=KEY=VALUE" in capsys.readouterr().err
+
+
+def test_planner_stage_parts_memo_is_the_traffic_model():
+    """A stage's tensor-parallel collectives (vp.cost.tensor._stage_parts, memoised on everything it reads) equal
+    vp.tp.traffic's called afresh, for every stage of random grids and methods; the lists handed out are fresh."""
+    from vp.cost.tensor import _stage_parts, tp_shape
+    from vp.plan.search import skeleton
+    from vp.tp.traffic import layer_collectives, stage_collectives
+
+    rng = random.Random(5)
+    runs = [c for c in candidates(Problem(SMALL, 64, 32)) if not isinstance(c, Rejection) and c.tp > 1]
+    for run in rng.sample(runs, 40):
+        sk = skeleton(run)
+        for st in range(sk.n_stages):
+            layers, rest = _stage_parts(run, sk, st)
+            shape = tp_shape(run)
+            assert layers == [replace(c, calls=c.calls * run.stage_layers[st]) for c in layer_collectives(shape)]
+            assert rest == stage_collectives(shape, first=st == 0, last=st == sk.n_stages - 1,
+                                             vocab_layers=not sk.vocab_parallel, loss=False)
+            layers.clear()
+            assert _stage_parts(run, sk, st)[0], run  # the memo's own is untouched
