@@ -99,8 +99,7 @@ def check_trace(record: dict, trace: Path) -> None:
 def test_local_sweep_interrupted_then_resumed(tmp_path):
     """Ctrl-C a real local sweep after its first record: it stops with every process it started within 10 s and
     says how to resume; a rerun runs only what is missing. Every record has its trace."""
-    grid = [*TINY, "grid.product.vocab=[2k]", "grid.product.method=[baseline,vocab-2,interlaced]",
-            "run.iterations=2"]
+    grid = [*TINY, "grid.product.vocab=[2k]", "grid.product.method=[baseline,vocab-2]", "run.iterations=2"]
     args = [sys.executable, "-m", "harness.sweep", "logger=off", "report=false", f"results_dir={tmp_path}/results",
             f"cluster.folder={tmp_path}/submitit", *grid]
     proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -118,10 +117,10 @@ def test_local_sweep_interrupted_then_resumed(tmp_path):
     stamp = first[0].stat().st_mtime
     assert not [p for p in out.iterdir() if p.name.endswith(".tmp") and not p.name.startswith(".")]
     code, lines = sweep(tmp_path, *grid)
-    assert code == 0 and "3 jobs, 1 done, 2 to run" in lines[0]
+    assert code == 0 and "2 jobs, 1 done, 1 to run" in lines[0]
     assert first[0].stat().st_mtime == stamp
     recs = records(tmp_path)
-    assert len(recs) == 3 and all(r["status"] == "ok" for r in recs)
+    assert len(recs) == 2 and all(r["status"] == "ok" for r in recs)
     ref = recs[0]["metrics"]["loss"]
     for r in recs:  # every method reproduces the same loss curve, and wrote its measured timeline
         assert r["metrics"]["loss"] == pytest.approx(ref, rel=1e-5)

@@ -83,7 +83,7 @@ def test_planner_memo_keys_every_field_it_is_not_told_to_ignore():
 def test_planner_search_with_the_memo_equals_the_search_without(monkeypatch):
     """The whole answer (counts, rejections, top, best per method, Pareto front, every simulated row) is the same
     when the memo computes every figure afresh (no field ignored)."""
-    problem = Problem(SMALL, 16, 32)
+    problem = Problem(SMALL, 8, 16, methods=("baseline", "vocab-2", "interleaved-vocab-1", "vhalf-vocab-1", "redis"))
     hw = PROFILES["h100"]
     fast = search(problem, hw, top=5)
     monkeypatch.setattr(memo_module, "IGNORES", {name: () for name in memo_module.IGNORES})
