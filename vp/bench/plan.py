@@ -17,6 +17,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from vp.bench import best_of_rounds
+
 # name -> the command line of python -m harness.plan (the problems: docs/planner.md)
 PROBLEMS = {
     "30b": ["model=30b", "vocab=256k", "hardware=h100", "plan.gpus=1024", "plan.global_batch=1024",
@@ -63,11 +65,8 @@ def run(problems: list[tuple[str, list[str]]], rounds: int, as_json: bool) -> li
     for n in range(rounds):
         got.append([measure(name, overrides) for name, overrides in problems])
         print(f"  round {n + 1} of {rounds} done", file=sys.stderr, flush=True)
-    rows = []
-    for i in range(len(problems)):
-        times = [rnd[i]["process_cpu_s"] for rnd in got]
-        best = min((rnd[i] for rnd in got), key=lambda x: x["process_cpu_s"])
-        rows.append({**best, "process_cpu_s_per_round": times, "spread": max(times) / min(times), "rounds": rounds})
+    rows = [{**best, "process_cpu_s_per_round": times, "spread": spread, "rounds": rounds}
+            for best, times, spread in best_of_rounds(got, "process_cpu_s")]
     if as_json:
         print(json.dumps(rows))
         return rows

@@ -16,6 +16,8 @@ import sys
 import time
 from pathlib import Path
 
+from vp.bench import best_of_rounds
+
 METHODS = ("vocab-2", "vhalf-vocab-2", "interleaved-vocab-2")
 LADDER = ((32, 128), (64, 256), (128, 512), (256, 1024))
 GiB = 2**30
@@ -55,11 +57,7 @@ def run(methods, sizes, repeat: int, as_json: bool) -> list[dict]:
     for n in range(repeat):
         rounds.append([_in_child(method, pp, m) for method in methods for pp, m in sizes])
         print(f"  round {n + 1} of {repeat} done", file=sys.stderr, flush=True)
-    rows = []
-    for i, row in enumerate(rounds[0]):
-        times = [rnd[i]["cpu_s"] for rnd in rounds]
-        best = min((rnd[i] for rnd in rounds), key=lambda x: x["cpu_s"])
-        rows.append({**best, "spread": max(times) / min(times), "repeat": repeat})
+    rows = [{**best, "spread": spread, "repeat": repeat} for best, _, spread in best_of_rounds(rounds, "cpu_s")]
     for row in rows:
         first = next(r for r in rows if r["method"] == row["method"])
         row["ratio"] = row["actions_per_cpu_s"] / first["actions_per_cpu_s"]
