@@ -96,14 +96,26 @@ def tail_s(cfg: RunConfig, hw: Hardware, sched: Schedule, result=None, hidden: b
     every device runs them at once (a gloo all-reduce of the gradients copies and sums them on the CPU).
     hidden=True counts none of the reduction as exposed: the least the tail can be with overlap_grad_reduce, before
     the iteration is simulated (the planner's bound)."""
+    exposed = [0.0] * cfg.pp if hidden else exposed_reduce_per_rank(cfg, hw, sched, result)
+    return exposed_tail_s(tail_parts(cfg, hw, sched), exposed)
+
+
+def tail_parts(cfg: RunConfig, hw: Hardware, sched: Schedule) -> tuple[list[float], float]:
+    """What tail_s adds to the exposed data-parallel reduction, which alone depends on the simulated iteration: per
+    pipeline rank the tail with none of the reduction exposed, and the factor (devices sharing cores) on what is."""
     net = Network.of(hw, cfg.world)
     slower = hw.contention(min(cfg.world, hw.gpus_per_node))
-    exposed = [0.0] * cfg.pp if hidden else exposed_reduce_per_rank(cfg, hw, sched, result)
-    dp = [slower * (r + g) for r, g in zip(exposed, gather_per_rank(cfg, hw, sched))]
     share = cfg.dp if cfg.zero else 1
     step = [slower * optimizer_s(hw, n // share, [t // share for t in vocab])
             for n, vocab in zip(rank_params(cfg, sched), vocab_tensors(cfg, sched))]
-    return max(tp_tail_s(cfg, net, sched, p) + dp[p] + step[p] for p in range(cfg.pp))
+    gather = gather_per_rank(cfg, hw, sched)
+    return [tp_tail_s(cfg, net, sched, p) + slower * gather[p] + step[p] for p in range(cfg.pp)], slower
+
+
+def exposed_tail_s(parts: tuple[list[float], float], exposed: list[float]) -> float:
+    """tail_s from tail_parts and the seconds of the reduction exposed on each pipeline rank."""
+    fixed, slower = parts
+    return max(f + slower * e for f, e in zip(fixed, exposed))
 
 
 def vocab_tensors(cfg: RunConfig, sched: Schedule) -> list[list[int]]:

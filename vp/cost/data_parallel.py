@@ -9,18 +9,26 @@ during its last B or W (the pass that makes its weight gradients), bucket by buc
 backward walks the layers in reverse; a rank's vocabulary-parallel shards at the end of its last T and IB; what
 the stream has left when the rank's pipeline flushes is exposed. Each bucket is one collective (its own latency),
 in the order the buckets become final (the runtime launches them in buffer order, which backward follows)."""
+from functools import cache
+
 from vp.config import RunConfig
 from vp.cost.memory import rank_params, stage_params
 from vp.cost.network import ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER, Network, groups
 from vp.cost.profiles import Hardware
+from vp.mesh import Mesh
 from vp.schedule import Schedule
 
 
 def _seconds(cfg: RunConfig, hw: Hardware, p: int, params: float, op) -> float:
-    net = Network.of(hw, cfg.world)
-    dp_groups = {g[0]: g for g in groups(cfg.mesh, "dp")}  # first member = the rank in replica 0
     nbytes = 4.0 * params / (cfg.dp if op is ALL_GATHER else 1)
-    return net.collective(op, dp_groups[groups(cfg.mesh, "pp")[0][p]], nbytes)
+    return Network.of(hw, cfg.world).collective(op, dp_group(cfg.mesh, p), nbytes)
+
+
+@cache
+def dp_group(mesh: Mesh, p: int) -> tuple[int, ...]:
+    """The global ranks of the dp group of pipeline rank p's device in replica 0 (its first tensor rank)."""
+    first = groups(mesh, "pp")[0][p]
+    return next(g for g in groups(mesh, "dp") if g[0] == first)
 
 
 def reduce_s(cfg: RunConfig, hw: Hardware, p: int, params: float) -> float:
@@ -47,24 +55,45 @@ def exposed_reduce_per_rank(cfg: RunConfig, hw: Hardware, sched: Schedule, resul
     bucket = max(1, int(cfg.bucket_mb * 2**20 / 4))
     out = []
     for p, (actions, starts, ends) in enumerate(result.spans):
-        last: dict = {}  # what becomes final -> (start, end) of the pass that makes it final
-        for a, start, end in zip(actions, starts, ends):
-            key = ("stage", a.chunk) if a.kind in ("B", "W") else "shards" if a.kind in ("T", "IB") else None
-            if key is not None and end >= last.get(key, (0.0, 0.0))[1]:
-                last[key] = (start, end)
-        ready = []
+        last = _last_spans(actions, starts, ends, sched.chunks, bool(shards[p]))
+        seconds = {}  # bucket elements -> its reduction's seconds: the full buckets share one size
+
+        def reduce(n):
+            if n not in seconds:
+                seconds[n] = reduce_s(cfg, hw, p, n)
+            return seconds[n]
+
+        runs = []  # (first ready, last ready, buckets, seconds of each but the last, of the last): one per pass
         for c in range(sched.chunks):  # backward walks the layers in reverse: buckets final evenly over the pass
             start, end = last.get(("stage", c), (0.0, 0.0))
             n = per_stage[sched.stage(p, c)]
             k = -(-n // bucket)
-            ready += [(start + (i + 1) / k * (end - start), min(bucket, n - i * bucket)) for i in range(k)]
+            if k:
+                runs.append((start + 1 / k * (end - start), start + k / k * (end - start), k,
+                             reduce(min(bucket, n)), reduce(n - (k - 1) * bucket)))
         if shards[p]:
-            ready.append((last.get("shards", (0.0, 0.0))[1], shards[p]))
-        stream, seconds = 0.0, {}  # bucket elements -> its reduction's seconds: the full buckets share one size
-        for at, n in sorted(ready):
-            if n not in seconds:
-                seconds[n] = reduce_s(cfg, hw, p, n)
-            stream = max(stream, at) + seconds[n]
+            at = last.get("shards", (0.0, 0.0))[1]
+            runs.append((at, at, 1, 0.0, reduce(shards[p])))
+        stream = 0.0
+        for first, final, k, each, tail in sorted(runs):
+            rest = (k - 1) * each + tail  # what the run's first bucket and all after it take on the stream
+            stream = max(stream + rest, first + rest, final + tail)
         flush = ends[-1] if ends else 0.0
         out.append(max(0.0, stream - flush))
     return out
+
+
+def _last_spans(actions, starts, ends, chunks: int, shards: bool) -> dict:
+    """What becomes final on a rank -> (start, end) of the pass that makes it final: ("stage", chunk) its last B or W,
+    "shards" its last T or IB. A rank runs its actions one after another, so ends never decrease along its order and
+    the last such pass in the order is the one that ends last: found from the end, stopping once all are found."""
+    last: dict = {}
+    want = chunks + shards
+    for i in range(len(actions) - 1, -1, -1):
+        _, kind, _, chunk = actions[i]
+        key = ("stage", chunk) if kind in ("B", "W") else "shards" if kind in ("T", "IB") else None
+        if key is not None and key not in last:
+            last[key] = (starts[i], ends[i])
+            if len(last) == want:
+                break
+    return last

@@ -23,6 +23,8 @@ is held: the F part <= peak <= the F part + one S.
 """
 from functools import lru_cache
 
+import numpy as np
+
 from vp.schedule import Costs, Schedule
 from vp.schedule.methods import get_method
 
@@ -58,9 +60,10 @@ def makespan_lower_bound(s: Schedule, costs: Costs) -> float:
     return best
 
 
-def _held_points(order: list, split_w: bool, chunks: int) -> list[tuple]:
+def _held_points(order: list, split_w: bool, chunks: int) -> np.ndarray:
     """The distinct vectors of held counts (per chunk before its B, per chunk between B and W, then S) at each
-    point where a rank's holding grows (B only releases: Costs.mem("B") is part of what F holds)."""
+    point where a rank's holding grows (B only releases: Costs.mem("B") is part of what F holds), as the rows of
+    one array: a rank's peak for given bytes per count is one matrix-vector product (_peak)."""
     held = [0] * (2 * chunks + 1)
     points = set()
     for kind, _, c in order:
@@ -82,7 +85,7 @@ def _held_points(order: list, split_w: bool, chunks: int) -> list[tuple]:
         else:
             continue
         points.add(tuple(held))
-    return sorted(points)
+    return np.array(sorted(points), dtype=float).reshape(-1, len(held))
 
 
 @lru_cache(maxsize=4096)
@@ -90,20 +93,20 @@ def generated_points(method: str, pp: int, microbatches: int, chunks: int) -> tu
     """Per rank, the held-count vectors of the generator's order (S and T only where the generator places them)."""
     spec = get_method(method)
     order = spec.family.generate(pp, microbatches, chunks, spec.vocab)
-    return tuple(tuple(_held_points(acts, spec.split_w, chunks)) for acts in order)
+    return tuple(_held_points(acts, spec.split_w, chunks) for acts in order)
 
 
 def built_points(s: Schedule) -> tuple:
     """Per rank, the held-count vectors of a built schedule (exact, S and T included)."""
     return s.memo("plan_held_points", lambda s: tuple(
-        tuple(_held_points([(a.kind, a.mb, a.chunk) for a in acts], s.split_w, s.chunks)) for acts in s.ranks))
+        _held_points([(a.kind, a.mb, a.chunk) for a in acts], s.split_w, s.chunks) for acts in s.ranks))
 
 
 def _peak(points, s: Schedule, r: int, costs: Costs) -> float:
     stages = [s.stage(r, c) for c in range(s.chunks)]
-    bytes_of = ([costs.mem("F", st) for st in stages] + [costs.mem("W", st) for st in stages]
-                + [costs.mem("S", None)])
-    return max((sum(n * b for n, b in zip(p, bytes_of)) for p in points), default=0.0)
+    bytes_of = np.array([costs.mem("F", st) for st in stages] + [costs.mem("W", st) for st in stages]
+                        + [costs.mem("S", None)])
+    return float((points @ bytes_of).max()) if len(points) else 0.0
 
 
 def activation_bounds(s: Schedule, costs: Costs) -> tuple[list[float], list[float]]:

@@ -26,6 +26,8 @@ from dataclasses import dataclass
 from vp.config import RunConfig
 from vp.cost import Hardware, pass_costs, static_bytes, tail_s
 from vp.cost.passes import compute_times
+from vp.cost.costs import exposed_tail_s, tail_parts
+from vp.cost.data_parallel import exposed_reduce_per_rank
 from vp.cost.memory import comm_buffer_bytes, held_bytes
 from vp.metrics import throughput
 from vp.plan.bounds import activation_bounds, makespan_lower_bound
@@ -149,15 +151,20 @@ def _costs_key(costs) -> tuple:
     return tuple(tuple(sorted(d.items(), key=repr)) for d in (costs.compute, costs.comm, costs.memory)) + (shared,)
 
 
-def predict(c: _Priced, hw: Hardware, cache: dict, built: Built) -> Row:
+def predict(c: _Priced, hw: Hardware, cache: dict, built: Built, memo: Memo | None = None) -> Row:
     """The record backend=sim would write, reduced to the plan's figures (harness.sim.simulate_job)."""
+    memo = Memo() if memo is None else memo
     run, sched = c.run, built(c.run)
     key = (run.method, run.pp, run.microbatches, run.n_chunks, _costs_key(c.costs))
     if key not in cache:
         cache[key] = simulate(sched, c.costs)
     result = cache[key]
     # overlap_grad_reduce: what the dp stream has left at the flush of this simulated iteration (harness.sim's tail)
-    tail = tail_s(run, hw, sched, result) if run.overlap_grad_reduce else c.tail
+    if run.overlap_grad_reduce:
+        parts = memo("tail parts", lambda r, sk: tail_parts(r, hw, sk), run, c.skeleton)
+        tail = exposed_tail_s(parts, exposed_reduce_per_rank(run, hw, sched, result))
+    else:
+        tail = c.tail
     seconds = result.makespan + tail
     thr = throughput(run, seconds, run.world, hw.peak_flops)
     peak = [s + a for s, a in zip(c.static, result.peak_activations)]
@@ -239,7 +246,7 @@ def search(problem: Problem, hw: Hardware, top: int = 10, prune: bool = True, lo
         with phase("program"):  # what the simulator derives from a schedule once, whatever its costs
             _program(sched)
         with phase("simulate"):
-            row = predict(p, hw, cache, built)
+            row = predict(p, hw, cache, built, memo)
         if row.peak_memory_bytes > budget:  # the simulated peak, checked again: the plan is dropped, with why
             over = row.peak_memory_bytes - budget
             plan.reject(Rejection(p.run, SIMULATED_MEMORY, f"simulated peak memory {row.peak_memory_bytes / 2**30:.2f}"
