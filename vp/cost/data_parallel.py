@@ -45,17 +45,19 @@ def gather_per_rank(cfg: RunConfig, hw: Hardware, sched: Schedule) -> list[float
     return [_seconds(cfg, hw, p, n, ALL_GATHER) for p, n in enumerate(rank_params(cfg, sched))]
 
 
-def exposed_reduce_per_rank(cfg: RunConfig, hw: Hardware, sched: Schedule, result=None) -> list[float]:
+def exposed_reduce_per_rank(cfg: RunConfig, hw: Hardware, sched: Schedule, result=None,
+                            final: list | None = None) -> list[float]:
     """Per pipeline rank, seconds of the gradient reduction after the flush: all of it, or with overlap_grad_reduce
-    and a simulated iteration (vp.schedule.SimResult) what remains of the dp stream at the rank's last action."""
+    and a simulated iteration (vp.schedule.SimResult, or what finals() reads of it) what remains of the dp stream at
+    the rank's last action."""
     params = rank_params(cfg, sched)
-    if not cfg.overlap_grad_reduce or result is None:
+    if not cfg.overlap_grad_reduce or (result is None and final is None):
         return [reduce_s(cfg, hw, p, n) for p, n in enumerate(params)]
+    final = finals(result, sched) if final is None else final
     per_stage, shards = stage_params(cfg, sched)
     bucket = max(1, int(cfg.bucket_mb * 2**20 / 4))
     out = []
-    for p, (actions, starts, ends) in enumerate(result.spans):
-        last = _last_spans(actions, starts, ends, sched.chunks, bool(shards[p]))
+    for p, (last, flush) in enumerate(final):
         seconds = {}  # bucket elements -> its reduction's seconds: the full buckets share one size
 
         def reduce(n):
@@ -75,25 +77,29 @@ def exposed_reduce_per_rank(cfg: RunConfig, hw: Hardware, sched: Schedule, resul
             at = last.get("shards", (0.0, 0.0))[1]
             runs.append((at, at, 1, 0.0, reduce(shards[p])))
         stream = 0.0
-        for first, final, k, each, tail in sorted(runs):
+        for first, after, k, each, tail in sorted(runs):
             rest = (k - 1) * each + tail  # what the run's first bucket and all after it take on the stream
-            stream = max(stream + rest, first + rest, final + tail)
-        flush = ends[-1] if ends else 0.0
+            stream = max(stream + rest, first + rest, after + tail)
         out.append(max(0.0, stream - flush))
     return out
 
 
-def _last_spans(actions, starts, ends, chunks: int, shards: bool) -> dict:
-    """What becomes final on a rank -> (start, end) of the pass that makes it final: ("stage", chunk) its last B or W,
-    "shards" its last T or IB. A rank runs its actions one after another, so ends never decrease along its order and
-    the last such pass in the order is the one that ends last: found from the end, stopping once all are found."""
-    last: dict = {}
-    want = chunks + shards
-    for i in range(len(actions) - 1, -1, -1):
-        _, kind, _, chunk = actions[i]
-        key = ("stage", chunk) if kind in ("B", "W") else "shards" if kind in ("T", "IB") else None
-        if key is not None and key not in last:
-            last[key] = (starts[i], ends[i])
-            if len(last) == want:
-                break
-    return last
+def finals(result, sched: Schedule) -> list[tuple[dict, float]]:
+    """Per pipeline rank of a simulated iteration, what the overlapped reduction reads of it: what becomes final ->
+    (start, end) of the pass that makes it final (("stage", chunk): its last B or W; "shards": its last T or IB), and
+    the rank's flush (the end of its last action). A rank runs its actions one after another, so ends never
+    decrease along its order and the last such pass in the order is the one that ends last: found from the end,
+    stopping once all are found."""
+    want = sched.chunks + bool(sched.vocab_parallel)
+    out = []
+    for actions, starts, ends in result.spans:
+        last: dict = {}
+        for i in range(len(actions) - 1, -1, -1):
+            _, kind, _, chunk = actions[i]
+            key = ("stage", chunk) if kind in ("B", "W") else "shards" if kind in ("T", "IB") else None
+            if key is not None and key not in last:
+                last[key] = (starts[i], ends[i])
+                if len(last) == want:
+                    break
+        out.append((last, ends[-1] if ends else 0.0))
+    return out

@@ -22,12 +22,13 @@ its fastest variant, while best per method and the Pareto front take every varia
 import math
 import time
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from vp.config import RunConfig
 from vp.cost import Hardware, pass_costs, static_bytes, tail_s
 from vp.cost.passes import compute_times
 from vp.cost.costs import exposed_tail_s, tail_parts
-from vp.cost.data_parallel import exposed_reduce_per_rank
+from vp.cost.data_parallel import exposed_reduce_per_rank, finals
 from vp.cost.memory import comm_buffer_bytes, held_bytes
 from vp.metrics import throughput
 from vp.plan.bounds import activation_bounds, makespan_lower_bound
@@ -61,6 +62,15 @@ class _Priced:
     @property
     def memory_hi(self) -> float:
         return max(s + a for s, a in zip(self.static, self.act_hi))
+
+
+class _Simulated(NamedTuple):
+    """What predict reads of a simulated iteration (vp.schedule.SimResult less its timeline), kept for the candidates
+    that share its schedule and costs."""
+    makespan: float
+    busy: list
+    peak_activations: list
+    finals: list  # vp.cost.data_parallel.finals: what the overlapped reduction reads
 
 
 def skeleton(run: RunConfig) -> Schedule:
@@ -156,13 +166,13 @@ def predict(c: _Priced, hw: Hardware, cache: dict, built: Built, memo: Memo | No
     memo = Memo() if memo is None else memo
     run, sched = c.run, built(c.run)
     key = (run.method, run.pp, run.microbatches, run.n_chunks, _costs_key(c.costs))
-    if key not in cache:
-        cache[key] = simulate(sched, c.costs)
+    if key not in cache:  # kept small: what the rows read of the iteration, not its timeline
+        result = simulate(sched, c.costs)
+        cache[key] = _Simulated(result.makespan, result.busy, result.peak_activations, finals(result, sched))
     result = cache[key]
-    # overlap_grad_reduce: what the dp stream has left at the flush of this simulated iteration (harness.sim's tail)
-    if run.overlap_grad_reduce:
+    if run.overlap_grad_reduce:  # what the dp stream has left at the flush of this simulated iteration
         parts = memo("tail parts", lambda r, sk: tail_parts(r, hw, sk), run, c.skeleton)
-        tail = exposed_tail_s(parts, exposed_reduce_per_rank(run, hw, sched, result))
+        tail = exposed_tail_s(parts, exposed_reduce_per_rank(run, hw, sched, final=result.finals))
     else:
         tail = c.tail
     seconds = result.makespan + tail
