@@ -90,7 +90,8 @@ class _Race:
             return True
         if bound >= self.by_method.get(c.run.method, -1.0):
             return True
-        return not any(tps >= bound and mem <= c.memory_lo * (1 - REL) for mem, tps in self.front)
+        memory = c.memory_lo * (1 - REL)
+        return not any(tps >= bound and mem <= memory for mem, tps in self.front)
 
     def add(self, row: Row) -> None:
         cfg, tps = configuration(row.run), row.tokens_per_s
