@@ -11,7 +11,7 @@ from vp.cost.passes import compute_times, pass_times
 from vp.cost.profiles import Hardware
 from vp.cost.tensor import Split, vocab_row_steps
 from vp.cost.tensor import seconds as tp_seconds
-from vp.cost.tensor import tail_s as tp_tail_s
+from vp.cost.tensor import tails_s as tp_tails_s
 from vp.cost.traffic import payloads
 from vp.schedule import Costs, Schedule, build
 from vp.schedule.sharing import Sharing
@@ -96,14 +96,14 @@ def tail_s(cfg: RunConfig, hw: Hardware, sched: Schedule, result=None, hidden: b
     every device runs them at once (a gloo all-reduce of the gradients copies and sums them on the CPU).
     hidden=True counts none of the reduction as exposed: the least the tail can be with overlap_grad_reduce, before
     the iteration is simulated (the planner's bound)."""
-    net = Network.of(hw, cfg.world)
     slower = hw.contention(min(cfg.world, hw.gpus_per_node))
     exposed = [0.0] * cfg.pp if hidden else exposed_reduce_per_rank(cfg, hw, sched, result)
     dp = [slower * (r + g) for r, g in zip(exposed, gather_per_rank(cfg, hw, sched))]
     share = cfg.dp if cfg.zero else 1
     step = [slower * optimizer_s(hw, n // share, [t // share for t in vocab])
             for n, vocab in zip(rank_params(cfg, sched), vocab_tensors(cfg, sched))]
-    return max(tp_tail_s(cfg, net, sched, p) + dp[p] + step[p] for p in range(cfg.pp))
+    tp = tp_tails_s(cfg, hw, sched)
+    return max(tp[p] + dp[p] + step[p] for p in range(cfg.pp))
 
 
 def vocab_tensors(cfg: RunConfig, sched: Schedule) -> list[list[int]]:

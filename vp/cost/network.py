@@ -70,12 +70,19 @@ class Network:
             return self.link_latency + nbytes / self.link_bandwidth
         return self.ib_latency + nbytes / self.ib_bandwidth
 
+    def span(self, ranks) -> tuple[int, int]:
+        return span(ranks, self.gpus_per_node)
+
     def collective(self, op: Op, ranks, nbytes: float) -> float:
         """Seconds of one collective over `ranks` (global ranks) with a payload of nbytes."""
-        n = len(ranks)
+        if len(ranks) < 2:
+            return 0.0
+        return self.collective_on(op, *self.span(ranks), nbytes)
+
+    def collective_on(self, op: Op, n: int, nodes: int, nbytes: float) -> float:
+        """Seconds of one collective over n ranks on `nodes` nodes (Network.span) with a payload of nbytes."""
         if n < 2:
             return 0.0
-        nodes = len({self.node(r) for r in ranks})
         measured = self.tables.collective_s(op.name, n, nbytes, self.busy) if nodes == 1 else None
         if measured is not None:
             return measured
@@ -99,6 +106,11 @@ class Network:
         if n < 2 or len({self.node(r) for r in ranks}) > 1:
             return 0.0
         return self.tables.collective_cpu_s(op.name, n, nbytes, self.busy) or 0.0
+
+
+def span(ranks, gpus_per_node: int) -> tuple[int, int]:
+    """(ranks, nodes) of a group of global ranks: all of it that a collective's seconds read (collective_on)."""
+    return len(ranks), len({r // gpus_per_node for r in ranks})
 
 
 @cache

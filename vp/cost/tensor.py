@@ -20,7 +20,8 @@ from functools import cache, lru_cache
 
 from vp.config import RunConfig
 from vp.cost.gemm import Gemm
-from vp.cost.network import OPS, Network, groups
+from vp.cost.network import OPS, Network, groups, span
+from vp.cost.profiles import Hardware, cost_table
 from vp.mesh import Mesh
 from vp.schedule import Schedule
 from vp.tp.modes import TensorMode, get_mode
@@ -184,11 +185,26 @@ def vocab_row_steps(cfg: RunConfig, sched: Schedule, rank: int, split: Split) ->
             Collective("batch", "all_reduce", split.blocks, 2 * rows * h, 1, GRAD_ITEMSIZE)]
 
 
+TP_AXES = ("tp", "row", "col", "dep", "batch")  # the mesh axes of the tensor-parallel channels (vp.tp.traffic)
+
+
 def _group(cfg: RunConfig, channel: str, rank: int) -> tuple[int, ...]:
     """The global ranks of a channel's group around the first device of pipeline rank `rank` (replica 0)."""
     axis = "row" if "." in channel else channel  # C0.row, IF.row, IB.row: a grid row (1-D: the tp group)
+    if axis not in TP_AXES:  # placement() describes these groups alone: the memos keyed on it must see them all
+        raise ValueError(f"tensor-parallel channel {channel!r} on mesh axis {axis!r}, not one of {TP_AXES}: "
+                         f"add it to vp.cost.tensor.TP_AXES")
     mesh = cfg.mesh
     return _group_index(mesh, axis)[mesh.rank(0, rank, 0)]
+
+
+@lru_cache(maxsize=65536)
+def placement(mesh: Mesh, rank: int, gpus_per_node: int) -> tuple[tuple[int, int], ...]:
+    """Per axis of TP_AXES, (ranks, nodes) of the group around the first device of pipeline rank `rank` (replica
+    0): all that the seconds of a collective on a tensor-parallel channel read of its group (Network.span), so a
+    figure made of such collectives is the same for two stages, or two meshes, of equal placement."""
+    first = mesh.rank(0, rank, 0)
+    return tuple(span(_group_index(mesh, axis)[first], gpus_per_node) for axis in TP_AXES)
 
 
 @cache
@@ -272,3 +288,26 @@ def per_pass(cols: list[Collective], net: Network, group_of, per: int, split_w: 
 def tail_s(cfg: RunConfig, net: Network, sched: Schedule, rank: int) -> float:
     """Seconds of a device's once-per-iteration tensor-parallel collectives after the flush."""
     return seconds(cfg, net, [c for c in rank_tp_collectives(cfg, sched, rank) if c.pass_kind == ITERATION], rank)
+
+
+def tails_s(cfg: RunConfig, hw: Hardware, sched: Schedule) -> list[float]:
+    """tail_s of every pipeline rank on the profile's network, each worked out once per profile for all it reads:
+    the tensor-parallel shape (tp_shape), the pipeline's size and vocabulary, the rank's stages (their layers and
+    places, in order), whether it holds the loss, the first or the last stage, and its groups' placement
+    (vp.cost.profiles.cost_table)."""
+    net = Network.of(hw, cfg.world)
+    if cfg.tp < 2:  # nothing sent
+        return [tail_s(cfg, net, sched, rank) for rank in range(cfg.pp)]
+    table = cost_table(hw, ("tp tail", tp_shape(cfg), cfg.pp, sched.vocab_parallel, net.busy))
+    last, stages = sched.n_stages - 1, [[] for _ in range(cfg.pp)]
+    for st, layers in enumerate(cfg.stage_layers):
+        stages[sched.where(st)[0]].append((layers, st == 0, st == last))
+    out = []
+    for rank in range(cfg.pp):
+        key = (tuple(stages[rank]), rank == loss_rank(sched), rank == sched.first_rank, rank == sched.last_rank,
+               placement(cfg.mesh, rank, net.gpus_per_node))
+        got = table.get(key)
+        if got is None:
+            got = table[key] = tail_s(cfg, net, sched, rank)
+        out.append(got)
+    return out
