@@ -11,16 +11,15 @@ the stream has left when the rank's pipeline flushes is exposed. Each bucket is 
 in the order the buckets become final (the runtime launches them in buffer order, which backward follows)."""
 from vp.config import RunConfig
 from vp.cost.memory import rank_params, stage_params
-from vp.cost.network import ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER, Network, groups
+from vp.cost.network import ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER, Network, group_index, groups
 from vp.cost.profiles import Hardware
 from vp.schedule import Schedule
 
 
 def _seconds(cfg: RunConfig, hw: Hardware, p: int, params: float, op) -> float:
     net = Network.of(hw, cfg.world)
-    dp_groups = {g[0]: g for g in groups(cfg.mesh, "dp")}  # first member = the rank in replica 0
     nbytes = 4.0 * params / (cfg.dp if op is ALL_GATHER else 1)
-    return net.collective(op, dp_groups[groups(cfg.mesh, "pp")[0][p]], nbytes)
+    return net.collective(op, group_index(cfg.mesh, "dp")[groups(cfg.mesh, "pp")[0][p]], nbytes)  # replica 0's
 
 
 def reduce_s(cfg: RunConfig, hw: Hardware, p: int, params: float) -> float:

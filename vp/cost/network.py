@@ -119,6 +119,12 @@ def groups(mesh: Mesh, axis: str) -> tuple[tuple[int, ...], ...]:
     return tuple(tuple(g) for g in mesh.groups(axis))
 
 
+@cache
+def group_index(mesh: Mesh, axis: str) -> dict[int, tuple[int, ...]]:
+    """Each global rank's group along an axis (the groups of one axis partition the ranks)."""
+    return {r: g for g in groups(mesh, axis) for r in g}
+
+
 def fit_link(points: list[list[float]]) -> tuple[float, float]:
     """(latency s, bandwidth bytes/s) from [bytes, seconds] points, by least squares."""
     pts = np.array(points, dtype=float)

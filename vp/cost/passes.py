@@ -26,6 +26,7 @@ reuse), nor the output layer's: its large tensors are GEMM outputs, timed with t
 and its cross-entropy steps run in place.
 """
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 from vp.config import RunConfig
 from vp.cost.gemm import Gemm, elementwise_time, gemm_time
@@ -115,6 +116,7 @@ class Shapes:
         """FLOPs of `gemms` causal attention products ([s,d]x[d,s]-sized, over all heads): half of each."""
         return gemms * 2.0 * self.micro_batch * self.seq * self.seq * self.hidden / 2
 
+    @lru_cache(maxsize=4096)  # the shapes are frozen, the Work too: a search asks for a few thousand, many times
     def layer(self, kind: str) -> Work:
         """One device's share of a layer's pass: its GEMMs, attention and elementwise bytes (vp.cost.tensor)."""
         n, h, f, a, sp = self.tokens, self.hidden, self.ffn, self.act, self.split
@@ -248,9 +250,9 @@ def activation_time(hw: Hardware, work: Work) -> float:
 def work_seconds(hw: Hardware, parts: dict) -> Seconds:
     compute, memory, fixed, seconds = {}, 0.0, 0.0, {}
     for eff_kind, work in parts.items():
-        for g in set(work.gemms) - set(seconds):  # a stage repeats its layers' GEMMs: time each shape once
+        for g in set(work.gemms).difference(seconds):  # a stage repeats its layers' GEMMs: time each shape once
             seconds[g] = gemm_time(hw, g)
-        gemm = sum(seconds[g] for g in work.gemms)
+        gemm = sum(map(seconds.__getitem__, work.gemms))
         compute[eff_kind] = compute.get(eff_kind, 0.0) + gemm + attention_time(hw, work)
         memory += sum(elementwise_time(hw, moved, size, fresh) for size, moved, fresh in work.mem)
         if work.activation:

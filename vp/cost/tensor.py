@@ -16,11 +16,11 @@ SUMMA loop hides: the runtime prefetches step t+1's blocks during step t's GEMM 
 Collectives issued once per iteration (the depth and batch all-reduces) run after the flush, like dp's.
 """
 from dataclasses import dataclass, replace
-from functools import cache, lru_cache
+from functools import lru_cache
 
 from vp.config import RunConfig
 from vp.cost.gemm import Gemm
-from vp.cost.network import OPS, Network, groups, span
+from vp.cost.network import OPS, Network, group_index, span
 from vp.cost.profiles import Hardware, cost_table
 from vp.mesh import Mesh
 from vp.schedule import Schedule
@@ -44,7 +44,7 @@ class Split:
 
     @classmethod
     def of(cls, cfg: RunConfig) -> "Split":
-        return cls(get_mode(cfg.tp_mode), cfg.tp, cfg.mesh.depth, cfg.sequence_parallel)
+        return _split(cfg.tp_mode, cfg.tp, cfg.tp_depth, cfg.sequence_parallel)
 
     @property
     def sequence_shards(self) -> int:
@@ -93,6 +93,14 @@ class Split:
     def vocab_rows(self, padded_vocab: int, shards: int = 1) -> int:
         """Rows of the output layer one device holds: the vocabulary over `shards` pipeline ranks x its columns."""
         return padded_vocab // (shards * self.q)
+
+
+@lru_cache(maxsize=1024)
+def _split(tp_mode: str, tp: int, tp_depth: int, sequence_parallel: bool) -> Split:
+    """Split.of from the fields it reads (the mesh's depth: the mode's of tp_depth): the cost model asks for it per
+    stage and per pass of every candidate; a frozen value, shared."""
+    mode = get_mode(tp_mode)
+    return Split(mode, tp, mode.depth(tp_depth), sequence_parallel)
 
 
 ONE_DEVICE = Split(get_mode("1d"), 1, 1)  # tp = 1: the whole stage on one device
@@ -195,7 +203,7 @@ def _group(cfg: RunConfig, channel: str, rank: int) -> tuple[int, ...]:
         raise ValueError(f"tensor-parallel channel {channel!r} on mesh axis {axis!r}, not one of {TP_AXES}: "
                          f"add it to vp.cost.tensor.TP_AXES")
     mesh = cfg.mesh
-    return _group_index(mesh, axis)[mesh.rank(0, rank, 0)]
+    return group_index(mesh, axis)[mesh.rank(0, rank, 0)]
 
 
 @lru_cache(maxsize=65536)
@@ -204,13 +212,7 @@ def placement(mesh: Mesh, rank: int, gpus_per_node: int) -> tuple[tuple[int, int
     0): all that the seconds of a collective on a tensor-parallel channel read of its group (Network.span), so a
     figure made of such collectives is the same for two stages, or two meshes, of equal placement."""
     first = mesh.rank(0, rank, 0)
-    return tuple(span(_group_index(mesh, axis)[first], gpus_per_node) for axis in TP_AXES)
-
-
-@cache
-def _group_index(mesh, axis: str) -> dict[int, tuple[int, ...]]:
-    """Each global rank's group along an axis (the groups of one axis partition the ranks)."""
-    return {r: g for g in groups(mesh, axis) for r in g}
+    return tuple(span(group_index(mesh, axis)[first], gpus_per_node) for axis in TP_AXES)
 
 
 def seconds(cfg: RunConfig, net: Network, cols: list[Collective], rank: int, per: int = 1) -> float:
@@ -259,7 +261,7 @@ def vocab_comm_s(net: Network, mode: str, tp: int, depth: int, micro_batch: int,
 def _alone(mode: str, tp: int, depth: int):
     """group_of(channel) for a tensor-parallel group alone in its world (a measured row's): the groups of device 0."""
     mesh = Mesh(tp=tp, tp_mode=mode, tp_depth=depth)
-    return lambda channel: _group_index(mesh, channel)[0]
+    return lambda channel: group_index(mesh, channel)[0]
 
 
 def per_pass(cols: list[Collective], net: Network, group_of, per: int, split_w: bool, split: Split | None = None,
