@@ -247,3 +247,31 @@ def test_planner_placement_names_every_tensor_parallel_axis():
     assert Network.of(replace(PROFILES["h100"], gpus_per_node=4)).span(_group(run, "tp", 1)) == (8, 2)
     with pytest.raises(ValueError, match="TP_AXES"):
         _group(run, "pp", 1)
+
+
+def test_planner_space_makes_the_runs_replace_makes():
+    """The space's candidates, made from their fields' values without dataclasses.replace (vp.plan.space.make), are
+    the RunConfigs replace makes: equal, with the same hash, every field and every derived property, and nothing
+    else in them; a dict that misses or adds a field gets RunConfig's own error."""
+    from dataclasses import asdict
+
+    from vp.plan.space import RUN_FIELDS, make
+
+    problem = Problem(SMALL, 16, 8, methods=("baseline", "vocab-2", "interleaved-vocab-1", "redis"))
+    seen = 0
+    for c in candidates(problem):
+        run = c.run if isinstance(c, Rejection) else c
+        if run is None:
+            continue
+        made = replace(SMALL, **{name: getattr(run, name) for name in RUN_FIELDS})
+        assert type(run) is RunConfig and run == made and hash(run) == hash(made) and asdict(run) == asdict(made)
+        if not isinstance(c, Rejection):
+            assert (run.mesh, run.padded_vocab_size, run.stage_layers, run.to_dict()) == \
+                (made.mesh, made.padded_vocab_size, made.stage_layers, made.to_dict())
+        seen += 1
+    assert seen > 100
+    values = {name: getattr(SMALL, name) for name in RUN_FIELDS}
+    with pytest.raises(TypeError):
+        make({**values, "zer0": 1})
+    with pytest.raises(TypeError):
+        make({k: v for k, v in values.items() if k != "pp"} | {"zer0": 1})
