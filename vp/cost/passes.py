@@ -174,10 +174,10 @@ def pass_work(cfg: RunConfig, hw: Hardware, sched: Schedule) -> dict:
 
 
 def stage_parts(sh: Shapes, kind: str, layers: int, first: bool, last: bool, split_w: bool, vocab_parallel: bool,
-                recompute: str, v: int) -> dict:
+                recompute: str, v: int | None) -> dict:
     """{eff_kind: Work} of pass `kind` (F, B, W) of a stage of `layers` layers, the first and (or) the last stage
     of the pipeline, whose output layer (where the vocabulary is not parallel) has v rows on one device: all
-    pass_work reads of a stage."""
+    pass_work reads of a stage (v only where a first or last stage holds a vocabulary layer)."""
     if kind == "W" and not split_w:
         return {}
     parts = {kind: sh.layer(kind).times(layers)}
@@ -271,9 +271,10 @@ def compute_times(cfg: RunConfig, hw: Hardware, sched: Schedule) -> dict:
     composed from its operations (work_seconds), times the profile's factor for its kind where the profile timed
     passes as the runtime runs them (pass_factors; every run and mesh alike, so plans compare on one footing).
     A stage's seconds are worked out once per profile for all that stage_parts and _timed read (the layer shape,
-    the vocabulary rows, the schedule's W and vocabulary, recomputation, the factors' keys: the table's key; the
-    stage's layers and place: the role), so a pipeline of many stages, and the search's thousands of meshes and
-    methods over one layer shape, look them up (vp.cost.profiles.cost_table)."""
+    the schedule's W and vocabulary, recomputation, the factors' keys: the table's key; the stage's layers and
+    place, and the output rows of one device where a first or last stage holds a vocabulary layer: the role), so a
+    pipeline of many stages, and the search's thousands of meshes and methods over one layer shape, look them up
+    (vp.cost.profiles.cost_table)."""
     from vp.cost.factors import pass_factors  # which composes passes with this module's functions
 
     factors = pass_factors(hw)
@@ -281,16 +282,18 @@ def compute_times(cfg: RunConfig, hw: Hardware, sched: Schedule) -> dict:
     vocab = tp_vocab_key(cfg) if tp else None
     sh, split_w = Shapes.of(cfg, hw), sched.split_w
     v, last = sh.split.vocab_rows(cfg.padded_vocab_size), sched.n_stages - 1  # the output rows of one device
-    table = cost_table(hw, ("compute_times", sh, v, split_w, sched.vocab_parallel, cfg.recompute, tp, vocab))
+    local = not sched.vocab_parallel  # the first and last stages hold the vocabulary layers
+    table = cost_table(hw, ("compute_times", sh, split_w, sched.vocab_parallel, cfg.recompute, tp, vocab))
     out, roles = {}, {}
     for st, layers in enumerate(cfg.stage_layers):
         role = (layers, st == 0, st == last)
         got = roles.get(role)
         if got is None:
-            got = table.get(role)
+            key = role + (v if local and (role[1] or role[2]) else None,)  # None: stage_parts reads no rows
+            got = table.get(key)
             if got is None:
-                got = table[role] = tuple(
-                    _timed(hw, stage_parts(sh, kind, *role, split_w, sched.vocab_parallel, cfg.recompute, v),
+                got = table[key] = tuple(
+                    _timed(hw, stage_parts(sh, kind, *key[:3], split_w, sched.vocab_parallel, cfg.recompute, key[3]),
                            factors, True, split_w, tp, vocab) for kind in ("F", "B", "W"))
             roles[role] = got
         out[("F", st)], out[("B", st)], out[("W", st)] = got
