@@ -225,3 +225,110 @@ def test_planner_overlapped_tail_in_closed_form_is_the_bucket_by_bucket_stream(m
                 assert got == pytest.approx(want, rel=1e-9, abs=1e-15), (scale, bucket_mb, zero)
                 checked += any(w > 0 for w in want)
     assert checked  # some exposure to compare, not only zeros
+
+
+def _reference_times(run, hw, sched):
+    """compute_times, pass_times and each rank's tensor-parallel tail as the cost model's parts give them, every
+    stage and rank worked out alone (no cost table): pass_work's parts timed one by one, pass_comm_s per stage,
+    vp.cost.tensor.tail_s per rank (a profile without measured pass factors)."""
+    from vp.cost.network import Network
+    from vp.cost.passes import Shapes, _timed, layer_gemm_s, pass_work
+    from vp.cost.tensor import pass_comm_s, tail_s
+
+    compute = {key: _timed(hw, parts, {}, key[1] is not None, sched.split_w, None, None)
+               for key, parts in pass_work(run, hw, sched).items()}
+    times, net = dict(compute), Network.of(hw, run.world)
+    if run.tp > 1:
+        sh = Shapes.of(run, hw)
+        for st, layers in enumerate(run.stage_layers):
+            gemm = layer_gemm_s(hw, sh, sched.split_w, layers)
+            for kind, s in pass_comm_s(run, net, sched, st, gemm, {}, {}).items():
+                if s:
+                    times[(kind, st)] += s
+    return compute, times, [tail_s(run, net, sched, rank) for rank in range(run.pp)]
+
+
+@pytest.mark.parametrize("hw_name,gpus_per_node", [("h100", 8), ("a100_80g", 4)])
+def test_planner_cost_tables_equal_the_cost_model_on_a_whole_space(hw_name, gpus_per_node):
+    """compute_times, pass_times and the tensor-parallel tails, looked up in one profile's cost tables across every
+    candidate of a space (as a search asks them: a stage's figures once per layer shape, role and placement), equal
+    the same figures worked out stage by stage and rank by rank without the tables, to the bit; the tables hold far
+    fewer figures than were asked. tp groups across nodes (4 devices a node, tp up to 16) make placement matter; zero
+    and overlap_grad_reduce, which none of these figures read, are left off."""
+    from vp.cost.passes import compute_times, pass_times
+    from vp.cost.tensor import tails_s
+    from vp.plan.search import skeleton
+
+    hw = replace(PROFILES[hw_name], gpus_per_node=gpus_per_node)
+    problem = Problem(SMALL, 16, 8, tp_in_node=False, fixed={"zero": 0, "overlap_grad_reduce": False},
+                      methods=("baseline", "vocab-2", "interleaved-vocab-1", "vhalf-vocab-1", "redis"))
+    runs = [c for c in candidates(problem) if not isinstance(c, Rejection)]
+    runs += [replace(r, microbatches=2 * r.microbatches) for r in runs[::7]]  # tp_shape reads microbatches
+    asked = 0
+    for run in runs:
+        sched = skeleton(run)
+        want = _reference_times(run, hw, sched)
+        assert (compute_times(run, hw, sched), pass_times(run, hw, sched), tails_s(run, hw, sched)) == want, run
+        asked += sched.n_stages + run.pp
+    assert {r.tp for r in runs} >= {2, 4, 8} and any(r.tp_mode != "1d" for r in runs)
+    held = sum(len(table) for table in hw.cost_memo.values())
+    assert held < asked, (held, asked)
+
+
+def test_planner_cost_tables_are_bounded_and_start_afresh(monkeypatch):
+    """A profile's cost tables start afresh past COST_TABLES (a long-lived process pricing many problems) and answer
+    as before; a profile derived with dataclasses.replace has its own."""
+    from vp.cost import profiles
+    from vp.cost.passes import compute_times
+    from vp.plan.search import skeleton
+
+    monkeypatch.setattr(profiles, "COST_TABLES", 3)
+    hw = replace(PROFILES["h100"])
+    runs = [c for c in candidates(Problem(SMALL, 16, 8, methods=("baseline", "vocab-2"), fixed={"zero": 0}))
+            if not isinstance(c, Rejection)]
+    first = {run: compute_times(run, hw, skeleton(run)) for run in runs}
+    assert 0 < len(hw.cost_memo) <= 3
+    assert all(compute_times(run, hw, skeleton(run)) == want for run, want in first.items())
+    assert replace(hw).cost_memo == {} and PROFILES["h100"].cost_memo is not hw.cost_memo
+
+
+def test_planner_placement_names_every_tensor_parallel_axis():
+    """The cost tables key a stage's collectives on its groups' placement (vp.cost.tensor.placement: ranks and
+    nodes per axis of TP_AXES); a channel on an axis it does not describe is refused, not priced on a stale key."""
+    from vp.cost.network import Network, span
+    from vp.cost.tensor import TP_AXES, _group, placement
+
+    run = SMALL.with_(dp=2, pp=2, tp=8, tp_mode="2.5d", tp_depth=2)
+    assert placement(run.mesh, 1, 4) == tuple(span(_group(run, axis, 1), 4) for axis in TP_AXES)
+    assert placement(run.mesh, 1, 4) != placement(run.mesh, 1, 8)  # groups of 8 across two nodes of 4, or in one
+    assert Network.of(replace(PROFILES["h100"], gpus_per_node=4)).span(_group(run, "tp", 1)) == (8, 2)
+    with pytest.raises(ValueError, match="TP_AXES"):
+        _group(run, "pp", 1)
+
+
+def test_planner_space_makes_the_runs_replace_makes():
+    """The space's candidates, made from their fields' values without dataclasses.replace (vp.plan.space.make), are
+    the RunConfigs replace makes: equal, with the same hash, every field and every derived property, and nothing
+    else in them; a dict that misses or adds a field gets RunConfig's own error."""
+    from dataclasses import asdict
+
+    from vp.plan.space import RUN_FIELDS, make
+
+    problem = Problem(SMALL, 16, 8, methods=("baseline", "vocab-2", "interleaved-vocab-1", "redis"))
+    seen = 0
+    for c in candidates(problem):
+        run = c.run if isinstance(c, Rejection) else c
+        if run is None:
+            continue
+        made = replace(SMALL, **{name: getattr(run, name) for name in RUN_FIELDS})
+        assert type(run) is RunConfig and run == made and hash(run) == hash(made) and asdict(run) == asdict(made)
+        if not isinstance(c, Rejection):
+            assert (run.mesh, run.padded_vocab_size, run.stage_layers, run.to_dict()) == \
+                (made.mesh, made.padded_vocab_size, made.stage_layers, made.to_dict())
+        seen += 1
+    assert seen > 100
+    values = {name: getattr(SMALL, name) for name in RUN_FIELDS}
+    with pytest.raises(TypeError):
+        make({**values, "zer0": 1})
+    with pytest.raises(TypeError):
+        make({k: v for k, v in values.items() if k != "pp"} | {"zer0": 1})

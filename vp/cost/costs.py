@@ -11,7 +11,7 @@ from vp.cost.passes import compute_times, pass_times
 from vp.cost.profiles import Hardware
 from vp.cost.tensor import Split, vocab_row_steps
 from vp.cost.tensor import seconds as tp_seconds
-from vp.cost.tensor import tail_s as tp_tail_s
+from vp.cost.tensor import tails_s as tp_tails_s
 from vp.cost.traffic import payloads
 from vp.schedule import Costs, Schedule, build
 from vp.schedule.sharing import Sharing
@@ -103,13 +103,13 @@ def tail_s(cfg: RunConfig, hw: Hardware, sched: Schedule, result=None, hidden: b
 def tail_parts(cfg: RunConfig, hw: Hardware, sched: Schedule) -> tuple[list[float], float]:
     """What tail_s adds to the exposed data-parallel reduction, which alone depends on the simulated iteration: per
     pipeline rank the tail with none of the reduction exposed, and the factor (devices sharing cores) on what is."""
-    net = Network.of(hw, cfg.world)
     slower = hw.contention(min(cfg.world, hw.gpus_per_node))
     share = cfg.dp if cfg.zero else 1
     step = [slower * optimizer_s(hw, n // share, [t // share for t in vocab])
             for n, vocab in zip(rank_params(cfg, sched), vocab_tensors(cfg, sched))]
     gather = gather_per_rank(cfg, hw, sched)
-    return [tp_tail_s(cfg, net, sched, p) + slower * gather[p] + step[p] for p in range(cfg.pp)], slower
+    tp = tp_tails_s(cfg, hw, sched)
+    return [tp[p] + slower * gather[p] + step[p] for p in range(cfg.pp)], slower
 
 
 def exposed_tail_s(parts: tuple[list[float], float], exposed: list[float]) -> float:

@@ -9,26 +9,17 @@ during its last B or W (the pass that makes its weight gradients), bucket by buc
 backward walks the layers in reverse; a rank's vocabulary-parallel shards at the end of its last T and IB; what
 the stream has left when the rank's pipeline flushes is exposed. Each bucket is one collective (its own latency),
 in the order the buckets become final (the runtime launches them in buffer order, which backward follows)."""
-from functools import cache
-
 from vp.config import RunConfig
 from vp.cost.memory import rank_params, stage_params
-from vp.cost.network import ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER, Network, groups
+from vp.cost.network import ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER, Network, group_index, groups
 from vp.cost.profiles import Hardware
-from vp.mesh import Mesh
 from vp.schedule import Schedule
 
 
 def _seconds(cfg: RunConfig, hw: Hardware, p: int, params: float, op) -> float:
+    net = Network.of(hw, cfg.world)
     nbytes = 4.0 * params / (cfg.dp if op is ALL_GATHER else 1)
-    return Network.of(hw, cfg.world).collective(op, dp_group(cfg.mesh, p), nbytes)
-
-
-@cache
-def dp_group(mesh: Mesh, p: int) -> tuple[int, ...]:
-    """The global ranks of the dp group of pipeline rank p's device in replica 0 (its first tensor rank)."""
-    first = groups(mesh, "pp")[0][p]
-    return next(g for g in groups(mesh, "dp") if g[0] == first)
+    return net.collective(op, group_index(cfg.mesh, "dp")[groups(cfg.mesh, "pp")[0][p]], nbytes)  # replica 0's
 
 
 def reduce_s(cfg: RunConfig, hw: Hardware, p: int, params: float) -> float:

@@ -33,6 +33,13 @@ class Gemm:
     out_bytes: int = 2  # element size of C
     accumulate: bool = False  # C is read as well as written (weight gradients summed into fp32)
 
+    def __post_init__(self):  # a stage's Work repeats its layers' few shapes hundreds of times: hashed once each
+        object.__setattr__(self, "_hash", hash((self.m, self.n, self.k, self.batch, self.in_bytes, self.out_bytes,
+                                                self.accumulate)))
+
+    def __hash__(self) -> int:
+        return self._hash
+
     @property
     def flops(self) -> float:
         return 2.0 * self.m * self.n * self.k * self.batch

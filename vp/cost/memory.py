@@ -89,7 +89,8 @@ def stage_params(cfg: RunConfig, sched: Schedule) -> tuple[list[int], list[int]]
     of the vocabulary layers; per pipeline rank, those of its vocabulary-parallel shards, else 0)."""
     v, h, split = cfg.padded_vocab_size, cfg.hidden, Split.of(cfg)
     vector = h // split.q if split.mode.grid else h  # the hidden columns of a vector parameter on one device
-    per_stage = [n * device_layer_params(cfg, split) for n in cfg.stage_layers]
+    per_layer = device_layer_params(cfg, split)
+    per_stage = [n * per_layer for n in cfg.stage_layers]
     per_stage[0] += cfg.seq_len * vector
     per_stage[-1] += 2 * vector
     if not sched.vocab_parallel:
@@ -150,12 +151,12 @@ def held_bytes(cfg: RunConfig, hw: Hardware, sched: Schedule) -> dict:
     """
     split = Split.of(cfg)
     n, h, v = cfg.micro_batch_size * cfg.seq_len // split.blocks, cfg.hidden, cfg.padded_vocab_size
-    memory = {}
+    memory, per_layer = {}, layer_activation_bytes(cfg, hw)
     for st, layers in enumerate(cfg.stage_layers):
-        held = layers * layer_activation_bytes(cfg, hw) + edge_bytes(cfg, hw, st, not sched.vocab_parallel)
+        held = layers * per_layer + edge_bytes(cfg, hw, st, not sched.vocab_parallel)
         if sched.split_w and cfg.recompute == "full":
             kept = cfg.seq_len * cfg.micro_batch_size * cfg.hidden * _elements(split) * hw.act_bytes
-            memory[("B", st)] = layers * (layer_activation_bytes(cfg, hw) - kept)
+            memory[("B", st)] = layers * (per_layer - kept)
         if not sched.vocab_parallel and st == sched.n_stages - 1:
             rows = split.vocab_rows(v)
             held += n * rows * 4 + n * h * hw.act_bytes  # fp32 softmax of its rows, the input

@@ -70,12 +70,19 @@ class Network:
             return self.link_latency + nbytes / self.link_bandwidth
         return self.ib_latency + nbytes / self.ib_bandwidth
 
+    def span(self, ranks) -> tuple[int, int]:
+        return span(ranks, self.gpus_per_node)
+
     def collective(self, op: Op, ranks, nbytes: float) -> float:
         """Seconds of one collective over `ranks` (global ranks) with a payload of nbytes."""
-        n = len(ranks)
+        if len(ranks) < 2:
+            return 0.0
+        return self.collective_on(op, *self.span(ranks), nbytes)
+
+    def collective_on(self, op: Op, n: int, nodes: int, nbytes: float) -> float:
+        """Seconds of one collective over n ranks on `nodes` nodes (Network.span) with a payload of nbytes."""
         if n < 2:
             return 0.0
-        nodes = len({self.node(r) for r in ranks})
         measured = self.tables.collective_s(op.name, n, nbytes, self.busy) if nodes == 1 else None
         if measured is not None:
             return measured
@@ -101,10 +108,21 @@ class Network:
         return self.tables.collective_cpu_s(op.name, n, nbytes, self.busy) or 0.0
 
 
+def span(ranks, gpus_per_node: int) -> tuple[int, int]:
+    """(ranks, nodes) of a group of global ranks: all of it that a collective's seconds read (collective_on)."""
+    return len(ranks), len({r // gpus_per_node for r in ranks})
+
+
 @cache
 def groups(mesh: Mesh, axis: str) -> tuple[tuple[int, ...], ...]:
     """The mesh's groups along an axis, as global ranks (vp.mesh: rank = (d * pp + p) * tp + t)."""
     return tuple(tuple(g) for g in mesh.groups(axis))
+
+
+@cache
+def group_index(mesh: Mesh, axis: str) -> dict[int, tuple[int, ...]]:
+    """Each global rank's group along an axis (the groups of one axis partition the ranks)."""
+    return {r: g for g in groups(mesh, axis) for r in g}
 
 
 def fit_link(points: list[list[float]]) -> tuple[float, float]:

@@ -26,12 +26,13 @@ reuse), nor the output layer's: its large tensors are GEMM outputs, timed with t
 and its cross-entropy steps run in place.
 """
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 from vp.config import RunConfig
 from vp.cost.gemm import Gemm, elementwise_time, gemm_time
 from vp.cost.network import Network
-from vp.cost.profiles import Hardware
-from vp.cost.tensor import ONE_DEVICE, Split, pass_comm_s
+from vp.cost.profiles import Hardware, cost_table
+from vp.cost.tensor import ONE_DEVICE, Split, pass_comm_s, placement, tp_shape
 from vp.cost.tables import tp_layer_key, tp_vocab_key
 from vp.schedule import Schedule
 
@@ -115,6 +116,7 @@ class Shapes:
         """FLOPs of `gemms` causal attention products ([s,d]x[d,s]-sized, over all heads): half of each."""
         return gemms * 2.0 * self.micro_batch * self.seq * self.seq * self.hidden / 2
 
+    @lru_cache(maxsize=4096)  # the shapes are frozen, the Work too: a search asks for a few thousand, many times
     def layer(self, kind: str) -> Work:
         """One device's share of a layer's pass: its GEMMs, attention and elementwise bytes (vp.cost.tensor)."""
         n, h, f, a, sp = self.tokens, self.hidden, self.ffn, self.act, self.split
@@ -161,38 +163,51 @@ def pass_work(cfg: RunConfig, hw: Hardware, sched: Schedule) -> dict:
     out, alike = {}, {}  # stages of equal layers and role share one parts dict (a pipeline has few kinds)
     for st, layers in enumerate(cfg.stage_layers):
         role = (layers, st == 0, st == last)
-        if role in alike:
-            out.update({(kind, st): alike[role][kind] for kind in ("F", "B", "W")})
-            continue
-        for kind in ("F", "B", "W"):
-            if kind == "W" and not sched.split_w:
-                out[(kind, st)] = {}
-                continue
-            parts = {kind: sh.layer(kind).times(layers)}
-            if kind == "B" and not sched.split_w:
-                parts[kind] = parts[kind] + sh.layer("W").times(layers)
-            if kind == "B" and cfg.recompute != "none":  # B makes again the whole forward (full) or the attention
-                fwd = sh.layer("F")  # core (selective) of its layers (vp.recompute), at F's calibrated factor
-                parts["F"] = (fwd if cfg.recompute == "full" else
-                              Work(attention_flops=fwd.attention_flops, attention=fwd.attention)).times(layers)
-            if not sched.vocab_parallel and st == last:
-                backward = OUTPUT_GEMMS[1:2] if sched.split_w else OUTPUT_GEMMS[1:]
-                head = {"F": ("S", sh.output(v, OUTPUT_GEMMS[:1], True)), "B": ("T", sh.output(v, backward, False)),
-                        "W": ("T", Work((Gemm(v, cfg.hidden, sh.block_tokens, in_bytes=sh.act, out_bytes=4,
-                                              accumulate=True),)))}[kind]
-                parts[head[0]] = head[1]
-            if not sched.vocab_parallel and st == 0 and kind != "W":
-                parts["IF" if kind == "F" else "IB"] = sh.input(kind == "F", v)
-            out[(kind, st)] = parts
-        alike[role] = {kind: out[(kind, st)] for kind in ("F", "B", "W")}
+        if role not in alike:
+            alike[role] = {kind: stage_parts(sh, kind, *role, sched.split_w, sched.vocab_parallel, cfg.recompute, v)
+                           for kind in ("F", "B", "W")}
+        out.update({(kind, st): alike[role][kind] for kind in ("F", "B", "W")})
     if sched.vocab_parallel:
-        s_gemms, t_gemms = sched.vocab.s_gemms, sched.vocab.t_gemms
-        assert s_gemms + t_gemms == len(OUTPUT_GEMMS), sched.vocab
         rows = sh.split.vocab_rows(cfg.padded_vocab_size, cfg.pp)
-        out.update({("S", None): {"S": sh.output(rows, OUTPUT_GEMMS[:s_gemms], True)},
-                    ("T", None): {"T": sh.output(rows, OUTPUT_GEMMS[s_gemms:], False)},
-                    ("IF", None): {"IF": sh.input(True)}, ("IB", None): {"IB": sh.input(False)}})
+        out.update(vocab_parts(sh, rows, sched.vocab.s_gemms, sched.vocab.t_gemms))
     return out
+
+
+def stage_parts(sh: Shapes, kind: str, layers: int, first: bool, last: bool, split_w: bool, vocab_parallel: bool,
+                recompute: str, v: int | None) -> dict:
+    """{eff_kind: Work} of pass `kind` (F, B, W) of a stage of `layers` layers, the first and (or) the last stage
+    of the pipeline, whose output layer (where the vocabulary is not parallel) has v rows on one device: all
+    pass_work reads of a stage (v only where a first or last stage holds a vocabulary layer)."""
+    if kind == "W" and not split_w:
+        return {}
+    parts = {kind: sh.layer(kind).times(layers)}
+    if kind == "B" and not split_w:
+        parts[kind] = parts[kind] + sh.layer("W").times(layers)
+    if kind == "B" and recompute != "none":  # B makes again the whole forward (full) or the attention
+        fwd = sh.layer("F")  # core (selective) of its layers (vp.recompute), at F's calibrated factor
+        parts["F"] = (fwd if recompute == "full" else
+                      Work(attention_flops=fwd.attention_flops, attention=fwd.attention)).times(layers)
+    if not vocab_parallel and last:
+        backward = OUTPUT_GEMMS[1:2] if split_w else OUTPUT_GEMMS[1:]
+        head = {"F": ("S", sh.output(v, OUTPUT_GEMMS[:1], True)), "B": ("T", sh.output(v, backward, False)),
+                "W": ("T", Work((Gemm(v, sh.hidden, sh.block_tokens, in_bytes=sh.act, out_bytes=4,
+                                      accumulate=True),)))}[kind]
+        parts[head[0]] = head[1]
+    if not vocab_parallel and first and kind != "W":
+        parts["IF" if kind == "F" else "IB"] = sh.input(kind == "F", v)
+    return parts
+
+
+VOCAB_PASSES = ("S", "T", "IF", "IB")
+
+
+def vocab_parts(sh: Shapes, rows: int, s_gemms: int, t_gemms: int) -> dict:
+    """{(kind, None): {kind: Work}} of the vocabulary-parallel passes on a shard of `rows` rows, the algorithm's S
+    taking the first s_gemms of the output layer's GEMMs and T the other t_gemms."""
+    assert s_gemms + t_gemms == len(OUTPUT_GEMMS), (s_gemms, t_gemms)
+    return {("S", None): {"S": sh.output(rows, OUTPUT_GEMMS[:s_gemms], True)},
+            ("T", None): {"T": sh.output(rows, OUTPUT_GEMMS[s_gemms:], False)},
+            ("IF", None): {"IF": sh.input(True)}, ("IB", None): {"IB": sh.input(False)}}
 
 
 @dataclass(frozen=True)
@@ -235,9 +250,9 @@ def activation_time(hw: Hardware, work: Work) -> float:
 def work_seconds(hw: Hardware, parts: dict) -> Seconds:
     compute, memory, fixed, seconds = {}, 0.0, 0.0, {}
     for eff_kind, work in parts.items():
-        for g in set(work.gemms) - set(seconds):  # a stage repeats its layers' GEMMs: time each shape once
+        for g in set(work.gemms).difference(seconds):  # a stage repeats its layers' GEMMs: time each shape once
             seconds[g] = gemm_time(hw, g)
-        gemm = sum(seconds[g] for g in work.gemms)
+        gemm = sum(map(seconds.__getitem__, work.gemms))
         compute[eff_kind] = compute.get(eff_kind, 0.0) + gemm + attention_time(hw, work)
         memory += sum(elementwise_time(hw, moved, size, fresh) for size, moved, fresh in work.mem)
         if work.activation:
@@ -254,25 +269,54 @@ def per_pass(parts: dict) -> float:
 def compute_times(cfg: RunConfig, hw: Hardware, sched: Schedule) -> dict:
     """Seconds of every pass's own work on one device computing alone: {(kind, stage or None): seconds}: each part
     composed from its operations (work_seconds), times the profile's factor for its kind where the profile timed
-    passes as the runtime runs them (pass_factors; every run and mesh alike, so plans compare on one footing)."""
-    out, timed = {}, {}  # parts shared by stages alike (pass_work) are timed once
+    passes as the runtime runs them (pass_factors; every run and mesh alike, so plans compare on one footing).
+    A stage's seconds are worked out once per profile for all that stage_parts and _timed read (the layer shape,
+    the schedule's W and vocabulary, recomputation, the factors' keys: the table's key; the stage's layers and
+    place, and the output rows of one device where a first or last stage holds a vocabulary layer: the role), so a
+    pipeline of many stages, and the search's thousands of meshes and methods over one layer shape, look them up
+    (vp.cost.profiles.cost_table)."""
     from vp.cost.factors import pass_factors  # which composes passes with this module's functions
 
     factors = pass_factors(hw)
     tp = tp_key(cfg) if factors else None
     vocab = tp_vocab_key(cfg) if tp else None
-    for key, parts in pass_work(cfg, hw, sched).items():
-        if id(parts) not in timed:
-            if not parts:
-                timed[id(parts)] = 0.0
-            elif not factors:
-                timed[id(parts)] = work_seconds(hw, parts).total(hw)
-            else:
-                timed[id(parts)] = hw.pass_overhead_s * per_pass(parts) + sum(
-                    work_seconds(hw, {k: w}).work(hw) * _factor(factors, k, key, sched, tp, vocab)
-                    for k, w in parts.items())
-        out[key] = timed[id(parts)]
+    sh, split_w = Shapes.of(cfg, hw), sched.split_w
+    v, last = sh.split.vocab_rows(cfg.padded_vocab_size), sched.n_stages - 1  # the output rows of one device
+    local = not sched.vocab_parallel  # the first and last stages hold the vocabulary layers
+    table = cost_table(hw, ("compute_times", sh, split_w, sched.vocab_parallel, cfg.recompute, tp, vocab))
+    out, roles = {}, {}
+    for st, layers in enumerate(cfg.stage_layers):
+        role = (layers, st == 0, st == last)
+        got = roles.get(role)
+        if got is None:
+            key = role + (v if local and (role[1] or role[2]) else None,)  # None: stage_parts reads no rows
+            got = table.get(key)
+            if got is None:
+                got = table[key] = tuple(
+                    _timed(hw, stage_parts(sh, kind, *key[:3], split_w, sched.vocab_parallel, cfg.recompute, key[3]),
+                           factors, True, split_w, tp, vocab) for kind in ("F", "B", "W"))
+            roles[role] = got
+        out[("F", st)], out[("B", st)], out[("W", st)] = got
+    if sched.vocab_parallel:
+        rows, algorithm = sh.split.vocab_rows(cfg.padded_vocab_size, cfg.pp), sched.vocab
+        key = ("vocab", rows, algorithm.s_gemms, algorithm.t_gemms)
+        got = table.get(key)
+        if got is None:
+            got = table[key] = tuple((kind, _timed(hw, parts, factors, False, split_w, tp, vocab))
+                                     for kind, parts in vocab_parts(sh, rows, *key[2:]).items())
+        out.update(got)
     return out
+
+
+def _timed(hw: Hardware, parts: dict, factors: dict, stage: bool, split_w: bool, tp: tuple | None,
+           vocab: tuple | None) -> float:
+    """Seconds of one pass of these parts (a stage's, or a vocabulary pass's): composed, times the factors."""
+    if not parts:
+        return 0.0
+    if not factors:
+        return work_seconds(hw, parts).total(hw)
+    return hw.pass_overhead_s * per_pass(parts) + sum(
+        work_seconds(hw, {k: w}).work(hw) * _factor(factors, k, stage, split_w, tp, vocab) for k, w in parts.items())
 
 
 def tp_key(cfg: RunConfig) -> tuple | None:
@@ -286,12 +330,12 @@ def layer_pass(kind: str, split_w: bool) -> str:
     return "BW" if kind == "B" and not split_w else kind
 
 
-def _factor(factors: dict, eff_kind: str, key: tuple, sched: Schedule, tp: tuple | None = None,
+def _factor(factors: dict, eff_kind: str, stage: bool, split_w: bool, tp: tuple | None = None,
             vocab: tuple | None = None) -> float:
-    if eff_kind in ("F", "B", "W") and key[1] is not None:  # a stage's layers
-        kind = layer_pass(eff_kind, sched.split_w)
+    if eff_kind in ("F", "B", "W") and stage:  # a stage's layers
+        kind = layer_pass(eff_kind, split_w)
         return factors.get(("tp", *tp, kind), factors.get(kind, 1.0)) if tp else factors.get(kind, 1.0)
-    if vocab and key[1] is not None and ("tp", *vocab, eff_kind) in factors:  # a tp stage's vocabulary layers
+    if vocab and stage and ("tp", *vocab, eff_kind) in factors:  # a tp stage's vocabulary layers
         return factors[("tp", *vocab, eff_kind)]  # as timed at this very shape (tp_vocab)
     if eff_kind in ("S", "T"):  # pooled over the algorithms (one or two rows each are noise apart)
         return factors.get(eff_kind, 1.0)
@@ -308,17 +352,30 @@ def pass_times(cfg: RunConfig, hw: Hardware, sched: Schedule, compute: dict | No
         from vp.cost.factors import pass_factors
 
         net, sh, factors, tp = Network.of(hw, cfg.world), Shapes.of(cfg, hw), pass_factors(hw), tp_key(cfg)
+        split_w, vocab_parallel = sched.split_w, sched.vocab_parallel
         measured = {k: factors[key] for k in ("F", "B", "W")
-                    if (key := ("tpcomm", *tp, layer_pass(k, sched.split_w))) in factors}
+                    if (key := ("tpcomm", *tp, layer_pass(k, split_w))) in factors}
         # the rest of a stage's collectives, as its vocabulary layers were timed (vocabulary parallelism runs other
         # code: its stages keep only the final LayerNorm's)
-        rest = {} if sched.vocab_parallel else {k: factors[("tpvocab", *tp, k)] for k in ("F", "B")
-                                                if ("tpvocab", *tp, k) in factors}
+        rest = {} if vocab_parallel else {k: factors[("tpvocab", *tp, k)] for k in ("F", "B")
+                                          if ("tpvocab", *tp, k) in factors}
+        # a stage's collectives read the tensor-parallel shape, the stage's layers and place, the schedule's W and
+        # vocabulary, the network (the profile, the ranks at work on a node) and, of the stage's tp groups, their
+        # sizes and nodes (vp.cost.tensor.placement): once per profile for all of them (cost_table)
+        table = cost_table(hw, ("pass_times", tp_shape(cfg), sh, split_w, vocab_parallel, net.busy))
+        last, places = sched.n_stages - 1, {}
         for st, layers in enumerate(cfg.stage_layers):
-            gemm = layer_gemm_s(hw, sh, sched.split_w, layers)
-            for kind, s in pass_comm_s(cfg, net, sched, st, gemm, measured, rest).items():
-                if s:
-                    out[(kind, st)] += s
+            rank = sched.where(st)[0]
+            if rank not in places:
+                places[rank] = placement(cfg.mesh, rank, net.gpus_per_node)
+            role = (layers, st == 0, st == last, places[rank])
+            got = table.get(role)
+            if got is None:
+                gemm = layer_gemm_s(hw, sh, split_w, layers)
+                got = table[role] = tuple((kind, s) for kind, s in
+                                          pass_comm_s(cfg, net, sched, st, gemm, measured, rest).items() if s)
+            for kind, s in got:
+                out[(kind, st)] += s
     return out
 
 

@@ -96,6 +96,9 @@ class Hardware:
         # (Gemm, speedup) -> seconds (vp.cost.gemm.gemm_time): a pure function of this frozen profile; a search
         # prices the same few hundred shapes hundreds of thousands of times
         object.__setattr__(self, "gemm_memo", {})
+        # the cost model's figures at the grain a search repeats them (a stage part's seconds for its layer shape,
+        # a stage's tensor-parallel collectives for its group): cost_table()
+        object.__setattr__(self, "cost_memo", {})
         if self.link_comm_bytes < 0:
             object.__setattr__(self, "link_comm_bytes", link_buffer_bytes(LINK_MAX_CTAS))
 
@@ -115,6 +118,24 @@ class Hardware:
     def from_dict(cls, d: dict) -> "Hardware":
         """A profile read from a file or a record, validated as a whole (check_profile) before any use."""
         return check_profile(d)
+
+
+COST_TABLES = 4096  # tables a profile's cost_memo holds before it starts afresh (a 30B search on 1024 GPUs: ~400)
+
+
+def cost_table(hw: Hardware, key: tuple) -> dict:
+    """The profile's table of memoised figures for `key` (hw.cost_memo), which the caller fills, each figure under
+    the rest of what it reads: a figure must be a function of the profile (frozen), of `key` and of its own key
+    alone. `key` (layer shapes, tensor layouts: frozen values) is hashed once per call, the inner keys are small
+    tuples. A pure cache: dropped with the profile; emptied past COST_TABLES tables, so a long-lived process that
+    prices many problems on one profile holds a bounded number."""
+    memo = hw.cost_memo
+    table = memo.get(key)
+    if table is None:
+        if len(memo) >= COST_TABLES:
+            memo.clear()
+        table = memo[key] = {}
+    return table
 
 
 # Ranges of a profile's numbers; every one must also be finite. Fields not listed are >= 0 (latencies, overheads,

@@ -16,11 +16,12 @@ SUMMA loop hides: the runtime prefetches step t+1's blocks during step t's GEMM 
 Collectives issued once per iteration (the depth and batch all-reduces) run after the flush, like dp's.
 """
 from dataclasses import dataclass, replace
-from functools import cache, lru_cache
+from functools import lru_cache
 
 from vp.config import RunConfig
 from vp.cost.gemm import Gemm
-from vp.cost.network import OPS, Network, groups
+from vp.cost.network import OPS, Network, group_index, span
+from vp.cost.profiles import Hardware, cost_table
 from vp.mesh import Mesh
 from vp.schedule import Schedule
 from vp.tp.modes import TensorMode, get_mode
@@ -43,7 +44,7 @@ class Split:
 
     @classmethod
     def of(cls, cfg: RunConfig) -> "Split":
-        return cls(get_mode(cfg.tp_mode), cfg.tp, cfg.mesh.depth, cfg.sequence_parallel)
+        return _split(cfg.tp_mode, cfg.tp, cfg.tp_depth, cfg.sequence_parallel)
 
     @property
     def sequence_shards(self) -> int:
@@ -92,6 +93,14 @@ class Split:
     def vocab_rows(self, padded_vocab: int, shards: int = 1) -> int:
         """Rows of the output layer one device holds: the vocabulary over `shards` pipeline ranks x its columns."""
         return padded_vocab // (shards * self.q)
+
+
+@lru_cache(maxsize=1024)
+def _split(tp_mode: str, tp: int, tp_depth: int, sequence_parallel: bool) -> Split:
+    """Split.of from the fields it reads (the mesh's depth: the mode's of tp_depth): the cost model asks for it per
+    stage and per pass of every candidate; a frozen value, shared."""
+    mode = get_mode(tp_mode)
+    return Split(mode, tp, mode.depth(tp_depth), sequence_parallel)
 
 
 ONE_DEVICE = Split(get_mode("1d"), 1, 1)  # tp = 1: the whole stage on one device
@@ -184,17 +193,26 @@ def vocab_row_steps(cfg: RunConfig, sched: Schedule, rank: int, split: Split) ->
             Collective("batch", "all_reduce", split.blocks, 2 * rows * h, 1, GRAD_ITEMSIZE)]
 
 
+TP_AXES = ("tp", "row", "col", "dep", "batch")  # the mesh axes of the tensor-parallel channels (vp.tp.traffic)
+
+
 def _group(cfg: RunConfig, channel: str, rank: int) -> tuple[int, ...]:
     """The global ranks of a channel's group around the first device of pipeline rank `rank` (replica 0)."""
     axis = "row" if "." in channel else channel  # C0.row, IF.row, IB.row: a grid row (1-D: the tp group)
+    if axis not in TP_AXES:  # placement() describes these groups alone: the memos keyed on it must see them all
+        raise ValueError(f"tensor-parallel channel {channel!r} on mesh axis {axis!r}, not one of {TP_AXES}: "
+                         f"add it to vp.cost.tensor.TP_AXES")
     mesh = cfg.mesh
-    return _group_index(mesh, axis)[mesh.rank(0, rank, 0)]
+    return group_index(mesh, axis)[mesh.rank(0, rank, 0)]
 
 
-@cache
-def _group_index(mesh, axis: str) -> dict[int, tuple[int, ...]]:
-    """Each global rank's group along an axis (the groups of one axis partition the ranks)."""
-    return {r: g for g in groups(mesh, axis) for r in g}
+@lru_cache(maxsize=65536)
+def placement(mesh: Mesh, rank: int, gpus_per_node: int) -> tuple[tuple[int, int], ...]:
+    """Per axis of TP_AXES, (ranks, nodes) of the group around the first device of pipeline rank `rank` (replica
+    0): all that the seconds of a collective on a tensor-parallel channel read of its group (Network.span), so a
+    figure made of such collectives is the same for two stages, or two meshes, of equal placement."""
+    first = mesh.rank(0, rank, 0)
+    return tuple(span(group_index(mesh, axis)[first], gpus_per_node) for axis in TP_AXES)
 
 
 def seconds(cfg: RunConfig, net: Network, cols: list[Collective], rank: int, per: int = 1) -> float:
@@ -243,7 +261,7 @@ def vocab_comm_s(net: Network, mode: str, tp: int, depth: int, micro_batch: int,
 def _alone(mode: str, tp: int, depth: int):
     """group_of(channel) for a tensor-parallel group alone in its world (a measured row's): the groups of device 0."""
     mesh = Mesh(tp=tp, tp_mode=mode, tp_depth=depth)
-    return lambda channel: _group_index(mesh, channel)[0]
+    return lambda channel: group_index(mesh, channel)[0]
 
 
 def per_pass(cols: list[Collective], net: Network, group_of, per: int, split_w: bool, split: Split | None = None,
@@ -272,3 +290,26 @@ def per_pass(cols: list[Collective], net: Network, group_of, per: int, split_w: 
 def tail_s(cfg: RunConfig, net: Network, sched: Schedule, rank: int) -> float:
     """Seconds of a device's once-per-iteration tensor-parallel collectives after the flush."""
     return seconds(cfg, net, [c for c in rank_tp_collectives(cfg, sched, rank) if c.pass_kind == ITERATION], rank)
+
+
+def tails_s(cfg: RunConfig, hw: Hardware, sched: Schedule) -> list[float]:
+    """tail_s of every pipeline rank on the profile's network, each worked out once per profile for all it reads:
+    the tensor-parallel shape (tp_shape), the pipeline's size and vocabulary, the rank's stages (their layers and
+    places, in order), whether it holds the loss, the first or the last stage, and its groups' placement
+    (vp.cost.profiles.cost_table)."""
+    net = Network.of(hw, cfg.world)
+    if cfg.tp < 2:  # nothing sent
+        return [tail_s(cfg, net, sched, rank) for rank in range(cfg.pp)]
+    table = cost_table(hw, ("tp tail", tp_shape(cfg), cfg.pp, sched.vocab_parallel, net.busy))
+    last, stages = sched.n_stages - 1, [[] for _ in range(cfg.pp)]
+    for st, layers in enumerate(cfg.stage_layers):
+        stages[sched.where(st)[0]].append((layers, st == 0, st == last))
+    out = []
+    for rank in range(cfg.pp):
+        key = (tuple(stages[rank]), rank == loss_rank(sched), rank == sched.first_rank, rank == sched.last_rank,
+               placement(cfg.mesh, rank, net.gpus_per_node))
+        got = table.get(key)
+        if got is None:
+            got = table[key] = tail_s(cfg, net, sched, rank)
+        out.append(got)
+    return out

@@ -107,7 +107,7 @@ def candidates(p: Problem) -> Iterator[RunConfig | Rejection]:
                if all(p.fixed.get(k, v) == v for k, v in zip(("tp", "tp_mode", "tp_depth"), x))]
     if {"tp", "tp_mode", "tp_depth"} & set(p.fixed) and not layouts:  # a fixed layout the search does not list
         layouts = [(p.fixed.get("tp", 1), p.fixed.get("tp_mode", "1d"), p.fixed.get("tp_depth", 1))]
-    methods = _choices(p, "method", p.methods)
+    methods, values = _choices(p, "method", p.methods), {name: getattr(b, name) for name in RUN_FIELDS}
     for tp, mode, depth in layouts:
         if p.gpus % tp:
             yield Rejection(None, "tp does not divide gpus", f"tp={tp} does not divide plan.gpus={p.gpus}")
@@ -134,10 +134,28 @@ def candidates(p: Problem) -> Iterator[RunConfig | Rejection]:
                     continue
                 for method in methods:
                     for extra in _method_axes(p, method, pp):
-                        run = b.with_(method=method, dp=dp, pp=pp, tp=tp, tp_mode=mode, tp_depth=depth,
-                                      micro_batch_size=mbs, microbatches=m, **extra)
-                        for knobs in knob_settings(p, run):
-                            yield check(p, run.with_(**knobs))
+                        conf = {**values, "method": method, "dp": dp, "pp": pp, "tp": tp, "tp_mode": mode,
+                                "tp_depth": depth, "micro_batch_size": mbs, "microbatches": m, **extra}
+                        for knobs in knob_settings(p, make(conf)):
+                            yield check(p, make({**conf, **knobs}))
+
+
+RUN_FIELDS = tuple(f.name for f in fields(RunConfig))
+# RunConfig's __init__ assigns its fields and nothing else (a frozen dataclass: no __post_init__, every field an init
+# field), so a candidate is its fields' values set on a new instance, without the 30 object.__setattr__ calls of
+# dataclasses.replace (a third of the space's time; tests/test_planner_speed.py compares with replace)
+_FIELD_SET = frozenset(RUN_FIELDS)
+_PLAIN = not hasattr(RunConfig, "__post_init__") and all(f.init for f in fields(RunConfig))
+
+
+def make(values: dict) -> RunConfig:
+    """RunConfig(**values) for values that name every field (a RunConfig's fields with some changed: the space's
+    candidates), without __init__'s assignments where RunConfig's __init__ does nothing else (_PLAIN)."""
+    if not _PLAIN or values.keys() != _FIELD_SET:  # RunConfig's own errors for a missing or unknown field
+        return RunConfig(**values)
+    run = object.__new__(RunConfig)
+    run.__dict__.update(values)
+    return run
 
 
 def knob_settings(p: Problem, run: RunConfig) -> list[dict]:
