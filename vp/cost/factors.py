@@ -4,10 +4,11 @@ import statistics
 import weakref
 
 from vp.cost.network import Network
-from vp.cost.passes import OUTPUT_GEMMS, Shapes, layer_gemm_s, work_seconds
+from vp.cost.passes import layer_gemm_s, work_seconds
 from vp.cost.profiles import Hardware
 from vp.cost.tables import LAYERS_PER_ROW
 from vp.cost.tensor import ONE_DEVICE, Split, layer_comm_s, vocab_comm_s
+from vp.cost.work import OUTPUT_GEMMS, Shapes
 from vp.schedule.methods import VOCAB
 from vp.tp.modes import get_mode
 

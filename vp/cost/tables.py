@@ -211,7 +211,7 @@ def _near_rate(table: np.ndarray, m: int, n: int, k: int) -> float | None:
 
 LAYERS_PER_ROW = 2  # transformer layers each timed pass of a layers or tp_layers row ran (the row is per layer)
 LAYER_PASSES = ("F", "B", "W", "BW")  # a layers row's passes: BW the whole backward of a schedule without W
-VOCAB_PARTS = ("IF", "IB", "S", "T")  # a tp_vocab row's parts, named as vp.cost.passes.pass_work names them
+VOCAB_PARTS = ("IF", "IB", "S", "T")  # a tp_vocab row's parts, named as vp.cost.work.pass_work names them
 
 
 def layer_key(cfg) -> tuple[int, int, int, int, int]:
