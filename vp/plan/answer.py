@@ -71,7 +71,7 @@ class Plan:
         self.rejected[rej.reason] = self.rejected.get(rej.reason, 0) + 1
         self.examples.setdefault(rej.reason, rej.message)
         if rej.reason == MEMORY:
-            heapq.heappush(self.closest, (-rej.excess, id(rej), rej))
+            heapq.heappush(self.closest, (-rej.excess, -self.rejected[MEMORY], rej))  # a tie keeps the first seen
             if len(self.closest) > 5:
                 heapq.heappop(self.closest)
 

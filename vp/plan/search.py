@@ -282,5 +282,5 @@ def _answer(plan: Plan, top: int) -> None:
     for row in plan.rows:
         plan.best_per_method.setdefault(row.run.method, row)
     plan.pareto = pareto(plan.rows)
-    plan.closest = [rej for _, _, rej in sorted(plan.closest, key=lambda x: -x[0])]
+    plan.closest = [rej for _, _, rej in sorted(plan.closest, key=lambda x: (-x[0], -x[1]))]
 
