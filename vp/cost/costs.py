@@ -95,15 +95,27 @@ def tail_s(cfg: RunConfig, hw: Hardware, sched: Schedule, result=None, hidden: b
     share cores (a CPU profile's `cores`) the data-parallel collectives and the step are slowed by devices / cores:
     every device runs them at once (a gloo all-reduce of the gradients copies and sums them on the CPU).
     hidden=True counts none of the reduction as exposed: the least the tail can be with overlap_grad_reduce, before
-    the iteration is simulated (the planner's bound)."""
-    net = Network.of(hw, cfg.world)
-    slower = hw.contention(min(cfg.world, hw.gpus_per_node))
+    the iteration is simulated (the planner's bound tightens it: tail_per_rank, vp.cost.data_parallel.unhidden_reduce)."""
     exposed = [0.0] * cfg.pp if hidden else exposed_reduce_per_rank(cfg, hw, sched, result)
+    return max(tail_per_rank(cfg, hw, sched, exposed))
+
+
+def dp_slowdown(cfg: RunConfig, hw: Hardware) -> float:
+    """How much slower the data-parallel collectives and the optimizer step run after the flush: devices / cores
+    where devices share a node's cores (every device runs them at once), else 1."""
+    return hw.contention(min(cfg.world, hw.gpus_per_node))
+
+
+def tail_per_rank(cfg: RunConfig, hw: Hardware, sched: Schedule, exposed: list[float]) -> list[float]:
+    """Per pipeline rank, tail_s's seconds after the flush with `exposed` seconds of its data-parallel reduction
+    exposed (before dp_slowdown)."""
+    net = Network.of(hw, cfg.world)
+    slower = dp_slowdown(cfg, hw)
     dp = [slower * (r + g) for r, g in zip(exposed, gather_per_rank(cfg, hw, sched))]
     share = cfg.dp if cfg.zero else 1
     step = [slower * optimizer_s(hw, n // share, [t // share for t in vocab])
             for n, vocab in zip(rank_params(cfg, sched), vocab_tensors(cfg, sched))]
-    return max(tp_tail_s(cfg, net, sched, p) + dp[p] + step[p] for p in range(cfg.pp))
+    return [tp_tail_s(cfg, net, sched, p) + dp[p] + step[p] for p in range(cfg.pp)]
 
 
 def vocab_tensors(cfg: RunConfig, sched: Schedule) -> list[list[int]]:

@@ -23,6 +23,10 @@ is held: the F part <= peak <= the F part + one S.
 """
 from functools import lru_cache
 
+from vp.config import RunConfig
+from vp.cost.costs import dp_slowdown, tail_per_rank
+from vp.cost.data_parallel import exposed_reduce_per_rank, reduce_buckets, unhidden_reduce
+from vp.cost.profiles import Hardware
 from vp.schedule import Costs, Schedule
 from vp.schedule.methods import get_method
 
@@ -86,11 +90,51 @@ def _held_points(order: list, split_w: bool, chunks: int) -> list[tuple]:
 
 
 @lru_cache(maxsize=4096)
-def generated_points(method: str, pp: int, microbatches: int, chunks: int) -> tuple:
-    """Per rank, the held-count vectors of the generator's order (S and T only where the generator places them)."""
+def _generated(method: str, pp: int, microbatches: int, chunks: int) -> tuple[tuple, tuple]:
+    """What the search reads of the generator's order, once per shape: per rank its held-count vectors, and its
+    last action's (kind, chunk) where the built schedule ends with it (None where build() places vocabulary
+    passes, which may follow it; lowering adds no action after a rank's last pass but its send, which ends with it)."""
     spec = get_method(method)
     order = spec.family.generate(pp, microbatches, chunks, spec.vocab)
-    return tuple(tuple(_held_points(acts, spec.split_w, chunks)) for acts in order)
+    points = tuple(tuple(_held_points(acts, spec.split_w, chunks)) for acts in order)
+    placed = spec.vocab_parallel and not spec.family.places_vocab
+    last = tuple(None if placed or not acts else (acts[-1][0], acts[-1][2]) for acts in order)
+    return points, last
+
+
+def generated_points(method: str, pp: int, microbatches: int, chunks: int) -> tuple:
+    """Per rank, the held-count vectors of the generator's order (S and T only where the generator places them)."""
+    return _generated(method, pp, microbatches, chunks)[0]
+
+
+def last_passes(method: str, pp: int, microbatches: int, chunks: int) -> tuple:
+    """Per rank, (kind, chunk) of its last action in the built schedule, or None where not known without building."""
+    return _generated(method, pp, microbatches, chunks)[1]
+
+
+class TailBound:
+    """The tail after the flush (vp.cost.tail_s) without a simulation: exact without overlap_grad_reduce; with it, a
+    lower bound: what no iteration can hide of the reduction (vp.cost.data_parallel.unhidden_reduce: the buckets made
+    final by each rank's last pass), from the durations of those passes where the costs give them exactly."""
+
+    def __init__(self, run: RunConfig, hw: Hardware, sk: Schedule):
+        self.overlap = run.overlap_grad_reduce
+        exposed = [0.0] * run.pp if self.overlap else exposed_reduce_per_rank(run, hw, sk)
+        self.per_rank = tail_per_rank(run, hw, sk, exposed)
+        self.exact = max(self.per_rank)
+        if self.overlap:
+            self.slower, self.buckets = dp_slowdown(run, hw), reduce_buckets(run, hw, sk)
+
+    def at_least(self, sk: Schedule, costs: Costs | None = None) -> float:
+        """The tail, or with overlap_grad_reduce the least it can be; costs: the simulation's (pass_costs), whose
+        durations of the last passes tighten it (not where processor sharing lengthens them); None: without them."""
+        if not self.overlap:
+            return self.exact
+        last = last_passes(sk.method, sk.pp, sk.microbatches, sk.chunks)
+        exact = costs is not None and costs.sharing is None
+        seconds = [costs.time(at[0], sk.stage(p, at[1])) if exact and at else None for p, at in enumerate(last)]
+        unhidden = unhidden_reduce(self.buckets, last, seconds)
+        return max(t + self.slower * u for t, u in zip(self.per_rank, unhidden))
 
 
 def built_points(s: Schedule) -> tuple:

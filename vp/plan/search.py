@@ -28,7 +28,7 @@ from vp.cost import Hardware, pass_costs, static_bytes, tail_s
 from vp.cost.passes import compute_times
 from vp.cost.memory import comm_buffer_bytes, held_bytes
 from vp.metrics import throughput
-from vp.plan.bounds import activation_bounds, makespan_lower_bound
+from vp.plan.bounds import TailBound, activation_bounds, makespan_lower_bound
 from vp.plan.answer import MEMORY, REL, SIMULATED_MEMORY, Plan, Row, _Race, _rank_key, pareto, top_configurations
 from vp.plan.memo import Built, Memo, Phases, StageCommunicators
 from vp.plan.space import Problem, Rejection, candidates, configuration
@@ -47,10 +47,11 @@ class _Priced:
     skeleton: Schedule
     costs: object
     static: list
-    tail: float  # exact; with overlap_grad_reduce the least it can be (none of the reduction exposed)
+    tail: float  # exact; with overlap_grad_reduce the least it can be (TailBound)
     act_lo: list
     act_hi: list
     bound: float  # tokens/s no simulation of this candidate can exceed
+    tails: TailBound | None = None  # the tail and its bound (tail is tails.at_least: from full costs once visited)
 
     @property
     def memory_lo(self) -> float:
@@ -82,8 +83,9 @@ def price(run: RunConfig, hw: Hardware, held: StageCommunicators, budget: float 
         return memory_rejection(_Priced(run, sk, None, static, 0.0, zero, zero, 0.0), hw, budget, exact=False)
     costs = compute_costs(run, hw, sk, memo)
     span = memo("span", _span, run, sk, costs)
-    tail = memo("tail", lambda r, sk: tail_s(r, hw, sk, hidden=r.overlap_grad_reduce), run, sk)
-    return _Priced(run, sk, costs, static, tail, zero, [math.inf] * run.pp, _bound(run, hw, span, tail))
+    tails = memo("tail", lambda r, sk: TailBound(r, hw, sk), run, sk)
+    tail = tails.at_least(sk)  # pass times without communication: not the simulation's, so not read
+    return _Priced(run, sk, costs, static, tail, zero, [math.inf] * run.pp, _bound(run, hw, span, tail), tails)
 
 
 def _span(_run: RunConfig, sk: Schedule, costs: Costs) -> float:
@@ -214,6 +216,7 @@ def search(problem: Problem, hw: Hardware, top: int = 10, prune: bool = True, lo
         if not prune or race.could_enter(p):  # now the whole cost model: communication too
             with phase("full costs"):
                 p.costs = full_costs(p, hw, memo)
+                p.tail = p.tails.at_least(p.skeleton, p.costs)
                 p.bound = _bound(p.run, hw, memo("full span", _span, p.run, p.skeleton, p.costs), p.tail)
         skip = prune and not race.could_enter(p)
         if prune and not skip and any(dominates(y, p) for y in simulated.get(configuration(p.run), ())):
