@@ -12,7 +12,11 @@ arrives), then W of stage 0 where W is split; the last B of stage r' on rank r c
 (each is an ancestor of a B of stage r' on the same rank) and after every S of r (the last stage's B(k) waits for
 a collective every rank enters after its S(k)), and after every T where that collective follows T (Algorithm 1).
 Hence makespan >= H_r + (F, B, S [, T] of r) + sum over s < r' of (B_s + transfer s+1 -> s) [+ W_0]   (bound B).
-The bound is max over ranks of both; costs only: no schedule is built.
+Bounds C and C' start at each rank's first B instead: after the chain it needs (F of every stage, the output
+layer's passes and collectives the last stage's B waits for, B back down to the rank's stage), the rank runs every
+action after it in the generator's order (C), or those up to its last B of its lowest stage, then the B chain to
+stage 0 (C'); of S, T and IB placed by build() only those shown to follow (or, for C', to precede) count.
+The bound is max over ranks of all four; costs and the generator's order only: no schedule is built.
 
 Activations. Each rank's held activations follow the order of its actions alone (F and S add, B or W and T free:
 the simulator's rule), not their timing. The order of F, B and W is the generator's (building inserts the
@@ -29,6 +33,7 @@ from vp.cost.data_parallel import exposed_reduce_per_rank, reduce_buckets, unhid
 from vp.cost.profiles import Hardware
 from vp.schedule import Costs, Schedule
 from vp.schedule.methods import get_method
+from vp.plan.order_bounds import after_first_b, between_barriers
 
 
 def makespan_lower_bound(s: Schedule, costs: Costs) -> float:
@@ -59,7 +64,7 @@ def makespan_lower_bound(s: Schedule, costs: Costs) -> float:
         if v.grad_x_from in v.after_t:
             b += vocab["T"]
         best = max(best, a, b)
-    return best
+    return max(best, after_first_b(s, costs, head, back), between_barriers(s, costs, head))
 
 
 def _held_points(order: list, split_w: bool, chunks: int) -> list[tuple]:
