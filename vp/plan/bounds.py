@@ -27,6 +27,8 @@ is held: the F part <= peak <= the F part + one S.
 """
 from functools import lru_cache
 
+import numpy as np
+
 from vp.config import RunConfig
 from vp.cost.costs import dp_slowdown, tail_per_rank
 from vp.cost.data_parallel import exposed_reduce_per_rank, reduce_buckets, unhidden_reduce
@@ -45,26 +47,32 @@ def makespan_lower_bound(s: Schedule, costs: Costs) -> float:
     def p2p(a: int, b: int) -> float:
         return costs.p2p(rank_of[a], rank_of[b]) if rank_of[a] != rank_of[b] else 0.0
 
+    fbw = np.array([[costs.time(k, st) for k in "FBW"] for st in range(stages)])
+    if not s.split_w:
+        fbw[:, 2] = 0.0
+    f, b, w_ = fbw.T.tolist()
     head = [0.0] * stages  # earliest start of any F of stage st
     back = [0.0] * stages  # what must follow the end of a B of stage st
+    down = [0.0] * stages  # B of stages 1 .. st, each with its transfer to the stage below
     head[0] = costs.time("IF", None) + costs.comm.get("IF", 0.0) if v.parallel else 0.0
-    back[0] = costs.time("W", 0) if s.split_w else 0.0
+    back[0] = w_[0]
     for st in range(1, stages):
-        head[st] = head[st - 1] + costs.time("F", st - 1) + p2p(st - 1, st)
-        back[st] = back[st - 1] + costs.time("B", st - 1) + p2p(st, st - 1)
+        head[st] = head[st - 1] + f[st - 1] + p2p(st - 1, st)
+        back[st] = back[st - 1] + b[st - 1] + p2p(st, st - 1)
+        down[st] = down[st - 1] + b[st] + p2p(st, st - 1)
     vocab = {k: m * costs.time(k, None) for k in ("S", "T", "IF", "IB")} if v.parallel else {}
     best = 0.0
     for r in range(pp):
         own = [s.stage(r, c) for c in range(s.chunks)]
         low = min(own)
-        fb = m * sum(costs.time("F", st) + costs.time("B", st) for st in own)
-        w = m * sum(costs.time("W", st) for st in own) if s.split_w else 0.0
+        fb = m * sum(f[st] + b[st] for st in own)
+        w = m * sum(w_[st] for st in own)
         a = head[low] + fb + w + sum(t for k, t in vocab.items() if k != "IF")
-        b = head[low] + fb + vocab.get("S", 0.0) + back[low]
+        b_ = head[low] + fb + vocab.get("S", 0.0) + back[low]
         if v.grad_x_from in v.after_t:
-            b += vocab["T"]
-        best = max(best, a, b)
-    return max(best, after_first_b(s, costs, head, back), between_barriers(s, costs, head))
+            b_ += vocab["T"]
+        best = max(best, a, b_)
+    return max(best, after_first_b(s, costs, fbw, head, back, down), between_barriers(s, costs, head))
 
 
 def _held_points(order: list, split_w: bool, chunks: int) -> list[tuple]:

@@ -12,32 +12,33 @@ from vp.schedule.methods import get_method
 
 @lru_cache(maxsize=4096)
 def first_b_shape(method: str, pp: int, microbatches: int, chunks: int) -> tuple:
-    """Per rank, from the generator's order: the chunk of its first B; per chunk (F, B, W) counts from that B on, and
-    from it up to the rank's last B of its lowest stage; the other kinds in those two spans where the generator
-    places them (counts by kind); how many microbatches have an F of the rank after that first B; the lowest
-    stage's chunk."""
+    """From the generator's order, per rank (arrays over ranks): the stage of each chunk; the stage of its first B;
+    per chunk the (F, B, W) counts from that B on, and from it up to its last B of its lowest stage (that stage);
+    the counts of the other kinds (_OTHERS) in those two spans where the generator places them; how many
+    microbatches have an F of the rank after that first B."""
     spec = get_method(method)
     sk = Schedule(method, pp, microbatches, chunks, spec.placement, spec.vocab, spec.split_w)
-    out = []
+    stage = np.array([[sk.stage(r, c) for c in range(chunks)] for r in range(pp)])
+    counts = np.zeros((2, pp, chunks, 3))
+    others = np.zeros((2, pp, len(_OTHERS)))
+    pivot, low, desc = np.zeros(pp, dtype=int), np.zeros(pp, dtype=int), np.zeros(pp)
     for r, acts in enumerate(spec.family.generate(pp, microbatches, chunks, spec.vocab)):
         i = next(n for n, a in enumerate(acts) if a[0] == "B")
-        low = min(range(chunks), key=lambda c: sk.stage(r, c))
-        j = max(n for n, a in enumerate(acts) if a[0] == "B" and a[2] == low)
-        spans = []
-        for part in (acts[i:], acts[i:j + 1]):
-            counts = [[0, 0, 0] for _ in range(chunks)]
-            others: dict = {}
-            for kind, _, c in part:
+        lowest = int(np.argmin(stage[r]))
+        j = max(n for n, a in enumerate(acts) if a[0] == "B" and a[2] == lowest)
+        pivot[r], low[r] = stage[r, acts[i][2]], stage[r, lowest]
+        for n, (kind, _, c) in enumerate(acts[i:], start=i):
+            at = (0,) if n > j else (0, 1)
+            for part in at:
                 if kind in _FBW:
-                    counts[c][_FBW[kind]] += 1
+                    counts[part, r, c, _FBW[kind]] += 1
                 else:
-                    others[kind] = others.get(kind, 0) + 1
-            spans.append((tuple(map(tuple, counts)), tuple(others.items())))
-        desc = len({a[1] for a in acts[i:] if a[0] == "F"})
-        out.append((acts[i][2], spans[0][0], spans[1][0], spans[0][1], spans[1][1], desc, low))
-    return tuple(out)
+                    others[part, r, _OTHERS.index(kind)] += 1
+        desc[r] = len({a[1] for a in acts[i:] if a[0] == "F"})
+    return stage, pivot, low, counts, others, desc
 
 
+_OTHERS = ("S", "T", "IF", "IB", "C0")
 _FBW = {"F": 0, "B": 1, "W": 2}
 
 
@@ -56,36 +57,20 @@ def _vocab_chain(s: Schedule, costs: Costs) -> float:
     return chain
 
 
-def after_first_b(s: Schedule, costs: Costs, head: list, back: list) -> float:
+def after_first_b(s: Schedule, costs: Costs, fbw: np.ndarray, head: list, back: list, down: list) -> float:
     """Bounds C and C' (docs/planner.md): from the earliest start of each rank's first B, what the rank runs after it,
-    in the generator's order; C' up to the rank's last B of its lowest stage, then what must follow that B."""
+    in the generator's order; C' up to the rank's last B of its lowest stage, then what must follow that B.
+    fbw[stage]: (F, B, W) seconds; down[st]: the B passes and transfers from the last stage down to st."""
     t, m, last = costs.time, s.microbatches, s.n_stages - 1
-    rank_of = [s.where(st)[0] for st in range(last + 1)]
-    start = [0.0] * (last + 1)  # earliest start of any B of stage st
-    start[last] = head[last] + t("F", last) + _vocab_chain(s, costs)
-    for st in range(last - 1, -1, -1):
-        hop = costs.p2p(rank_of[st + 1], rank_of[st]) if rank_of[st + 1] != rank_of[st] else 0.0
-        start[st] = start[st + 1] + t("B", st + 1) + hop
+    stage, pivot, low, counts, others, desc = first_b_shape(s.method, s.pp, m, s.chunks)
+    start = head[last] + t("F", last) + _vocab_chain(s, costs) + down[last] - np.asarray(down)  # of a B of stage st
+    work = (counts * fbw[stage]).sum(axis=(2, 3)) + others @ np.array([t(k, None) for k in _OTHERS])
     v = s.vocab
-    placed = v.parallel and not get_method(s.method).family.places_vocab  # S, T, IB placed by build()
-    s_t = t("S", None) + t("T", None)
-    s_only = t("S", None) + (t("T", None) if v.grad_x_from in v.after_t else 0.0)
-    best = 0.0
-    for r, (pivot, after, upto, others, others_upto, desc, low) in enumerate(
-            first_b_shape(s.method, s.pp, m, s.chunks)):
-        stages = [s.stage(r, c) for c in range(s.chunks)]
-        work = [sum(nf * t("F", st) + nb * t("B", st) + nw * t("W", st)
-                    for (nf, nb, nw), st in zip(counts, stages)) for counts in (after, upto)]
-        work[0] += sum(n * t(kind, None) for kind, n in others)
-        work[1] += sum(n * t(kind, None) for kind, n in others_upto)
-        if placed:
-            work[0] += desc * s_t + m * t("IB", None)
-            work[1] += desc * s_only
-        begin = start[stages[pivot]]
-        best = max(best, begin + work[0], begin + work[1] + back[stages[low]])
-    return best
-
-
+    if v.parallel and not get_method(s.method).family.places_vocab:  # S, T, IB placed by build()
+        work[0] += desc * (t("S", None) + t("T", None)) + m * t("IB", None)
+        work[1] += desc * (t("S", None) + (t("T", None) if v.grad_x_from in v.after_t else 0.0))
+    begin = start[pivot]
+    return float(max((begin + work[0]).max(), (begin + work[1] + np.asarray(back)[low]).max()))
 
 
 _KINDS = ("F", "B", "W", "IF", "IB", "C0")  # what a rank runs between two barriers (stage passes by its own stage)
