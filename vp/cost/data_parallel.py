@@ -17,10 +17,20 @@ from vp.schedule import Schedule
 
 
 def _seconds(cfg: RunConfig, hw: Hardware, p: int, params: float, op) -> float:
+    return _dp_collective(cfg, hw)(p, params, op)
+
+
+def _dp_collective(cfg: RunConfig, hw: Hardware):
+    """(p, params, op) -> seconds of that collective over pipeline rank p's dp group, the network and the groups
+    looked up once (reduce_buckets asks it for every bucket size of every rank)."""
     net = Network.of(hw, cfg.world)
     dp_groups = {g[0]: g for g in groups(cfg.mesh, "dp")}  # first member = the rank in replica 0
-    nbytes = 4.0 * params / (cfg.dp if op is ALL_GATHER else 1)
-    return net.collective(op, dp_groups[groups(cfg.mesh, "pp")[0][p]], nbytes)
+    first = groups(cfg.mesh, "pp")[0]
+
+    def seconds(p: int, params: float, op) -> float:
+        nbytes = 4.0 * params / (cfg.dp if op is ALL_GATHER else 1)
+        return net.collective(op, dp_groups[first[p]], nbytes)
+    return seconds
 
 
 def reduce_s(cfg: RunConfig, hw: Hardware, p: int, params: float) -> float:
@@ -77,16 +87,19 @@ def reduce_buckets(cfg: RunConfig, hw: Hardware, sched: Schedule) -> tuple[tuple
     unhidden_reduce needs besides the rank's last pass."""
     per_stage, shards = stage_params(cfg, sched)
     bucket = max(1, int(cfg.bucket_mb * 2**20 / 4))
+    collective, op = _dp_collective(cfg, hw), REDUCE_SCATTER if cfg.zero else ALL_REDUCE
+
+    def reduce(p: int, n: float) -> float:  # reduce_s, with the groups looked up once
+        return collective(p, n, op) if cfg.dp >= 2 and n > 0 else 0.0
     stage = []
     for p in range(cfg.pp):
         chunks = []
         for c in range(sched.chunks):
             n = per_stage[sched.stage(p, c)]
             k = -(-n // bucket)
-            full = reduce_s(cfg, hw, p, bucket) if k > 1 else 0.0
-            chunks.append((k, full, reduce_s(cfg, hw, p, n - (k - 1) * bucket) if k else 0.0))
+            chunks.append((k, reduce(p, bucket) if k > 1 else 0.0, reduce(p, n - (k - 1) * bucket) if k else 0.0))
         stage.append(tuple(chunks))
-    return tuple(stage), tuple(reduce_s(cfg, hw, p, n) for p, n in enumerate(shards))
+    return tuple(stage), tuple(reduce(p, n) for p, n in enumerate(shards))
 
 
 def unhidden_reduce(buckets: tuple[tuple, tuple], last: list, seconds: list) -> list[float]:

@@ -35,7 +35,7 @@ from vp.cost.data_parallel import exposed_reduce_per_rank, reduce_buckets, unhid
 from vp.cost.profiles import Hardware
 from vp.schedule import Costs, Schedule
 from vp.schedule.methods import get_method
-from vp.plan.order_bounds import after_first_b, between_barriers
+from vp.plan.order_bounds import after_first_b, barrier_counts, between_barriers, first_b_counts
 
 
 def makespan_lower_bound(s: Schedule, costs: Costs) -> float:
@@ -72,7 +72,9 @@ def makespan_lower_bound(s: Schedule, costs: Costs) -> float:
         if v.grad_x_from in v.after_t:
             b_ += vocab["T"]
         best = max(best, a, b_)
-    return max(best, after_first_b(s, costs, fbw, head, back, down), between_barriers(s, costs, head))
+    _, _, after, barriers = _generated(s.method, pp, m, s.chunks)
+    return float(max(best, after_first_b(s, costs, after, fbw, head, back, down),
+                     between_barriers(s, costs, barriers, head)))
 
 
 def _held_points(order: list, split_w: bool, chunks: int) -> list[tuple]:
@@ -103,16 +105,18 @@ def _held_points(order: list, split_w: bool, chunks: int) -> list[tuple]:
 
 
 @lru_cache(maxsize=4096)
-def _generated(method: str, pp: int, microbatches: int, chunks: int) -> tuple[tuple, tuple]:
-    """What the search reads of the generator's order, once per shape: per rank its held-count vectors, and its
-    last action's (kind, chunk) where the built schedule ends with it (None where build() places vocabulary
-    passes, which may follow it; lowering adds no action after a rank's last pass but its send, which ends with it)."""
+def _generated(method: str, pp: int, microbatches: int, chunks: int) -> tuple:
+    """What the search reads of the generator's order, generated once per shape: per rank its held-count vectors;
+    its last action's (kind, chunk) where the built schedule ends with it (None where build() places vocabulary
+    passes, which may follow it; lowering adds no action after a rank's last pass but its send, which ends with
+    it); the counts of bounds C, C' and D (vp.plan.order_bounds)."""
     spec = get_method(method)
     order = spec.family.generate(pp, microbatches, chunks, spec.vocab)
     points = tuple(tuple(_held_points(acts, spec.split_w, chunks)) for acts in order)
     placed = spec.vocab_parallel and not spec.family.places_vocab
     last = tuple(None if placed or not acts else (acts[-1][0], acts[-1][2]) for acts in order)
-    return points, last
+    sk = Schedule(method, pp, microbatches, chunks, spec.placement, spec.vocab, spec.split_w)
+    return points, last, first_b_counts(order, sk), barrier_counts(order, spec, microbatches)
 
 
 def generated_points(method: str, pp: int, microbatches: int, chunks: int) -> tuple:
@@ -137,17 +141,23 @@ class TailBound:
         self.exact = max(self.per_rank)
         if self.overlap:
             self.slower, self.buckets = dp_slowdown(run, hw), reduce_buckets(run, hw, sk)
+            self._plain: dict = {}  # microbatches -> at_least without costs (the key fixes the rest of the shape)
 
     def at_least(self, sk: Schedule, costs: Costs | None = None) -> float:
         """The tail, or with overlap_grad_reduce the least it can be; costs: the simulation's (pass_costs), whose
         durations of the last passes tighten it (not where processor sharing lengthens them); None: without them."""
         if not self.overlap:
             return self.exact
+        if costs is None and sk.microbatches in self._plain:
+            return self._plain[sk.microbatches]
         last = last_passes(sk.method, sk.pp, sk.microbatches, sk.chunks)
         exact = costs is not None and costs.sharing is None
         seconds = [costs.time(at[0], sk.stage(p, at[1])) if exact and at else None for p, at in enumerate(last)]
         unhidden = unhidden_reduce(self.buckets, last, seconds)
-        return max(t + self.slower * u for t, u in zip(self.per_rank, unhidden))
+        got = max(t + self.slower * u for t, u in zip(self.per_rank, unhidden))
+        if costs is None:
+            self._plain[sk.microbatches] = got
+        return got
 
 
 def built_points(s: Schedule) -> tuple:

@@ -1,41 +1,39 @@
 """Makespan bounds from the generator's order (docs/planner.md, bounds C, C' and D), beside bounds A and B of
 vp.plan.bounds: what each rank runs after its first B, and, where the generator places synchronous output-layer
 passes (the naive algorithm's S and T barriers), the work between consecutive barriers. The order's counts are taken
-once per (method, pp, microbatches, chunks); a candidate's bound is then a few sums over its costs."""
-from functools import lru_cache
-
+once per (method, pp, microbatches, chunks) (vp.plan.bounds); a candidate's bound is then a few sums over its costs."""
 import numpy as np
 
 from vp.schedule import Costs, Schedule
 from vp.schedule.methods import get_method
 
 
-@lru_cache(maxsize=4096)
-def first_b_shape(method: str, pp: int, microbatches: int, chunks: int) -> tuple:
-    """From the generator's order, per rank (arrays over ranks): the stage of each chunk; the stage of its first B;
-    per chunk the (F, B, W) counts from that B on, and from it up to its last B of its lowest stage (that stage);
-    the counts of the other kinds (_OTHERS) in those two spans where the generator places them; how many
-    microbatches have an F of the rank after that first B."""
-    spec = get_method(method)
-    sk = Schedule(method, pp, microbatches, chunks, spec.placement, spec.vocab, spec.split_w)
-    stage = np.array([[sk.stage(r, c) for c in range(chunks)] for r in range(pp)])
-    counts = np.zeros((2, pp, chunks, 3))
-    others = np.zeros((2, pp, len(_OTHERS)))
-    pivot, low, desc = np.zeros(pp, dtype=int), np.zeros(pp, dtype=int), np.zeros(pp)
-    for r, acts in enumerate(spec.family.generate(pp, microbatches, chunks, spec.vocab)):
+def first_b_counts(order: list, sk: Schedule) -> tuple:
+    """From the generator's order (per rank, (kind, microbatch, chunk)), per rank (arrays over ranks): the stage of
+    each chunk; the stage of its first B; per chunk the (F, B, W) counts from that B on, and from it up to its last
+    B of its lowest stage (that stage); the counts of the other kinds (_OTHERS) in those two spans where the
+    generator places them; how many microbatches have an F of the rank after that first B."""
+    chunks = sk.chunks
+    stage = [[sk.stage(r, c) for c in range(chunks)] for r in range(sk.pp)]
+    counts, others, pivot, low, desc = [[], []], [[], []], [], [], []
+    for r, acts in enumerate(order):
         i = next(n for n, a in enumerate(acts) if a[0] == "B")
-        lowest = int(np.argmin(stage[r]))
+        lowest = min(range(chunks), key=stage[r].__getitem__)
         j = max(n for n, a in enumerate(acts) if a[0] == "B" and a[2] == lowest)
-        pivot[r], low[r] = stage[r, acts[i][2]], stage[r, lowest]
-        for n, (kind, _, c) in enumerate(acts[i:], start=i):
-            at = (0,) if n > j else (0, 1)
-            for part in at:
+        pivot.append(stage[r][acts[i][2]])
+        low.append(stage[r][lowest])
+        for part, span in enumerate((acts[i:], acts[i:j + 1])):
+            fbw, rest = [[0, 0, 0] for _ in range(chunks)], [0] * len(_OTHERS)
+            for kind, _, c in span:
                 if kind in _FBW:
-                    counts[part, r, c, _FBW[kind]] += 1
+                    fbw[c][_FBW[kind]] += 1
                 else:
-                    others[part, r, _OTHERS.index(kind)] += 1
-        desc[r] = len({a[1] for a in acts[i:] if a[0] == "F"})
-    return stage, pivot, low, counts, others, desc
+                    rest[_OTHERS.index(kind)] += 1
+            counts[part].append(fbw)
+            others[part].append(rest)
+        desc.append(len({a[1] for a in acts[i:] if a[0] == "F"}))
+    return (np.array(stage), np.array(pivot), np.array(low), np.array(counts, dtype=float),
+            np.array(others, dtype=float), np.array(desc, dtype=float))
 
 
 _OTHERS = ("S", "T", "IF", "IB", "C0")
@@ -57,12 +55,13 @@ def _vocab_chain(s: Schedule, costs: Costs) -> float:
     return chain
 
 
-def after_first_b(s: Schedule, costs: Costs, fbw: np.ndarray, head: list, back: list, down: list) -> float:
+def after_first_b(s: Schedule, costs: Costs, shape: tuple, fbw: np.ndarray, head: list, back: list,
+                  down: list) -> float:
     """Bounds C and C' (docs/planner.md): from the earliest start of each rank's first B, what the rank runs after it,
     in the generator's order; C' up to the rank's last B of its lowest stage, then what must follow that B.
-    fbw[stage]: (F, B, W) seconds; down[st]: the B passes and transfers from the last stage down to st."""
+    shape: first_b_counts(); fbw[stage]: (F, B, W) seconds; down[st]: B of stages 1 .. st with their transfers."""
     t, m, last = costs.time, s.microbatches, s.n_stages - 1
-    stage, pivot, low, counts, others, desc = first_b_shape(s.method, s.pp, m, s.chunks)
+    stage, pivot, low, counts, others, desc = shape
     start = head[last] + t("F", last) + _vocab_chain(s, costs) + down[last] - np.asarray(down)  # of a B of stage st
     work = (counts * fbw[stage]).sum(axis=(2, 3)) + others @ np.array([t(k, None) for k in _OTHERS])
     v = s.vocab
@@ -76,17 +75,15 @@ def after_first_b(s: Schedule, costs: Costs, fbw: np.ndarray, head: list, back: 
 _KINDS = ("F", "B", "W", "IF", "IB", "C0")  # what a rank runs between two barriers (stage passes by its own stage)
 
 
-@lru_cache(maxsize=1024)
-def barrier_shape(method: str, pp: int, microbatches: int, chunks: int) -> tuple | None:
+def barrier_counts(order: list, spec, microbatches: int) -> tuple | None:
     """Where the generator places S(k) T(k) pairs on every rank (synchronous output layer): per rank, the counts of
     each kind (_KINDS) before S(0), the same from the rank's first F on, and after T(m-1); the segments between
     T(k-1) and S(k), k >= 1, grouped by their counts on every rank: (counts[pattern, rank, kind], how many k have
     the pattern). None elsewhere."""
-    spec = get_method(method)
-    if not (spec.vocab.synchronous and spec.family.places_vocab) or chunks != 1:
+    if not (spec.vocab.synchronous and spec.family.places_vocab) or spec.family.chunks != 1:
         return None
     per_rank, from_f = [], []
-    for acts in spec.family.generate(pp, microbatches, chunks, spec.vocab):
+    for acts in order:
         f = next(i for i, a in enumerate(acts) if a[0] == "F")
         counts = [0] * len(_KINDS)
         for kind, _, _ in acts[f:next(i for i, a in enumerate(acts) if a[0] == "S")]:
@@ -112,10 +109,10 @@ def barrier_shape(method: str, pp: int, microbatches: int, chunks: int) -> tuple
             np.array(list(patterns), dtype=float), np.array(list(patterns.values()), dtype=float))
 
 
-def between_barriers(s: Schedule, costs: Costs, head: list) -> float:
+def between_barriers(s: Schedule, costs: Costs, shape: tuple | None, head: list) -> float:
     """Bound D: where every rank enters S(k) and T(k) barriers in turn, no barrier completes before every rank has
-    run what its order puts before it since the previous one (0 where there are no such barriers)."""
-    shape = barrier_shape(s.method, s.pp, s.microbatches, s.chunks)
+    run what its order puts before it since the previous one (0 where there are no such barriers; shape:
+    barrier_counts())."""
     if shape is None:
         return 0.0
     first, from_f, last, patterns, times = shape
