@@ -112,7 +112,8 @@ def test_planner_bound_makespan_never_above_the_simulated_makespan(method):
 def test_planner_bound_makespan_follows_the_rank_after_its_first_backward(method, within):
     """pp 8, 32 microbatches, every stage pass 1, S and T 0.3, collectives 0.1: with the bounds from each rank's first
     backward on (C and C') and, for interlaced, between its barriers (D) the simulated makespan is within `within` of
-    the bound; bounds A and B alone left it 1.095 (vhalf), 1.05, 1.123 and 1.143 times the bound (C: interlaced 1.105)."""
+    the bound; bounds A and B alone left it 1.095 (vhalf), 1.05, 1.123 and 1.143 times the bound (C alone: interlaced
+    1.105)."""
     s = build(method, 8, 32)
     comp = {(k, st): 1.0 for k in "FBW" for st in range(s.n_stages)}
     comp.update({(k, None): 0.3 for k in ("S", "T")})

@@ -95,7 +95,8 @@ def tail_s(cfg: RunConfig, hw: Hardware, sched: Schedule, result=None, hidden: b
     share cores (a CPU profile's `cores`) the data-parallel collectives and the step are slowed by devices / cores:
     every device runs them at once (a gloo all-reduce of the gradients copies and sums them on the CPU).
     hidden=True counts none of the reduction as exposed: the least the tail can be with overlap_grad_reduce, before
-    the iteration is simulated (the planner's bound tightens it: tail_per_rank, vp.cost.data_parallel.unhidden_reduce)."""
+    the iteration is simulated (the planner's bound tightens it: tail_per_rank,
+    vp.cost.data_parallel.unhidden_reduce)."""
     exposed = [0.0] * cfg.pp if hidden else exposed_reduce_per_rank(cfg, hw, sched, result)
     return max(tail_per_rank(cfg, hw, sched, exposed))
 
