@@ -95,15 +95,21 @@ def tail_s(cfg: RunConfig, hw: Hardware, sched: Schedule, result=None, hidden: b
     share cores (a CPU profile's `cores`) the data-parallel collectives and the step are slowed by devices / cores:
     every device runs them at once (a gloo all-reduce of the gradients copies and sums them on the CPU).
     hidden=True counts none of the reduction as exposed: the least the tail can be with overlap_grad_reduce, before
-    the iteration is simulated (the planner's bound)."""
+    the iteration is simulated (the planner's bound tightens it: vp.cost.data_parallel.unhidden_reduce)."""
     exposed = [0.0] * cfg.pp if hidden else exposed_reduce_per_rank(cfg, hw, sched, result)
-    return exposed_tail_s(tail_parts(cfg, hw, sched), exposed)
+    return max(tail_per_rank(cfg, hw, sched, exposed))
+
+
+def dp_slowdown(cfg: RunConfig, hw: Hardware) -> float:
+    """How much slower the data-parallel collectives and the optimizer step run after the flush: devices / cores
+    where devices share a node's cores (every device runs them at once), else 1."""
+    return hw.contention(min(cfg.world, hw.gpus_per_node))
 
 
 def tail_parts(cfg: RunConfig, hw: Hardware, sched: Schedule) -> tuple[list[float], float]:
     """What tail_s adds to the exposed data-parallel reduction, which alone depends on the simulated iteration: per
-    pipeline rank the tail with none of the reduction exposed, and the factor (devices sharing cores) on what is."""
-    slower = hw.contention(min(cfg.world, hw.gpus_per_node))
+    pipeline rank the tail with none of the reduction exposed, and dp_slowdown (the factor on what is exposed)."""
+    slower = dp_slowdown(cfg, hw)
     share = cfg.dp if cfg.zero else 1
     step = [slower * optimizer_s(hw, n // share, [t // share for t in vocab])
             for n, vocab in zip(rank_params(cfg, sched), vocab_tensors(cfg, sched))]
@@ -112,10 +118,16 @@ def tail_parts(cfg: RunConfig, hw: Hardware, sched: Schedule) -> tuple[list[floa
     return [tp[p] + slower * gather[p] + step[p] for p in range(cfg.pp)], slower
 
 
-def exposed_tail_s(parts: tuple[list[float], float], exposed: list[float]) -> float:
-    """tail_s from tail_parts and the seconds of the reduction exposed on each pipeline rank."""
+def exposed_tail_per_rank(parts: tuple[list[float], float], exposed: list[float]) -> list[float]:
+    """Per pipeline rank, the tail from tail_parts with `exposed` seconds of its data-parallel reduction exposed."""
     fixed, slower = parts
-    return max(f + slower * e for f, e in zip(fixed, exposed))
+    return [f + slower * e for f, e in zip(fixed, exposed)]
+
+
+def tail_per_rank(cfg: RunConfig, hw: Hardware, sched: Schedule, exposed: list[float]) -> list[float]:
+    """Per pipeline rank, tail_s's seconds after the flush with `exposed` seconds of its data-parallel reduction
+    exposed (before dp_slowdown)."""
+    return exposed_tail_per_rank(tail_parts(cfg, hw, sched), exposed)
 
 
 def vocab_tensors(cfg: RunConfig, sched: Schedule) -> list[list[int]]:

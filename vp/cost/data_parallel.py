@@ -17,9 +17,19 @@ from vp.schedule import Schedule
 
 
 def _seconds(cfg: RunConfig, hw: Hardware, p: int, params: float, op) -> float:
+    return _dp_collective(cfg, hw)(p, params, op)
+
+
+def _dp_collective(cfg: RunConfig, hw: Hardware):
+    """(p, params, op) -> seconds of that collective over pipeline rank p's dp group, the network and the groups
+    looked up once (reduce_buckets asks it for every bucket size of every rank)."""
     net = Network.of(hw, cfg.world)
-    nbytes = 4.0 * params / (cfg.dp if op is ALL_GATHER else 1)
-    return net.collective(op, group_index(cfg.mesh, "dp")[groups(cfg.mesh, "pp")[0][p]], nbytes)  # replica 0's
+    index, first = group_index(cfg.mesh, "dp"), groups(cfg.mesh, "pp")[0]  # replica 0's rank of each stage
+
+    def seconds(p: int, params: float, op) -> float:
+        nbytes = 4.0 * params / (cfg.dp if op is ALL_GATHER else 1)
+        return net.collective(op, index[first[p]], nbytes)
+    return seconds
 
 
 def reduce_s(cfg: RunConfig, hw: Hardware, p: int, params: float) -> float:
@@ -93,4 +103,54 @@ def finals(result, sched: Schedule) -> list[tuple[dict, float]]:
                 if len(last) == want:
                     break
         out.append((last, ends[-1] if ends else 0.0))
+    return out
+
+
+def reduce_buckets(cfg: RunConfig, hw: Hardware, sched: Schedule) -> tuple[tuple, tuple]:
+    """The buckets of the overlapped reduction as exposed_reduce_per_rank cuts them, with their seconds: per
+    pipeline rank, per chunk (how many buckets, seconds of a full one, seconds of the last, which holds the rest),
+    and the seconds of the rank's vocabulary-parallel shards (0 where it has none). Costs of no pass: what
+    unhidden_reduce needs besides the rank's last pass."""
+    per_stage, shards = stage_params(cfg, sched)
+    bucket = max(1, int(cfg.bucket_mb * 2**20 / 4))
+    collective, op = _dp_collective(cfg, hw), REDUCE_SCATTER if cfg.zero else ALL_REDUCE
+
+    def reduce(p: int, n: float) -> float:  # reduce_s, with the groups looked up once
+        return collective(p, n, op) if cfg.dp >= 2 and n > 0 else 0.0
+    stage = []
+    for p in range(cfg.pp):
+        chunks = []
+        for c in range(sched.chunks):
+            n = per_stage[sched.stage(p, c)]
+            k = -(-n // bucket)
+            chunks.append((k, reduce(p, bucket) if k > 1 else 0.0, reduce(p, n - (k - 1) * bucket) if k else 0.0))
+        stage.append(tuple(chunks))
+    return tuple(stage), tuple(reduce(p, n) for p, n in enumerate(shards))
+
+
+def unhidden_reduce(buckets: tuple[tuple, tuple], last: list, seconds: list) -> list[float]:
+    """Per pipeline rank, seconds of the overlapped reduction (overlap_grad_reduce) that no iteration can hide: a
+    lower bound on exposed_reduce_per_rank with any simulated iteration of the schedule (docs/planner.md, "The
+    tail bound"). buckets: reduce_buckets(); last[p]: (kind, chunk) of rank p's last action (None: not known);
+    seconds[p]: that action's duration in the simulation, or None where it is not known exactly (processor
+    sharing lengthens a pass).
+
+    The buckets that become final in the rank's last action are ready at its end, the flush, less part of it: the
+    last bucket at the flush, the (k-1-i)-th before it (k - 1 - i) / k of the pass earlier. The stream reduces
+    buckets one at a time in the order they are ready, so it ends no earlier than the first-ready bucket of a set
+    plus the seconds of the set: with the buckets i..k-1 (i full ones but the last), the flush + last +
+    (k-1-i) (full - d / k), largest at i = 0 or i = k - 1. The shards are final at the end of a rank's last T or IB
+    (one bucket)."""
+    stage, shards = buckets
+    out = []
+    for p, (at, d) in enumerate(zip(last, seconds)):
+        if at is None:
+            out.append(0.0)
+        elif at[0] in ("B", "W"):
+            k, full, rest = stage[p][at[1]]
+            out.append(rest + (k - 1) * max(0.0, full - d / k) if d is not None else rest)
+        elif at[0] in ("T", "IB"):
+            out.append(shards[p])
+        else:
+            out.append(0.0)
     return out

@@ -12,7 +12,11 @@ arrives), then W of stage 0 where W is split; the last B of stage r' on rank r c
 (each is an ancestor of a B of stage r' on the same rank) and after every S of r (the last stage's B(k) waits for
 a collective every rank enters after its S(k)), and after every T where that collective follows T (Algorithm 1).
 Hence makespan >= H_r + (F, B, S [, T] of r) + sum over s < r' of (B_s + transfer s+1 -> s) [+ W_0]   (bound B).
-The bound is max over ranks of both; costs only: no schedule is built.
+Bounds C and C' start at each rank's first B instead: after the chain it needs (F of every stage, the output
+layer's passes and collectives the last stage's B waits for, B back down to the rank's stage), the rank runs every
+action after it in the generator's order (C), or those up to its last B of its lowest stage, then the B chain to
+stage 0 (C'); of S, T and IB placed by build() only those shown to follow (or, for C', to precede) count.
+The bound is max over ranks of all four; costs and the generator's order only: no schedule is built.
 
 Activations. Each rank's held activations follow the order of its actions alone (F and S add, B or W and T free:
 the simulator's rule), not their timing. The order of F, B and W is the generator's (building inserts the
@@ -25,8 +29,13 @@ from functools import lru_cache
 
 import numpy as np
 
+from vp.config import RunConfig
+from vp.cost.costs import dp_slowdown, tail_per_rank
+from vp.cost.data_parallel import exposed_reduce_per_rank, reduce_buckets, unhidden_reduce
+from vp.cost.profiles import Hardware
 from vp.schedule import Costs, Schedule
 from vp.schedule.methods import get_method
+from vp.plan.order_bounds import after_first_b, barrier_counts, between_barriers, first_b_counts
 
 
 def makespan_lower_bound(s: Schedule, costs: Costs) -> float:
@@ -38,26 +47,34 @@ def makespan_lower_bound(s: Schedule, costs: Costs) -> float:
     def p2p(a: int, b: int) -> float:
         return costs.p2p(rank_of[a], rank_of[b]) if rank_of[a] != rank_of[b] else 0.0
 
+    fbw = np.array([[costs.time(k, st) for k in "FBW"] for st in range(stages)])
+    if not s.split_w:
+        fbw[:, 2] = 0.0
+    f, b, w_ = fbw.T.tolist()
     head = [0.0] * stages  # earliest start of any F of stage st
     back = [0.0] * stages  # what must follow the end of a B of stage st
+    down = [0.0] * stages  # B of stages 1 .. st, each with its transfer to the stage below
     head[0] = costs.time("IF", None) + costs.comm.get("IF", 0.0) if v.parallel else 0.0
-    back[0] = costs.time("W", 0) if s.split_w else 0.0
+    back[0] = w_[0]
     for st in range(1, stages):
-        head[st] = head[st - 1] + costs.time("F", st - 1) + p2p(st - 1, st)
-        back[st] = back[st - 1] + costs.time("B", st - 1) + p2p(st, st - 1)
+        head[st] = head[st - 1] + f[st - 1] + p2p(st - 1, st)
+        back[st] = back[st - 1] + b[st - 1] + p2p(st, st - 1)
+        down[st] = down[st - 1] + b[st] + p2p(st, st - 1)
     vocab = {k: m * costs.time(k, None) for k in ("S", "T", "IF", "IB")} if v.parallel else {}
     best = 0.0
     for r in range(pp):
         own = [s.stage(r, c) for c in range(s.chunks)]
         low = min(own)
-        fb = m * sum(costs.time("F", st) + costs.time("B", st) for st in own)
-        w = m * sum(costs.time("W", st) for st in own) if s.split_w else 0.0
+        fb = m * sum(f[st] + b[st] for st in own)
+        w = m * sum(w_[st] for st in own)
         a = head[low] + fb + w + sum(t for k, t in vocab.items() if k != "IF")
-        b = head[low] + fb + vocab.get("S", 0.0) + back[low]
+        b_ = head[low] + fb + vocab.get("S", 0.0) + back[low]
         if v.grad_x_from in v.after_t:
-            b += vocab["T"]
-        best = max(best, a, b)
-    return best
+            b_ += vocab["T"]
+        best = max(best, a, b_)
+    _, _, after, barriers = _generated(s.method, pp, m, s.chunks)
+    return float(max(best, after_first_b(s, costs, after, fbw, head, back, down),
+                     between_barriers(s, costs, barriers, head)))
 
 
 def _held_points(order: list, split_w: bool, chunks: int) -> np.ndarray:
@@ -89,11 +106,59 @@ def _held_points(order: list, split_w: bool, chunks: int) -> np.ndarray:
 
 
 @lru_cache(maxsize=4096)
-def generated_points(method: str, pp: int, microbatches: int, chunks: int) -> tuple:
-    """Per rank, the held-count vectors of the generator's order (S and T only where the generator places them)."""
+def _generated(method: str, pp: int, microbatches: int, chunks: int) -> tuple:
+    """What the search reads of the generator's order, generated once per shape: per rank its held-count vectors;
+    its last action's (kind, chunk) where the built schedule ends with it (None where build() places vocabulary
+    passes, which may follow it; lowering adds no action after a rank's last pass but its send, which ends with
+    it); the counts of bounds C, C' and D (vp.plan.order_bounds)."""
     spec = get_method(method)
     order = spec.family.generate(pp, microbatches, chunks, spec.vocab)
-    return tuple(_held_points(acts, spec.split_w, chunks) for acts in order)
+    points = tuple(_held_points(acts, spec.split_w, chunks) for acts in order)
+    placed = spec.vocab_parallel and not spec.family.places_vocab
+    last = tuple(None if placed or not acts else (acts[-1][0], acts[-1][2]) for acts in order)
+    sk = Schedule(method, pp, microbatches, chunks, spec.placement, spec.vocab, spec.split_w)
+    return points, last, first_b_counts(order, sk), barrier_counts(order, spec, microbatches)
+
+
+def generated_points(method: str, pp: int, microbatches: int, chunks: int) -> tuple:
+    """Per rank, the held-count vectors of the generator's order (S and T only where the generator places them)."""
+    return _generated(method, pp, microbatches, chunks)[0]
+
+
+def last_passes(method: str, pp: int, microbatches: int, chunks: int) -> tuple:
+    """Per rank, (kind, chunk) of its last action in the built schedule, or None where not known without building."""
+    return _generated(method, pp, microbatches, chunks)[1]
+
+
+class TailBound:
+    """The tail after the flush (vp.cost.tail_s) without a simulation: exact without overlap_grad_reduce; with it, a
+    lower bound: what no iteration can hide of the reduction (vp.cost.data_parallel.unhidden_reduce: the buckets made
+    final by each rank's last pass), from the durations of those passes where the costs give them exactly."""
+
+    def __init__(self, run: RunConfig, hw: Hardware, sk: Schedule):
+        self.overlap = run.overlap_grad_reduce
+        exposed = [0.0] * run.pp if self.overlap else exposed_reduce_per_rank(run, hw, sk)
+        self.per_rank = tail_per_rank(run, hw, sk, exposed)
+        self.exact = max(self.per_rank)
+        if self.overlap:
+            self.slower, self.buckets = dp_slowdown(run, hw), reduce_buckets(run, hw, sk)
+            self._plain: dict = {}  # microbatches -> at_least without costs (the key fixes the rest of the shape)
+
+    def at_least(self, sk: Schedule, costs: Costs | None = None) -> float:
+        """The tail, or with overlap_grad_reduce the least it can be; costs: the simulation's (pass_costs), whose
+        durations of the last passes tighten it (not where processor sharing lengthens them); None: without them."""
+        if not self.overlap:
+            return self.exact
+        if costs is None and sk.microbatches in self._plain:
+            return self._plain[sk.microbatches]
+        last = last_passes(sk.method, sk.pp, sk.microbatches, sk.chunks)
+        exact = costs is not None and costs.sharing is None
+        seconds = [costs.time(at[0], sk.stage(p, at[1])) if exact and at else None for p, at in enumerate(last)]
+        unhidden = unhidden_reduce(self.buckets, last, seconds)
+        got = max(t + self.slower * u for t, u in zip(self.per_rank, unhidden))
+        if costs is None:
+            self._plain[sk.microbatches] = got
+        return got
 
 
 def built_points(s: Schedule) -> tuple:

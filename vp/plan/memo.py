@@ -37,8 +37,6 @@ IGNORES = {
     # the tail after the flush (without the simulated iteration): the tensor group's and the replicas'
     # once-per-iteration reductions and the optimizer step, over parameters: no activation, no microbatch count
     "tail": ("micro_batch_size", "microbatches", "recompute"),
-    # the same without the exposed reduction (vp.cost.costs.tail_parts): what predict adds a simulated exposure to
-    "tail parts": ("micro_batch_size", "microbatches", "recompute"),
     # a pass's own work and what F holds per microbatch: one device of a stage on one microbatch (its shape, the
     # stage's layers, the tensor layout), whatever the number of replicas or microbatches or the optimizer
     "compute": ("dp", "microbatches") + OPTIMIZER,

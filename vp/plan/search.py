@@ -25,13 +25,13 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from vp.config import RunConfig
-from vp.cost import Hardware, pass_costs, static_bytes, tail_s
+from vp.cost import Hardware, pass_costs, static_bytes
 from vp.cost.passes import compute_times
-from vp.cost.costs import exposed_tail_s, tail_parts
+from vp.cost.costs import exposed_tail_per_rank, tail_parts
 from vp.cost.data_parallel import exposed_reduce_per_rank, finals
 from vp.cost.memory import comm_buffer_bytes, held_bytes
 from vp.metrics import throughput
-from vp.plan.bounds import activation_bounds, makespan_lower_bound
+from vp.plan.bounds import TailBound, activation_bounds, makespan_lower_bound
 from vp.plan.answer import MEMORY, REL, SIMULATED_MEMORY, Plan, Row, _Race, _rank_key, pareto, top_configurations
 from vp.plan.memo import Built, Memo, Phases, StageCommunicators
 from vp.plan.space import Problem, Rejection, candidates, configuration
@@ -50,10 +50,11 @@ class _Priced:
     skeleton: Schedule
     costs: object
     static: list
-    tail: float  # exact; with overlap_grad_reduce the least it can be (none of the reduction exposed)
+    tail: float  # exact; with overlap_grad_reduce the least it can be (TailBound)
     act_lo: list
     act_hi: list
     bound: float  # tokens/s no simulation of this candidate can exceed
+    tails: TailBound | None = None  # the tail and its bound (tail is tails.at_least: from full costs once visited)
 
     @property
     def memory_lo(self) -> float:
@@ -94,8 +95,9 @@ def price(run: RunConfig, hw: Hardware, held: StageCommunicators, budget: float 
         return memory_rejection(_Priced(run, sk, None, static, 0.0, zero, zero, 0.0), hw, budget, exact=False)
     costs = compute_costs(run, hw, sk, memo)
     span = memo("span", _span, run, sk, costs)
-    tail = memo("tail", lambda r, sk: tail_s(r, hw, sk, hidden=r.overlap_grad_reduce), run, sk)
-    return _Priced(run, sk, costs, static, tail, zero, [math.inf] * run.pp, _bound(run, hw, span, tail))
+    tails = memo("tail", lambda r, sk: TailBound(r, hw, sk), run, sk)
+    tail = tails.at_least(sk)  # pass times without communication: not the simulation's, so not read
+    return _Priced(run, sk, costs, static, tail, zero, [math.inf] * run.pp, _bound(run, hw, span, tail), tails)
 
 
 def _span(_run: RunConfig, sk: Schedule, costs: Costs) -> float:
@@ -161,9 +163,8 @@ def _costs_key(costs) -> tuple:
     return tuple(tuple(sorted(d.items(), key=repr)) for d in (costs.compute, costs.comm, costs.memory)) + (shared,)
 
 
-def predict(c: _Priced, hw: Hardware, cache: dict, built: Built, memo: Memo | None = None) -> Row:
+def predict(c: _Priced, hw: Hardware, cache: dict, built: Built) -> Row:
     """The record backend=sim would write, reduced to the plan's figures (harness.sim.simulate_job)."""
-    memo = Memo() if memo is None else memo
     run, sched = c.run, built(c.run)
     key = (run.method, run.pp, run.microbatches, run.n_chunks, _costs_key(c.costs))
     if key not in cache:  # kept small: what the rows read of the iteration, not its timeline
@@ -171,8 +172,9 @@ def predict(c: _Priced, hw: Hardware, cache: dict, built: Built, memo: Memo | No
         cache[key] = _Simulated(result.makespan, result.busy, result.peak_activations, finals(result, sched))
     result = cache[key]
     if run.overlap_grad_reduce:  # what the dp stream has left at the flush of this simulated iteration
-        parts = memo("tail parts", lambda r, sk: tail_parts(r, hw, sk), run, c.skeleton)
-        tail = exposed_tail_s(parts, exposed_reduce_per_rank(run, hw, sched, final=result.finals))
+        # the tail's parts but the exposed reduction: the TailBound's figure with none exposed (c.tails)
+        parts = (c.tails.per_rank, c.tails.slower) if c.tails is not None else tail_parts(run, hw, c.skeleton)
+        tail = max(exposed_tail_per_rank(parts, exposed_reduce_per_rank(run, hw, sched, final=result.finals)))
     else:
         tail = c.tail
     seconds = result.makespan + tail
@@ -231,6 +233,7 @@ def search(problem: Problem, hw: Hardware, top: int = 10, prune: bool = True, lo
         if not prune or race.could_enter(p):  # now the whole cost model: communication too
             with phase("full costs"):
                 p.costs = full_costs(p, hw, memo)
+                p.tail = p.tails.at_least(p.skeleton, p.costs)
                 p.bound = _bound(p.run, hw, memo("full span", _span, p.run, p.skeleton, p.costs), p.tail)
         skip = prune and not race.could_enter(p)
         if prune and not skip and any(dominates(y, p) for y in simulated.get(configuration(p.run), ())):
@@ -256,7 +259,7 @@ def search(problem: Problem, hw: Hardware, top: int = 10, prune: bool = True, lo
         with phase("program"):  # what the simulator derives from a schedule once, whatever its costs
             _program(sched)
         with phase("simulate"):
-            row = predict(p, hw, cache, built, memo)
+            row = predict(p, hw, cache, built)
         if row.peak_memory_bytes > budget:  # the simulated peak, checked again: the plan is dropped, with why
             over = row.peak_memory_bytes - budget
             plan.reject(Rejection(p.run, SIMULATED_MEMORY, f"simulated peak memory {row.peak_memory_bytes / 2**30:.2f}"
