@@ -18,8 +18,9 @@ action after it in the generator's order (C), or those up to its last B of its l
 stage 0 (C'); of S, T and IB placed by build() only those shown to follow (or, for C', to precede) count.
 The bound is max over ranks of all four; costs and the generator's order only: no schedule is built.
 
-Activations. Each rank's held activations follow the order of its actions alone (F and S add, B or W and T free:
-the simulator's rule), not their timing. The order of F, B and W is the generator's (building inserts the
+Activations. Each rank's held activations follow the order of its actions alone (F and S add, W and T free, B
+frees its part of F's, a negative part where it recomputes what a split W needs: the simulator's rule), not their
+timing; the peak is read at every point where the holding may grow (_held_points). The order of F, B and W is the generator's (building inserts the
 vocabulary passes and the transfers between them, which hold nothing), so the F part is exact without building;
 where build() inserts S and T (vocabulary-parallel methods other than interlaced), they alternate S(k) T(k)
 S(k+1) on every rank (the units are placed in one sorted order in which T(k) precedes S(k+1)), so at most one S
@@ -79,8 +80,10 @@ def makespan_lower_bound(s: Schedule, costs: Costs) -> float:
 
 def _held_points(order: list, split_w: bool, chunks: int) -> np.ndarray:
     """The distinct vectors of held counts (per chunk before its B, per chunk between B and W, then S) at each
-    point where a rank's holding grows (B only releases: Costs.mem("B") is part of what F holds), as the rows of
-    one array: a rank's peak for given bytes per count is one matrix-vector product (_peak)."""
+    point where a rank's holding may grow, as the rows of one array: a rank's peak for given bytes per count is one
+    matrix-vector product (_peak). F and S add; B releases its part of what F holds (Costs.mem("B")), which is
+    negative where B recomputes what W needs, so where W is split the holding after B is a point too; W and T only
+    release."""
     held = [0] * (2 * chunks + 1)
     points = set()
     for kind, _, c in order:
@@ -90,9 +93,9 @@ def _held_points(order: list, split_w: bool, chunks: int) -> np.ndarray:
             held[-1] += 1
         elif kind == "B":
             held[c] -= 1
-            if split_w:
-                held[chunks + c] += 1
-            continue
+            if not split_w:
+                continue
+            held[chunks + c] += 1
         elif kind == "W":
             held[chunks + c] -= 1
             continue
