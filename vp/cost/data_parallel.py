@@ -47,36 +47,24 @@ def gather_per_rank(cfg: RunConfig, hw: Hardware, sched: Schedule) -> list[float
 
 
 def exposed_reduce_per_rank(cfg: RunConfig, hw: Hardware, sched: Schedule, result=None,
-                            final: list | None = None) -> list[float]:
+                            final: list | None = None, buckets: tuple | None = None) -> list[float]:
     """Per pipeline rank, seconds of the gradient reduction after the flush: all of it, or with overlap_grad_reduce
     and a simulated iteration (vp.schedule.SimResult, or what finals() reads of it) what remains of the dp stream at
-    the rank's last action."""
-    params = rank_params(cfg, sched)
+    the rank's last action. buckets: reduce_buckets() of cfg, where the caller has it already."""
     if not cfg.overlap_grad_reduce or (result is None and final is None):
-        return [reduce_s(cfg, hw, p, n) for p, n in enumerate(params)]
+        return [reduce_s(cfg, hw, p, n) for p, n in enumerate(rank_params(cfg, sched))]
     final = finals(result, sched) if final is None else final
-    per_stage, shards = stage_params(cfg, sched)
-    bucket = max(1, int(cfg.bucket_mb * 2**20 / 4))
+    stage, shards = reduce_buckets(cfg, hw, sched) if buckets is None else buckets
     out = []
     for p, (last, flush) in enumerate(final):
-        seconds = {}  # bucket elements -> its reduction's seconds: the full buckets share one size
-
-        def reduce(n):
-            if n not in seconds:
-                seconds[n] = reduce_s(cfg, hw, p, n)
-            return seconds[n]
-
         runs = []  # (first ready, last ready, buckets, seconds of each but the last, of the last): one per pass
-        for c in range(sched.chunks):  # backward walks the layers in reverse: buckets final evenly over the pass
-            start, end = last.get(("stage", c), (0.0, 0.0))
-            n = per_stage[sched.stage(p, c)]
-            k = -(-n // bucket)
-            if k:
-                runs.append((start + 1 / k * (end - start), start + k / k * (end - start), k,
-                             reduce(min(bucket, n)), reduce(n - (k - 1) * bucket)))
+        for c, (k, each, tail) in enumerate(stage[p]):  # backward walks the layers in reverse: buckets final
+            if k:                                        # evenly over the pass
+                start, end = last.get(("stage", c), (0.0, 0.0))
+                runs.append((start + 1 / k * (end - start), start + k / k * (end - start), k, each, tail))
         if shards[p]:
             at = last.get("shards", (0.0, 0.0))[1]
-            runs.append((at, at, 1, 0.0, reduce(shards[p])))
+            runs.append((at, at, 1, 0.0, shards[p]))
         stream = 0.0
         for first, after, k, each, tail in sorted(runs):
             rest = (k - 1) * each + tail  # what the run's first bucket and all after it take on the stream

@@ -172,9 +172,13 @@ def predict(c: _Priced, hw: Hardware, cache: dict, built: Built) -> Row:
         cache[key] = _Simulated(result.makespan, result.busy, result.peak_activations, finals(result, sched))
     result = cache[key]
     if run.overlap_grad_reduce:  # what the dp stream has left at the flush of this simulated iteration
-        # the tail's parts but the exposed reduction: the TailBound's figure with none exposed (c.tails)
-        parts = (c.tails.per_rank, c.tails.slower) if c.tails is not None else tail_parts(run, hw, c.skeleton)
-        tail = max(exposed_tail_per_rank(parts, exposed_reduce_per_rank(run, hw, sched, final=result.finals)))
+        # the tail's parts but the exposed reduction, and the buckets: the TailBound's (c.tails), worked out already
+        if c.tails is not None:
+            parts, buckets = (c.tails.per_rank, c.tails.slower), c.tails.buckets
+        else:
+            parts, buckets = tail_parts(run, hw, c.skeleton), None
+        exposed = exposed_reduce_per_rank(run, hw, sched, final=result.finals, buckets=buckets)
+        tail = max(exposed_tail_per_rank(parts, exposed))
     else:
         tail = c.tail
     seconds = result.makespan + tail
