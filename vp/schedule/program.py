@@ -1,34 +1,49 @@
 """The simulator's program of a schedule (not to be confused with the planner, vp/plan/): what its loop needs that
-does not depend on costs, as small tuples of integers, derived once per schedule object (vp/schedule/simulate.py
+does not depend on costs, as arrays of integers, derived once per schedule object (vp/schedule/simulate.py
 runs it; validate() reads it for its input, link and collective-order checks).
 """
 from dataclasses import replace
 from typing import NamedTuple
 
-from vp.schedule.actions import COLLECTIVES, P2P, Action, Collective, Schedule
+import numpy as np
+
+from vp.schedule.actions import COLLECTIVES, KINDS, P2P, Action, Schedule
+from vp.schedule.derive import derive
+from vp.schedule.kernel import jit
 from vp.schedule.rules import members as group_members
-from vp.schedule.rules import root_of, shapes
+from vp.schedule.rules import rank_keys, root_of, shapes
 
 
 # step codes of the program: what the loop does with an action
 _PLAIN, _SEND, _RECV, _SYNC, _MISSING = range(5)  # compute with no collective; p2p; anything that enters or waits
 _MEM_NONE, _MEM_HOLD, _MEM_FREE = range(3)  # F, S hold their activations (peak counted); B, W, T free them
+_KIND_CODE = {kind: n for n, kind in enumerate(KINDS)}
 
 
 class _Program(NamedTuple):
     """What the simulator needs of a schedule, independent of costs, as integers: derived once per schedule object
     (a sweep simulates one schedule with many costs; validate() and the caller share it).
 
-    steps[r][i]: (code, needs, a, b, c) where needs are the steps of rank r whose ends action i waits for
+    Its steps, flat over the ranks (vp/schedule/kernel.py runs them): off[r]..off[r + 1] are rank r's steps in rec;
+    rec[g] = (code, a, b, c, n0, n1), where needs[n0:n1] are the steps of rank r whose ends step g waits for
     (rules.local_needs; a need that does not come earlier makes the step _MISSING, raised when the rank gets there;
     the step just before is left out: it ends at the rank's clock);
     _PLAIN: a = index of its duration in time_keys, b = index of its memory in mem_keys, c = _MEM_*;
-    _SEND: a = its channel (a send and its receive share one), b = its link; _RECV: a = channel, b = index in
-    p2p_keys, c = its link;
-    _SYNC: a = (instance it enters or -1, entered at the end, instances it waits on, a collective action (C0 C1 C2),
-    index in time_keys), b, c as for _PLAIN.
+    _SEND: a = its channel (a send and its receive share one); _RECV: a = channel, b = index in p2p_keys;
+    _SYNC: a = its row of sync = (instance it enters or -1, entered at the end, a collective action (C0 C1 C2),
+    index in time_keys, w0, w1), waits[w0:w1] the instances it waits on; b, c as for _PLAIN;
+    _MISSING: a = the channel of a receive (it waits for its send first) or -1.
+    Instances: roots_at (-1: none) and group (an index into gstart/gmembers, the ranks of each group), as arrays.
     """
-    steps: list  # per rank, per action: the tuple above
+    off: object  # numpy int64 arrays, as above
+    rec: object
+    needs: object
+    sync: object
+    waits: object
+    roots_at: object
+    group: object
+    gstart: object
+    gmembers: object
     time_keys: list  # (kind, stage) for Costs.time
     mem_keys: list  # (kind, stage) for Costs.mem
     p2p_keys: list  # (src, dst) for Costs.p2p
@@ -40,8 +55,10 @@ class _Program(NamedTuple):
     counts: list  # per rank, (kind, chunk) -> how many distinct microbatches it runs of it
     p2p_actions: list  # per rank, how many sends and receives it runs
     missing: bool  # some step is _MISSING
-    traffic: list  # link id -> (channels sent, channels received), in the order of the ranks' steps
-    entries: list  # per rank, (step, instance id) of each instance it enters, in order (only if no step is _MISSING)
+    in_order: bool  # each link receives exactly the channels it sends, in the order sent
+    entry_start: object  # rank r enters instances entry_inst[entry_start[r]:entry_start[r + 1]], in order, at
+    entry_step: object  # steps entry_step[...] (arrays; only if no step is _MISSING)
+    entry_inst: object
 
 
 def _program(s: Schedule) -> _Program:
@@ -52,131 +69,87 @@ def p2p_in_order(s: Schedule) -> bool:
     """Whether every action's inputs come earlier on its rank and each link (one direction and kind of traffic
     between two ranks) receives exactly what it sends, in the order sent: validate()'s checks, from the program."""
     prog = _program(s)
-    return not prog.missing and all(sent == received for sent, received in prog.traffic)
+    return not prog.missing and prog.in_order
 
 
 def _make_program(s: Schedule) -> _Program:
+    """Each rank's shapes (its (kind, chunk)s) classified here, once, in the order the rank meets them; its steps by
+    vp/schedule/derive.py's compiled loop."""
     times, mems, p2ps, links = {}, {}, {}, {}  # key -> its index (dicts keep insertion order)
-    instances = []
-    chans = {}  # (src, dst, kind, stage) -> {microbatch: channel}
-    insts = {}  # (group, kind) -> {microbatch: instance id}
-    n_chans = 0
+    chan_tabs, inst_tabs, protos = {}, {}, {}  # (src, dst, kind, stage) / (group, kind) / prototype -> its index
+    rows: list[tuple] = []  # per shape: code, time, mem, mode, p2p, chan, link, entry, entry proto, at_end, is_coll
+    shape_needs, wait_tab, wait_proto, nstart, wstart = [], [], [], [0], [0]
 
     def index(table: dict, key) -> int:
         return table.setdefault(key, len(table))
 
-    def resolve(a: Action) -> tuple:  # _shape() with its keys turned into table indices
-        code, needs, x, mem, mode = _shape(s, a)
+    def classify(r: int, kind: str, chunk: int, ids: dict) -> None:
+        code, needs, x, mem, mode = _shape(s, Action(r, kind, 0, chunk))
         mem = index(mems, mem) if mem else 0
+        shape_needs.extend(ids.setdefault(key, len(ids) + base) for key in needs)
+        nstart.append(len(shape_needs))
+        row = [code, 0, mem, mode, 0, 0, 0, -1, 0, 0, 0]
         if code in (_SEND, _RECV):
-            link = (a.rank, x[0], x[1]) if code == _SEND else (x[0], a.rank, x[1])
-            x = (*x, index(p2ps, (x[0], a.rank)), index(links, link))
+            link = (r, x[0], x[1]) if code == _SEND else (x[0], r, x[1])
+            row[4], row[6] = index(p2ps, (x[0], r)), index(links, link)
+            row[5] = index(chan_tabs, (r, x[0], x[1], x[2]) if code == _SEND else (x[0], r, x[1], x[2]))
         elif code == _PLAIN:
-            x = index(times, x)
+            row[1] = index(times, x)
         else:
-            x = (*x[:4], index(times, x[4]))
-        return code, needs, x, mem, mode, (code, (), x, mem, mode)  # the last: one step for all that need nothing
-
-    def instance(proto: Collective, mb: int) -> int:  # proto: of microbatch 0 (rules.shape); a new instance
-        table = insts.setdefault((proto.group, proto.kind), {})
-        table[mb] = len(instances)
-        instances.append(replace(proto, mb=mb))
-        return table[mb]
-
-    def classify(r: int, a: Action, done: dict) -> tuple:
-        """What every action of a's (kind, chunk) on rank r shares: (code, its needs' done tables, its own done
-        table, x); x: _PLAIN: (its step where it needs nothing, (x, mem, mode)); _SEND, _RECV: (its link's
-        channels by microbatch, p2p index, link, the link's channels sent or received so far); _SYNC: ((entered instances by microbatch, prototype) or None,
-        ((waited instances by microbatch, prototype), ...), (at_end, is_coll, duration index), mem, mode)."""
-        code, needs, x, mem, mode, bare = resolve(a)
-        tables = tuple(done.setdefault(n, {}) for n in needs)
-        mine = done.setdefault((a.kind, a.chunk), {})
-        if code == _PLAIN:
-            return code, tables, mine, (bare, (x, mem, mode))
-        if code in (_SEND, _RECV):
-            link = (r, x[0], x[1], x[2]) if code == _SEND else (x[0], r, x[1], x[2])
-            while len(traffic) <= x[4]:
-                traffic.append(([], []))
-            return code, tables, mine, (chans.setdefault(link, {}), x[3], x[4], traffic[x[4]][code == _RECV])
-        entry, at_end, waits, is_coll, dur = x
-        table = (lambda proto: (insts.setdefault((proto.group, proto.kind), {}), proto))
-        return code, tables, mine, (entry and table(entry), tuple(map(table, waits)), (at_end, is_coll, dur), mem,
-                                    mode)
-
-    steps, counts, p2p_actions, missing, traffic, entries = [], [], [], False, [], []
-    for r, acts in enumerate(s.ranks):
-        done: dict = {}  # (kind, chunk) -> {microbatch: its latest step on this rank so far}
-        shape: dict = {}  # (kind, chunk) -> classify()
-        out, entered, n_p2p = [], [], 0
-        append = out.append
-        for i, (_, kind, mb, chunk) in enumerate(acts):
-            sh = shape.get((kind, chunk))
-            if sh is None:
-                sh = shape[(kind, chunk)] = classify(r, acts[i], done)
-            code, tables, mine, x = sh
-            needs = ()
-            for table in tables:
-                j = table.get(mb)
-                if j is None:
-                    needs = None
-                    break
-                if j != i - 1:  # the step just before ends at the rank's clock, which every step waits for
-                    needs += (j,)
-            mine[mb] = i
-            if code == _PLAIN:
-                if needs == ():
-                    append(x[0])
-                elif needs is not None:
-                    append((_PLAIN, needs, *x[1]))
-                else:
-                    append((_MISSING, (), -1, 0, 0))
-                    missing = True
-                continue
-            if code != _SYNC:
-                chan, p2p, link, carried = x
-                n_p2p += 1
-                if needs is None and code == _SEND:  # raised when the rank gets there
-                    append((_MISSING, (), -1, 0, 0))
-                    missing = True
-                    continue
-                c = chan.get(mb)  # its channel: one per link and microbatch
-                if c is None:
-                    c = chan[mb] = n_chans
-                    n_chans += 1
-                if needs is None:  # a receive still waits for its send first
-                    append((_MISSING, (), c, 0, 0))
-                    missing = True
-                else:
-                    append((code, needs, c, link, 0) if code == _SEND else (code, needs, c, p2p, link))
-                    carried.append(c)
-                continue
-            if needs is None:
-                append((_MISSING, (), -1, 0, 0))
-                missing = True
-                continue
-            entry, waits, (at_end, is_coll, dur), mem, mode = x
+            entry, at_end, waits, is_coll, dur = x
+            row[1], row[9], row[10] = index(times, dur), at_end, is_coll
             if entry:
-                got = entry[0].get(mb)
-                entry = instance(entry[1], mb) if got is None else got
-                if not missing:
-                    entered.append((i, entry))
-            else:
-                entry = -1
-            if waits:
-                got = []
-                for table, proto in waits:
-                    w = table.get(mb)
-                    got.append(instance(proto, mb) if w is None else w)
-                waits = tuple(got)
-            append((_SYNC, needs, (entry, at_end, waits, is_coll, dur), mem, mode))
-        steps.append(out)
-        entries.append(entered)
-        counts.append({key: len(mbs) for key, mbs in done.items() if key in shape})
-        p2p_actions.append(n_p2p)
-    members = [tuple(group_members(s, inst.group)) for inst in instances]
+                row[7], row[8] = index(inst_tabs, (entry.group, entry.kind)), index(protos, (entry, entry.phase))
+            for proto in waits:
+                wait_tab.append(index(inst_tabs, (proto.group, proto.kind)))
+                wait_proto.append(index(protos, (proto, proto.phase)))
+        wstart.append(len(wait_tab))
+        rows.append(tuple(row))
+
+    kcs, mbs, off, keys_of = [], [], [0], []
+    for r, (acts, keys) in enumerate(zip(s.ranks, rank_keys(s))):
+        base = len(rows)
+        ids = {(kind, chunk): base + n for n, (_, kind, chunk) in enumerate(keys)}  # the shapes the rank runs
+        keys_of.append(list(ids))
+        for kind, chunk in keys_of[-1]:
+            classify(r, kind, chunk, ids)
+        for _ in range(len(ids) + base - len(rows)):  # shapes only needed (none of them runs here: _MISSING)
+            rows.append((_PLAIN, 0, 0, 0, 0, 0, 0, -1, 0, 0, 0))
+            nstart.append(nstart[-1])
+            wstart.append(wstart[-1])
+        if acts:  # each step's shape id, from a table by (kind, chunk)
+            _, kinds, mbs_r, chunks = zip(*acts)
+            table = np.zeros((len(_KIND_CODE), 1 + max(chunk for _, chunk in ids)), np.int64)
+            for (kind, chunk), n in ids.items():
+                table[_KIND_CODE[kind], chunk] = n
+            kcs.append(table[np.fromiter(map(_KIND_CODE.__getitem__, kinds), np.int64, len(acts)),
+                             np.array(chunks, np.int64)])
+            mbs.append(np.array(mbs_r, np.int64))
+        off.append(off[-1] + len(acts))
+    kc, mb = (np.concatenate(kcs), np.concatenate(mbs)) if kcs else (np.zeros(0, np.int64),) * 2
+    table = np.array(rows, np.int64).reshape(-1, 11)
+    (rec, need, sync, wait, inst_proto, inst_mb, n_chans, missing, in_order, seen, p2p_actions, entry_step,
+     entry_inst, entry_start) = jit(derive, len(kc))(
+        np.array(off, np.int64), kc, mb, int(mb.max()) + 1 if len(mb) else 1, *table.T.copy(),
+        np.array(nstart, np.int64), np.array(shape_needs, np.int64), np.array(wstart, np.int64),
+        np.array(wait_tab, np.int64), np.array(wait_proto, np.int64), len(chan_tabs), len(inst_tabs), len(links))
+    proto_of = [proto for proto, _ in protos]
+    instances = [replace(proto_of[p], mb=m) for p, m in zip(inst_proto.tolist(), inst_mb.tolist())]
+    groups: dict = {}  # group -> its index
+    for inst in instances:
+        groups.setdefault(inst.group, len(groups))
+    ranks_of = [tuple(group_members(s, group)) for group in groups]
+    members = [ranks_of[groups[inst.group]] for inst in instances]
     roots = [root_of(s, inst.group) if inst.group in ("C0", "IB") else None for inst in instances]
-    return _Program(steps, list(times), list(mems), list(p2ps), n_chans, list(links), instances, members, roots,
-                    counts, p2p_actions, missing, traffic, entries)
+    seen, p2p_actions = seen.tolist(), p2p_actions.tolist()
+    counts = [{key: seen[off_r + n] for n, key in enumerate(keys)} for keys, off_r in
+              zip(keys_of, np.cumsum([0] + [len(k) for k in keys_of][:-1]).tolist())]
+    arrays = (np.array(off, np.int64), rec, need, sync, wait, np.array([-1 if x is None else x for x in roots], np.int64),
+              np.array([groups[inst.group] for inst in instances], np.int64),
+              np.cumsum([0] + [len(m) for m in ranks_of], dtype=np.int64),
+              np.array([q for m in ranks_of for q in m], np.int64))
+    return _Program(*arrays, list(times), list(mems), list(p2ps), n_chans, list(links), instances, members, roots,
+                    counts, p2p_actions, bool(missing), bool(in_order), entry_start, entry_step, entry_inst)
 
 
 def _shape(s: Schedule, a: Action) -> tuple:

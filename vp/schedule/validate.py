@@ -14,6 +14,8 @@ from collections import Counter, defaultdict
 from dataclasses import replace
 from operator import itemgetter
 
+import numpy as np
+
 from vp.schedule.actions import KINDS, P2P, Schedule
 from vp.schedule.rules import members, rank_keys, shapes
 from vp.schedule.program import _program, p2p_in_order
@@ -102,8 +104,9 @@ def validate(s: Schedule) -> Schedule:
 
     if any(sh.peer == r for r, shape in enumerate(shapes(s)) for sh in shape.values()) or not p2p_in_order(s):
         _check_needs_and_links(s)  # raises naming the first rank and step that breaks a check
-    _check_groups(s)
-    check_collective_order(s)
+    if not _one_order(s):
+        _check_groups(s)
+        check_collective_order(s)
     try:  # what runs with all of a rank's collectives on one ordered queue runs in the default mode too
         simulate(s, Costs(), strict=True)
     except ScheduleError:
@@ -157,6 +160,19 @@ def _check_needs_and_links(s: Schedule):
                                 f"expects microbatch {received[i][1]} of stage {received[i][2]}\n" + s.grid())
 
 
+def _one_order(s: Schedule) -> bool:
+    """Whether every rank enters the same instances, each once, in one order, and every group spans all ranks:
+    the common case, in which _check_groups and check_collective_order pass; read from the program's arrays."""
+    prog = _program(s)
+    counts = np.diff(prog.entry_start)
+    if prog.missing or not len(counts) or (counts != counts[0]).any():
+        return False
+    order = prog.entry_inst.reshape(len(counts), counts[0])
+    first = order[0]
+    return bool((order == first).all() and len(np.unique(first)) == len(first)) and \
+        all(members(s, group) == range(s.pp) for group in {prog.instances[x].group for x in first.tolist()})
+
+
 def _check_groups(s: Schedule):
     """Every rank enters each group's collectives in the same order."""
     entries = collective_entries(s)
@@ -187,8 +203,9 @@ def collective_entries(s: Schedule) -> list[list[tuple[int, object]]]:
         prog = _program(s)
         if prog.missing:
             return _entries_from_rules(s)  # no instance is resolved past a missing input: from the rules
-        instances = prog.instances
-        return [[(i, instances[x]) for i, x in entered] for entered in prog.entries]
+        instances, starts = prog.instances, prog.entry_start.tolist()
+        steps, insts = prog.entry_step.tolist(), list(map(instances.__getitem__, prog.entry_inst.tolist()))
+        return [list(zip(steps[a:b], insts[a:b])) for a, b in zip(starts, starts[1:])]
     return s.memo("collective_entries", make)
 
 

@@ -1,0 +1,65 @@
+"""The simulator's and the program's loops (vp/schedule/kernel.py, vp/schedule/derive.py) run compiled by numba from
+kernel.COMPILE_FROM steps on, and as Python below that or where numba is not installed: the same functions, so the
+same figures to the bit, and the figures the simulator computed before it was compiled
+(tests/fixtures/simulator_reference.json, build_reference.json)."""
+import json
+import sys
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from tests.sim_reference import BUILDS, FIXTURE, build_digests, schedule_digests
+from vp.schedule import ScheduleError, build, kernel, simulate, unit_costs, validate
+from vp.schedule.methods import METHODS
+from vp.schedule.program import _program
+from vp.schedule.sharing import Sharing
+
+COMPILED, PYTHON = 0, 10**12  # kernel.COMPILE_FROM: every program compiled, none
+
+
+def test_planner_compiled_loops_give_the_reference_figures_to_the_bit(monkeypatch):
+    monkeypatch.setattr(kernel, "COMPILE_FROM", COMPILED)
+    want = json.loads(FIXTURE.read_text())["schedules"]
+    got = schedule_digests()
+    assert [name for name in want if got[name] != want[name]] == []
+    want = json.loads(BUILDS.read_text())
+    got = build_digests()
+    assert [name for name in want if got[name] != want[name]] == []
+
+
+def _figures(method: str) -> tuple:
+    """A fresh schedule's program and its simulations in the default mode, the strict mode and with processor
+    sharing (durations of the caller's), or the error text where it cannot run."""
+    s = build(method, 4, 12)
+    validate(s)
+    prog = _program(s)
+    arrays = tuple(np.asarray(x).tolist() for x in prog[:9]) + (prog.in_order, prog.missing,
+                                                                prog.entry_inst.tolist(), prog.counts)
+    shared = replace(unit_costs(s), sharing=Sharing(cores=2.0, devices=1.0, crowding=1.2))
+    out = [arrays]
+    for costs, strict in ((None, False), (None, True), (shared, False)):
+        r = simulate(s, costs, strict)
+        out.append((r.makespan, r.busy, r.peak_activations, [(list(a), b, e) for a, b, e in r.spans]))
+    crossed = replace(s, ranks=[list(reversed(acts)) for acts in s.ranks])  # inputs after their consumers
+    try:
+        simulate(crossed)
+    except ScheduleError as e:
+        out.append(str(e))
+    return tuple(out)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_planner_compiled_and_python_loops_agree_to_the_bit(method, monkeypatch):
+    monkeypatch.setattr(kernel, "COMPILE_FROM", PYTHON)
+    python = _figures(method)
+    monkeypatch.setattr(kernel, "COMPILE_FROM", COMPILED)
+    compiled = _figures(method)
+    assert isinstance(compiled[-1], str) and "needs" in compiled[-1]
+    assert compiled == python
+    # where numba is not installed, jit() hands back the Python functions
+    monkeypatch.setitem(sys.modules, "numba", None)
+    monkeypatch.setattr(kernel, "_jitted", {})
+    assert kernel.jit(kernel.run, 10**9) is kernel.run
+    assert _figures(method) == python
+
