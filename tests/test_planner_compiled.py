@@ -18,8 +18,10 @@ from vp.schedule.sharing import Sharing
 COMPILED, PYTHON = 0, 10**12  # kernel.COMPILE_FROM: every program compiled, none
 
 
-def test_planner_compiled_loops_give_the_reference_figures_to_the_bit(monkeypatch):
-    monkeypatch.setattr(kernel, "COMPILE_FROM", COMPILED)
+@pytest.mark.parametrize("mode", [COMPILED, PYTHON], ids=["compiled", "python"])
+def test_planner_compiled_and_python_loops_give_the_reference_figures_to_the_bit(mode, monkeypatch):
+    monkeypatch.setattr(kernel, "COMPILE_FROM", mode)
+    monkeypatch.setattr(kernel, "_jitted", {})
     want = json.loads(FIXTURE.read_text())["schedules"]
     got = schedule_digests()
     assert [name for name in want if got[name] != want[name]] == []
@@ -52,6 +54,7 @@ def _figures(method: str) -> tuple:
 @pytest.mark.parametrize("method", METHODS)
 def test_planner_compiled_and_python_loops_agree_to_the_bit(method, monkeypatch):
     monkeypatch.setattr(kernel, "COMPILE_FROM", PYTHON)
+    monkeypatch.setattr(kernel, "_jitted", {})
     python = _figures(method)
     monkeypatch.setattr(kernel, "COMPILE_FROM", COMPILED)
     compiled = _figures(method)

@@ -81,16 +81,16 @@ def finals(result, sched: Schedule) -> list[tuple[dict, float]]:
     stopping once all are found."""
     want = sched.chunks + bool(sched.vocab_parallel)
     out = []
-    for actions, starts, ends in result.spans:
+    for actions, starts, ends in result.rank_spans():
         last: dict = {}
         for i in range(len(actions) - 1, -1, -1):
             _, kind, _, chunk = actions[i]
             key = ("stage", chunk) if kind in ("B", "W") else "shards" if kind in ("T", "IB") else None
             if key is not None and key not in last:
-                last[key] = (starts[i], ends[i])
+                last[key] = (float(starts[i]), float(ends[i]))
                 if len(last) == want:
                     break
-        out.append((last, ends[-1] if ends else 0.0))
+        out.append((last, float(ends[-1]) if len(ends) else 0.0))
     return out
 
 

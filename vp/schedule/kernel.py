@@ -1,8 +1,9 @@
 """The simulator's loop, compiled: vp/schedule/simulate.py's execution model over the program's flat arrays
 (vp/schedule/program.py). jit() compiles it with numba (a dependency of the project, imported on first use;
-compiled once and cached on disk beside this file) for programs of COMPILE_FROM steps or more; smaller ones, and
-every one where numba is not installed (a bare GPU node's python), run the same functions as Python: the same
-figures, without numba's import and cache loads (about 0.7 CPU-s) in a small run's processes.
+compiled once and cached on disk beside this file) for programs of COMPILE_FROM steps or more, and from then on in
+that process for every program; smaller ones in a process that has not met a larger one, and every one where numba
+is not installed (a bare GPU node's python), run the same functions as Python: the same figures, without numba's
+import and cache loads (about 0.6 CPU-s) in a small run's processes, at several microseconds a step.
 
 Event-driven: each rank runs its steps in order until one must wait (a receive whose send is not posted, a
 collective not complete, a communicator not created); it is then parked on that one event (a linked list per
@@ -33,13 +34,14 @@ def kernel(fn):
 
 
 def jit(fn, size: int):
-    """fn compiled by numba where size >= COMPILE_FROM and numba is installed, else fn. Every function marked
+    """fn compiled by numba where size >= COMPILE_FROM (or fn was compiled before in this process) and numba is
+    installed, else fn. Every function marked
     @kernel in fn's module is compiled as a clone whose globals hold the compiled clones, so fn's calls among them
     stay compiled while the module's own functions stay Python; the ones fn calls are inlined into it (a call that
     passes arrays counts their references, atomically, which cost more than the loop's own work)."""
-    if size < COMPILE_FROM:
+    got = _jitted.get(fn)  # compiled already in this process: for every size
+    if got is None and size < COMPILE_FROM:
         return fn
-    got = _jitted.get(fn)
     if got is None:
         try:
             from numba import njit

@@ -50,6 +50,8 @@ class _Program(NamedTuple):
     channels: int  # number of send/receive channels
     links: list  # link id -> (src, dst, kind): one direction and kind of traffic between two ranks
     instances: list  # instance id -> Collective
+    inst_kind: object  # instance id -> index of its kind in inst_kinds (an array)
+    inst_kinds: list  # the kinds of the instances
     members: list  # instance id -> the ranks of its group
     roots: list  # instance id -> the rank it is sent from (C0, IB: receivers wait for it alone) or None
     counts: list  # per rank, (kind, chunk) -> how many distinct microbatches it runs of it
@@ -148,7 +150,10 @@ def _make_program(s: Schedule) -> _Program:
               np.array([groups[inst.group] for inst in instances], np.int64),
               np.cumsum([0] + [len(m) for m in ranks_of], dtype=np.int64),
               np.array([q for m in ranks_of for q in m], np.int64))
-    return _Program(*arrays, list(times), list(mems), list(p2ps), n_chans, list(links), instances, members, roots,
+    kinds = {}  # kind -> its index
+    inst_kind = np.array([kinds.setdefault(inst.kind, len(kinds)) for inst in instances], np.int64)
+    return _Program(*arrays, list(times), list(mems), list(p2ps), n_chans, list(links), instances, inst_kind,
+                    list(kinds), members, roots,
                     counts, p2p_actions, bool(missing), bool(in_order), entry_start, entry_step, entry_inst)
 
 

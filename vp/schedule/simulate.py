@@ -91,6 +91,14 @@ class SimResult:
             self._spans = [tuple(list(map(itemgetter(n), tl)) for n in range(3)) for tl in self._timeline]
         return self._spans
 
+    def rank_spans(self):
+        """Per rank: (its actions, their starts, their ends), the last two numpy views of the flat arrays where the
+        simulator left them (nothing converted: for a reader of a few steps per rank), else spans' lists."""
+        if self._flat is None:
+            return self.spans
+        ranks, off, starts, ends = self._flat
+        return [(acts, starts[a:b], ends[a:b]) for acts, a, b in zip(ranks, off.tolist(), off[1:].tolist())]
+
     @property
     def bubble_rate(self) -> float:
         total = len(self.busy) * self.makespan
@@ -126,7 +134,7 @@ def simulate(s: Schedule, costs: Costs | None = None, strict: bool = False,
     dur = np.array([costs.time(k, st) for k, st in prog.time_keys] or [0.0])
     memd = np.array([costs.mem(k, st) for k, st in prog.mem_keys] or [0.0])
     p2p = np.array([costs.p2p(src, dst) for src, dst in prog.p2p_keys] or [0.0])
-    comm = np.array([costs.comm.get(inst.kind, 0.0) for inst in prog.instances], np.float64)
+    comm = np.array([costs.comm.get(kind, 0.0) for kind in prog.inst_kinds] or [0.0])[prog.inst_kind]
     own = _NONE if durations is None else np.fromiter(chain.from_iterable(durations), np.float64, len(prog.rec))
     status, r, i, idx, busy, peak, starts, ends, entered, queue, qstart, qlen, head = kernel.jit(
         kernel.run, len(prog.rec))(
