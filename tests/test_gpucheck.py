@@ -1,5 +1,5 @@
 """The GPU check (scripts/gpu-check.sh, vp/gpucheck/) cannot run its CUDA form here; what runs on CPU runs here: the
-script with Hydra, omegaconf, submitit and W&B blocked from import, the report kept part by part when a later part
+script with Hydra, omegaconf, submitit, W&B and numba blocked from import, the report kept part by part when a later part
 does not finish, the refusals, every part's CPU form at tiny shapes, and the pure pieces (the torch.distributed
 scan, the race probe's verdict, the profile fit)."""
 import json
@@ -20,7 +20,7 @@ from vp.gpucheck import PARTS, __main__ as gpucheck
 from vp.gpucheck import memory, passes, pipeline, precision, preflight, race, runtime, trust
 
 ROOT = Path(__file__).resolve().parents[1]
-BLOCKED = ("hydra", "omegaconf", "submitit", "wandb")
+BLOCKED = ("hydra", "omegaconf", "submitit", "wandb", "numba")
 BLOCKER = f'''import importlib.abc, sys
 class _Blocked(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path, target=None):
@@ -32,7 +32,8 @@ sys.meta_path.insert(0, _Blocked())
 
 @pytest.mark.needs("bash")
 def test_the_script_runs_with_hydra_omegaconf_submitit_and_wandb_blocked(tmp_path):
-    """A sitecustomize on PYTHONPATH blocks the four in the script's process and in every part's process."""
+    """A sitecustomize on PYTHONPATH blocks the five in the script's process and in every part's process (without
+    numba the simulator's loops run as Python, vp/schedule/kernel.py)."""
     site = tmp_path / "site"
     site.mkdir()
     (site / "sitecustomize.py").write_text(BLOCKER)

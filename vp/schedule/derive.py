@@ -21,7 +21,7 @@ from vp.schedule.kernel import MISSING, PLAIN, RECV, SEND, SYNC, kernel
 @kernel
 def derive(off, kc, mbs, m, code_of, time_of, mem_of, mode_of, p2p_of, chan_of, link_of, entry_of, entry_proto,
            at_end_of, is_coll_of, nstart, shape_needs, wstart, wait_tab, wait_proto, n_chan_tabs, n_inst_tabs,
-           n_links):
+           n_links, sbase):
     """(rec, needs, sync, waits, instances as (proto, mb), channels, missing, in_order, per shape its distinct
     microbatches, per rank its sends and receives, entries (step, instance) and their per-rank starts)."""
     pp, n, n_shapes = off.shape[0] - 1, kc.shape[0], code_of.shape[0]
@@ -36,7 +36,11 @@ def derive(off, kc, mbs, m, code_of, time_of, mem_of, mode_of, p2p_of, chan_of, 
     needs = np.empty(n_need, np.int64)
     sync = np.zeros((n_sync, 6), np.int64)
     waits = np.empty(n_wait, np.int64)
-    done = np.full((n_shapes, m), -1, np.int64)  # the latest step of each shape at each microbatch
+    width = 0
+    for r in range(pp):
+        width = max(width, sbase[r + 1] - sbase[r])
+    done = np.full((width, m), -1, np.int64)  # the latest step of each of a rank's shapes at each microbatch
+    seen = np.zeros(n_shapes, np.int64)  # distinct microbatches of each shape
     chans = np.full((n_chan_tabs, m), -1, np.int64)
     insts = np.full((n_inst_tabs, m), -1, np.int64)
     inst_proto, inst_mb = np.empty(n_sync + n_wait, np.int64), np.empty(n_sync + n_wait, np.int64)
@@ -46,13 +50,13 @@ def derive(off, kc, mbs, m, code_of, time_of, mem_of, mode_of, p2p_of, chan_of, 
     nn, ns, nw, n_inst, n_chan, n_p2p, n_entries = 0, 0, 0, 0, 0, 0, 0
     missing = False
     for r in range(pp):
-        base = off[r]
+        base, first = off[r], sbase[r]
         for g in range(base, off[r + 1]):
             i, s, mb = g - base, kc[g], mbs[g]
             code = code_of[s]
             n0, ok = nn, True
             for k in range(nstart[s], nstart[s + 1]):
-                j = done[shape_needs[k], mb]
+                j = done[shape_needs[k] - first, mb]
                 if j < 0:
                     ok = False
                     break
@@ -61,7 +65,9 @@ def derive(off, kc, mbs, m, code_of, time_of, mem_of, mode_of, p2p_of, chan_of, 
                     nn += 1
             if not ok:
                 nn = n0
-            done[s, mb] = i
+            if done[s - first, mb] < 0:
+                seen[s] += 1
+            done[s - first, mb] = i
             if code == PLAIN:
                 if ok:
                     rec[g, 0], rec[g, 1], rec[g, 2], rec[g, 3], rec[g, 4], rec[g, 5] = PLAIN, time_of[s], mem_of[s], mode_of[s], n0, nn
@@ -116,11 +122,7 @@ def derive(off, kc, mbs, m, code_of, time_of, mem_of, mode_of, p2p_of, chan_of, 
                 rec[g, 0], rec[g, 1], rec[g, 2], rec[g, 3], rec[g, 4], rec[g, 5] = SYNC, ns, mem_of[s], mode_of[s], n0, nn
                 ns += 1
         entry_start[r + 1] = n_entries
-    seen = np.zeros(n_shapes, np.int64)  # distinct microbatches of each shape
-    for s in range(n_shapes):
-        for mb in range(m):
-            if done[s, mb] >= 0:
-                seen[s] += 1
+        done[:sbase[r + 1] - first] = -1
     return (rec, needs[:nn], sync[:ns], waits[:nw], inst_proto[:n_inst], inst_mb[:n_inst], n_chan, missing,
             _in_order(p2p_link[:n_p2p], p2p_chan[:n_p2p], p2p_recv[:n_p2p], n_links), seen, p2p_actions,
             entry_step[:n_entries], entry_inst[:n_entries], entry_start)

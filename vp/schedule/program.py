@@ -11,7 +11,7 @@ from vp.schedule.actions import COLLECTIVES, KINDS, P2P, Action, Schedule
 from vp.schedule.derive import derive
 from vp.schedule.kernel import jit
 from vp.schedule.rules import members as group_members
-from vp.schedule.rules import rank_keys, root_of, shapes
+from vp.schedule.rules import root_of, shape_of
 
 
 # step codes of the program: what the loop does with an action
@@ -108,10 +108,19 @@ def _make_program(s: Schedule) -> _Program:
         wstart.append(len(wait_tab))
         rows.append(tuple(row))
 
-    kcs, mbs, off, keys_of = [], [], [0], []
-    for r, (acts, keys) in enumerate(zip(s.ranks, rank_keys(s))):
+    kcs, mbs, off, keys_of, sbase = [], [], [0], [], [0]
+    for r, acts in enumerate(s.ranks):
         base = len(rows)
-        ids = {(kind, chunk): base + n for n, (_, kind, chunk) in enumerate(keys)}  # the shapes the rank runs
+        if acts:  # each step's (kind, chunk) as one code, and the codes in order of first appearance
+            _, kinds, mbs_r, chunks = zip(*acts)
+            chunk_of = np.array(chunks, np.int64)
+            width = int(chunk_of.max()) + 1
+            code = np.fromiter(map(_KIND_CODE.__getitem__, kinds), np.int64, len(acts)) * width + chunk_of
+            first = np.unique(code, return_index=True)[1]
+            first.sort()
+            ids = {(kinds[i], chunks[i]): base + n for n, i in enumerate(first.tolist())}  # the shapes it runs
+        else:
+            ids = {}
         keys_of.append(list(ids))
         for kind, chunk in keys_of[-1]:
             classify(r, kind, chunk, ids)
@@ -119,22 +128,22 @@ def _make_program(s: Schedule) -> _Program:
             rows.append((_PLAIN, 0, 0, 0, 0, 0, 0, -1, 0, 0, 0))
             nstart.append(nstart[-1])
             wstart.append(wstart[-1])
-        if acts:  # each step's shape id, from a table by (kind, chunk)
-            _, kinds, mbs_r, chunks = zip(*acts)
-            table = np.zeros((len(_KIND_CODE), 1 + max(chunk for _, chunk in ids)), np.int64)
-            for (kind, chunk), n in ids.items():
-                table[_KIND_CODE[kind], chunk] = n
-            kcs.append(table[np.fromiter(map(_KIND_CODE.__getitem__, kinds), np.int64, len(acts)),
-                             np.array(chunks, np.int64)])
+        if acts:  # each step's shape id, from a table by its code
+            table = np.zeros(len(_KIND_CODE) * width, np.int64)
+            for kind, chunk in keys_of[-1]:
+                table[_KIND_CODE[kind] * width + chunk] = ids[(kind, chunk)]
+            kcs.append(table[code])
             mbs.append(np.array(mbs_r, np.int64))
         off.append(off[-1] + len(acts))
+        sbase.append(len(rows))
     kc, mb = (np.concatenate(kcs), np.concatenate(mbs)) if kcs else (np.zeros(0, np.int64),) * 2
     table = np.array(rows, np.int64).reshape(-1, 11)
     (rec, need, sync, wait, inst_proto, inst_mb, n_chans, missing, in_order, seen, p2p_actions, entry_step,
      entry_inst, entry_start) = jit(derive, len(kc))(
         np.array(off, np.int64), kc, mb, int(mb.max()) + 1 if len(mb) else 1, *table.T.copy(),
         np.array(nstart, np.int64), np.array(shape_needs, np.int64), np.array(wstart, np.int64),
-        np.array(wait_tab, np.int64), np.array(wait_proto, np.int64), len(chan_tabs), len(inst_tabs), len(links))
+        np.array(wait_tab, np.int64), np.array(wait_proto, np.int64), len(chan_tabs), len(inst_tabs), len(links),
+        np.array(sbase, np.int64))
     proto_of = [proto for proto, _ in protos]
     instances = [replace(proto_of[p], mb=m) for p, m in zip(inst_proto.tolist(), inst_mb.tolist())]
     groups: dict = {}  # group -> its index
@@ -161,7 +170,7 @@ def _shape(s: Schedule, a: Action) -> tuple:
     """(code, needs, x, memory key, memory mode) of an action with its microbatch left out (rules.shape): needs are
     (kind, chunk) pairs; x: p2p: (peer, kind, stage) of the match; _PLAIN: its time key; _SYNC: ((group, kind)
     entered or None, entered at the end, ((group, kind) waited on, ...), a collective action, its time key)."""
-    sh = shapes(s)[a.rank][(a.kind, a.chunk)]
+    sh = shape_of(s, a.rank, a.kind, a.chunk)
     kind = a.kind
     if kind in P2P:
         return (_SEND if kind[0] == "S" else _RECV), sh.needs, (sh.peer, *sh.match), None, _MEM_NONE

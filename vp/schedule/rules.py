@@ -134,6 +134,23 @@ def shape(s: Schedule, a: Action) -> Shape:
                  entry and replace(entry, mb=0), tuple(replace(w, mb=0) for w in waits))
 
 
+_SHAPES: dict = {}  # (the schedule's fields but its microbatches and actions, rank, kind, chunk) -> Shape
+_SHAPES_AT_MOST = 1 << 17  # emptied past this many
+
+
+def shape_of(s: Schedule, rank: int, kind: str, chunk: int) -> Shape:
+    """shape() of (rank, kind, chunk): it reads the schedule's method, pp, chunks, placement, vocabulary and W split,
+    never its microbatches or actions, so one is worked out for every schedule that shares those (a planner builds
+    one per microbatch count)."""
+    key = (s.method, s.pp, s.chunks, s.placement, s.vocab, s.split_w, rank, kind, chunk)
+    got = _SHAPES.get(key)
+    if got is None:
+        if len(_SHAPES) >= _SHAPES_AT_MOST:
+            _SHAPES.clear()
+        got = _SHAPES[key] = shape(s, Action(rank, kind, 0, chunk))
+    return got
+
+
 def rank_keys(s: Schedule) -> list[dict]:
     """Per rank, the distinct (rank, kind, chunk) of its actions, in order of first appearance (as dict keys): one
     pass in C, once per schedule object (validate()'s field check and shapes() read it)."""
@@ -149,7 +166,7 @@ def shapes(s: Schedule) -> list[dict]:
             seen = {}
             for rank, kind, chunk in keys:
                 if (kind, chunk) not in seen:
-                    seen[(kind, chunk)] = shape(s, Action(rank, kind, 0, chunk))
+                    seen[(kind, chunk)] = shape_of(s, rank, kind, chunk)
             out.append(seen)
         return out
     return s.memo("rule_shapes", make)
