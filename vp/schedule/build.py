@@ -54,19 +54,21 @@ def lower(s: Schedule) -> Schedule:
             return ("RF" if prev else None), ("SF" if nxt else None)
         return ("RB" if nxt else None), ("SB" if prev else None)
 
+    new = tuple.__new__  # Action(...) without its signature's call
     for r, acts in enumerate(s.ranks):
         seq, known = [], {}
+        append = seq.append
         for a in acts:
-            key = (a.kind, a.chunk)
-            got = known.get(key)
+            _, kind, mb, chunk = a
+            got = known.get((kind, chunk))
             if got is None:
-                got = known[key] = around(r, *key)
+                got = known[(kind, chunk)] = around(r, kind, chunk)
             before, after = got
             if before:
-                seq.append(Action(r, before, a.mb, a.chunk))
-            seq.append(a)
+                append(new(Action, (r, before, mb, chunk)))
+            append(a)
             if after:
-                seq.append(Action(r, after, a.mb, a.chunk))
+                append(new(Action, (r, after, mb, chunk)))
         out.append(seq)
     return replace(s, ranks=out)
 
@@ -216,7 +218,7 @@ def build(method: str, pp: int, microbatches: int, chunks: int | None = None) ->
     spec = get_method(method)
     n_chunks = chunks_for(spec, chunks)
     order = spec.family.generate(pp, microbatches, n_chunks, spec.vocab)
-    ranks = [[Action(r, *a) for a in acts] for r, acts in enumerate(order)]
+    ranks = [list(map(tuple.__new__, repeat(Action), map((r,).__add__, acts))) for r, acts in enumerate(order)]
     s = Schedule(method, pp, microbatches, n_chunks, spec.placement, spec.vocab, spec.split_w, ranks)
     if spec.vocab.parallel and not spec.family.places_vocab:
         place = spec.family.vocab_placer
