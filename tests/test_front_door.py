@@ -212,7 +212,8 @@ FLOORS = [
     ("schedule generators and the method rows", [
         "vp.schedule.generators", "vp.schedule.interlaced", "vp.schedule.vhalf", "vp.schedule.vhalf_vocab",
         "vp.schedule.methods"]),
-    ("schedule simulator", ["vp.schedule.rules", "vp.schedule.program", "vp.schedule.sharing", "vp.schedule.simulate"]),
+    ("schedule simulator", ["vp.schedule.rules", "vp.schedule.kernel", "vp.schedule.derive", "vp.schedule.program",
+                            "vp.schedule.sharing", "vp.schedule.simulate"]),
     ("schedule building and checking", ["vp.schedule", "vp.schedule.build", "vp.schedule.validate",
                                         "vp.schedule.picture"]),
     ("run description: config, mesh, tensor modes, channels", [

@@ -35,6 +35,7 @@ from vp.cost.costs import dp_slowdown, tail_per_rank
 from vp.cost.data_parallel import exposed_reduce_per_rank, reduce_buckets, unhidden_reduce
 from vp.cost.profiles import Hardware
 from vp.schedule import Costs, Schedule
+from vp.schedule.actions import rank_chunk_of, stage_of
 from vp.schedule.methods import get_method
 from vp.plan.order_bounds import after_first_b, barrier_counts, between_barriers, first_b_counts
 
@@ -43,12 +44,14 @@ def makespan_lower_bound(s: Schedule, costs: Costs) -> float:
     """A lower bound on simulate(s, costs).makespan from the costs and the schedule's shape (s.ranks unused)."""
     pp, m, v = s.pp, s.microbatches, s.vocab
     stages = s.n_stages
-    rank_of = [s.where(st)[0] for st in range(stages)]
+    rank_of, own_of, crossing = _geometry(s.placement, pp, s.chunks)
+    compute, p2p = costs.compute, costs.p2p
 
-    def p2p(a: int, b: int) -> float:
-        return costs.p2p(rank_of[a], rank_of[b]) if rank_of[a] != rank_of[b] else 0.0
+    def t(kind: str, st: int) -> float:  # Costs.time
+        got = compute.get((kind, st))
+        return compute.get((kind, None), 0.0) if got is None else got
 
-    fbw = np.array([[costs.time(k, st) for k in "FBW"] for st in range(stages)])
+    fbw = np.array([[t("F", st), t("B", st), t("W", st)] for st in range(stages)])
     if not s.split_w:
         fbw[:, 2] = 0.0
     f, b, w_ = fbw.T.tolist()
@@ -58,17 +61,21 @@ def makespan_lower_bound(s: Schedule, costs: Costs) -> float:
     head[0] = costs.time("IF", None) + costs.comm.get("IF", 0.0) if v.parallel else 0.0
     back[0] = w_[0]
     for st in range(1, stages):
-        head[st] = head[st - 1] + f[st - 1] + p2p(st - 1, st)
-        back[st] = back[st - 1] + b[st - 1] + p2p(st, st - 1)
-        down[st] = down[st - 1] + b[st] + p2p(st, st - 1)
+        if crossing[st]:  # stages st - 1 and st on two ranks: a transfer each way
+            up, dn = p2p(rank_of[st - 1], rank_of[st]), p2p(rank_of[st], rank_of[st - 1])
+        else:
+            up = dn = 0.0
+        head[st] = head[st - 1] + f[st - 1] + up
+        back[st] = back[st - 1] + b[st - 1] + dn
+        down[st] = down[st - 1] + b[st] + dn
     vocab = {k: m * costs.time(k, None) for k in ("S", "T", "IF", "IB")} if v.parallel else {}
+    others = sum(t for k, t in vocab.items() if k != "IF")
     best = 0.0
-    for r in range(pp):
-        own = [s.stage(r, c) for c in range(s.chunks)]
+    for own in own_of:
         low = min(own)
         fb = m * sum(f[st] + b[st] for st in own)
         w = m * sum(w_[st] for st in own)
-        a = head[low] + fb + w + sum(t for k, t in vocab.items() if k != "IF")
+        a = head[low] + fb + w + others
         b_ = head[low] + fb + vocab.get("S", 0.0) + back[low]
         if v.grad_x_from in v.after_t:
             b_ += vocab["T"]
@@ -76,6 +83,16 @@ def makespan_lower_bound(s: Schedule, costs: Costs) -> float:
     _, _, after, barriers = _generated(s.method, pp, m, s.chunks)
     return float(max(best, after_first_b(s, costs, after, fbw, head, back, down),
                      between_barriers(s, costs, barriers, head)))
+
+
+@lru_cache(maxsize=1024)
+def _geometry(placement: str, pp: int, chunks: int) -> tuple:
+    """Of a pipeline's placement: the rank of each stage, each rank's stages (by chunk), and whether each stage sits
+    on another rank than the stage before it."""
+    stages = pp * chunks
+    rank_of = tuple(rank_chunk_of(placement, pp, st)[0] for st in range(stages))
+    own = tuple(tuple(stage_of(placement, pp, r, c) for c in range(chunks)) for r in range(pp))
+    return rank_of, own, tuple(st > 0 and rank_of[st] != rank_of[st - 1] for st in range(stages))
 
 
 def _held_points(order: list, split_w: bool, chunks: int) -> np.ndarray:

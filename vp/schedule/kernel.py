@@ -3,7 +3,7 @@
 compiled once and cached on disk beside this file) for programs of COMPILE_FROM steps or more, and from then on in
 that process for every program; smaller ones in a process that has not met a larger one, and every one where numba
 is not installed (a bare GPU node's python), run the same functions as Python: the same figures, without numba's
-import and cache loads (about 0.6 CPU-s) in a small run's processes, at several microseconds a step.
+import and cache loads (a fraction of a CPU second) in a small run's processes, at several microseconds a step.
 
 Event-driven: each rank runs its steps in order until one must wait (a receive whose send is not posted, a
 collective not complete, a communicator not created); it is then parked on that one event (a linked list per
