@@ -84,9 +84,7 @@ class SimResult:
     def spans(self) -> list[tuple[list, list, list]]:
         """Per rank: (its actions, their starts, their ends), three lists in the rank's order."""
         if self._spans is None and self._flat is not None:
-            ranks, off, starts, ends = self._flat
-            off, starts, ends = off.tolist(), starts.tolist(), ends.tolist()
-            self._spans = [(acts, starts[a:b], ends[a:b]) for acts, a, b in zip(ranks, off, off[1:])]
+            self._spans = [(acts, starts.tolist(), ends.tolist()) for acts, starts, ends in self.rank_spans()]
         elif self._spans is None:
             self._spans = [tuple(list(map(itemgetter(n), tl)) for n in range(3)) for tl in self._timeline]
         return self._spans
