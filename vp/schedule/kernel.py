@@ -35,10 +35,10 @@ def kernel(fn):
 
 def jit(fn, size: int):
     """fn compiled by numba where size >= COMPILE_FROM (or fn was compiled before in this process) and numba is
-    installed, else fn. Every function marked
-    @kernel in fn's module is compiled as a clone whose globals hold the compiled clones, so fn's calls among them
-    stay compiled while the module's own functions stay Python; the ones fn calls are inlined into it (a call that
-    passes arrays counts their references, atomically, which cost more than the loop's own work)."""
+    installed, else fn. Every function marked @kernel in fn's module is compiled as a clone whose globals hold the
+    compiled clones, so fn's calls among them stay compiled while the module's own functions stay Python; the ones
+    fn calls are inlined into it (a call that passes arrays counts their references, atomically, which cost more
+    than the loop's own work)."""
     got = _jitted.get(fn)  # compiled already in this process: for every size
     if got is None and size < COMPILE_FROM:
         return fn
@@ -58,8 +58,9 @@ def jit(fn, size: int):
         got = _jitted[fn] = ns[fn.__name__]
     return got
 
-PLAIN, SEND, RECV, SYNC, MISSING = range(5)  # program._PLAIN ... (checked by tests/test_sim.py)
-HOLD = 1  # program._MEM_HOLD
+
+PLAIN, SEND, RECV, SYNC, MISSING = range(5)  # a step's code (program._Program): what the loop does with it
+NONE, HOLD, FREE = range(3)  # a step's memory: F, S hold their activations (peak counted); B, W, T free them
 OK, STOPPED, MISSING_INPUT, OVERFLOW = range(4)  # status: all ran; some rank blocked; a step's input comes later
 
 

@@ -9,14 +9,14 @@ import numpy as np
 
 from vp.schedule.actions import COLLECTIVES, KINDS, P2P, Action, Schedule
 from vp.schedule.derive import derive
-from vp.schedule.kernel import jit
+from vp.schedule import kernel
 from vp.schedule.rules import members as group_members
 from vp.schedule.rules import root_of, shape_of
 
 
-# step codes of the program: what the loop does with an action
-_PLAIN, _SEND, _RECV, _SYNC, _MISSING = range(5)  # compute with no collective; p2p; anything that enters or waits
-_MEM_NONE, _MEM_HOLD, _MEM_FREE = range(3)  # F, S hold their activations (peak counted); B, W, T free them
+# step codes of the program (vp.schedule.kernel's): compute with no collective; p2p; anything that enters or waits
+_PLAIN, _SEND, _RECV, _SYNC, _MISSING = kernel.PLAIN, kernel.SEND, kernel.RECV, kernel.SYNC, kernel.MISSING
+_MEM_NONE, _MEM_HOLD, _MEM_FREE = kernel.NONE, kernel.HOLD, kernel.FREE  # F, S hold; B, W, T free
 _KIND_CODE = {kind: n for n, kind in enumerate(KINDS)}
 
 
@@ -139,7 +139,7 @@ def _make_program(s: Schedule) -> _Program:
     kc, mb = (np.concatenate(kcs), np.concatenate(mbs)) if kcs else (np.zeros(0, np.int64),) * 2
     table = np.array(rows, np.int64).reshape(-1, 11)
     (rec, need, sync, wait, inst_proto, inst_mb, n_chans, missing, in_order, seen, p2p_actions, entry_step,
-     entry_inst, entry_start) = jit(derive, len(kc))(
+     entry_inst, entry_start) = kernel.jit(derive, len(kc))(
         np.array(off, np.int64), kc, mb, int(mb.max()) + 1 if len(mb) else 1, *table.T.copy(),
         np.array(nstart, np.int64), np.array(shape_needs, np.int64), np.array(wstart, np.int64),
         np.array(wait_tab, np.int64), np.array(wait_proto, np.int64), len(chan_tabs), len(inst_tabs), len(links),
