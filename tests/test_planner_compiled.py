@@ -66,3 +66,23 @@ def test_planner_compiled_and_python_loops_agree_to_the_bit(method, monkeypatch)
     assert kernel.jit(kernel.run, 10**9) is kernel.run
     assert _figures(method) == python
 
+
+
+def test_planner_compiled_loops_compile_without_a_cache_where_numba_has_nowhere_to_write(monkeypatch):
+    """numba refuses cache=True where neither the module's folder nor the user's cache folder is writable (a
+    RuntimeError when the function is decorated); jit() then compiles without the cache. Here njit stands in for
+    numba's (no compilation): it refuses the cache and hands back the function."""
+    import numba
+
+    asked = []
+
+    def njit(cache=False, inline="never"):
+        asked.append(cache)
+        if cache:
+            raise RuntimeError("cannot cache function: no locator available")
+        return lambda fn: fn
+    monkeypatch.setattr(numba, "njit", njit)
+    monkeypatch.setattr(kernel, "_jitted", {})
+    run = kernel.jit(kernel.run, kernel.COMPILE_FROM)
+    assert run is not kernel.run and run.__code__ is kernel.run.__code__ and True in asked and False in asked
+    assert run.__globals__["_enter"].__code__ is kernel._enter.__code__  # the helpers it calls: their clones

@@ -54,7 +54,11 @@ def jit(fn, size: int):
             if getattr(f, "__kernel__", False) and f.__module__ == fn.__module__:
                 clone = types.FunctionType(f.__code__, ns, f.__name__, f.__defaults__, f.__closure__)
                 clone.__qualname__, clone.__module__ = f.__qualname__, f.__module__
-                ns[name] = njit(cache=True, inline="never" if f is fn else "always")(clone)
+                inline = "never" if f is fn else "always"
+                try:
+                    ns[name] = njit(cache=True, inline=inline)(clone)
+                except RuntimeError:  # no writable place for the cache (numba names none): compiled per process
+                    ns[name] = njit(inline=inline)(clone)
         got = _jitted[fn] = ns[fn.__name__]
     return got
 
