@@ -4,7 +4,7 @@ and the Costs a recorded run implies, for replaying it."""
 import statistics
 
 from vp.config import RunConfig
-from vp.cost.data_parallel import exposed_reduce_per_rank, gather_per_rank, reduce_s
+from vp.cost.data_parallel import exposed_reduce_per_rank, gather_per_rank, reduce_per_rank
 from vp.cost.memory import held_bytes, rank_params
 from vp.cost.network import OPS, Network, fit_link, groups
 from vp.cost.passes import compute_times, pass_times
@@ -170,7 +170,7 @@ def dp_allreduce_s(cfg: RunConfig, hw: Hardware, sched: Schedule) -> float:
 def dp_allreduce_per_rank(cfg: RunConfig, hw: Hardware, sched: Schedule) -> list[float]:
     """Per pipeline rank: the reduction of a device's fp32 gradients over its replicas' group, not overlapped (zero
     1: the reduce-scatter)."""
-    return [reduce_s(cfg, hw, p, n) for p, n in enumerate(rank_params(cfg, sched))]
+    return reduce_per_rank(cfg, hw, sched)
 
 
 def pass_costs(cfg: RunConfig, hw: Hardware, sched: Schedule, compute: dict | None = None,

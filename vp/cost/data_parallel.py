@@ -16,10 +16,6 @@ from vp.cost.profiles import Hardware
 from vp.schedule import Schedule
 
 
-def _seconds(cfg: RunConfig, hw: Hardware, p: int, params: float, op) -> float:
-    return _dp_collective(cfg, hw)(p, params, op)
-
-
 def _dp_collective(cfg: RunConfig, hw: Hardware):
     """(p, params, op) -> seconds of that collective over pipeline rank p's dp group, the network and the groups
     looked up once (reduce_buckets asks it for every bucket size of every rank)."""
@@ -32,18 +28,33 @@ def _dp_collective(cfg: RunConfig, hw: Hardware):
     return seconds
 
 
+def _reduce(cfg: RunConfig, hw: Hardware):
+    """(p, params) -> reduce_s(cfg, hw, p, params), the network and the groups looked up once."""
+    collective, op = _dp_collective(cfg, hw), REDUCE_SCATTER if cfg.zero else ALL_REDUCE
+
+    def reduce(p: int, params: float) -> float:
+        return collective(p, params, op) if cfg.dp >= 2 and params > 0 else 0.0
+    return reduce
+
+
 def reduce_s(cfg: RunConfig, hw: Hardware, p: int, params: float) -> float:
     """Seconds to reduce `params` fp32 gradients of pipeline rank p over its dp group (0 without replicas)."""
-    if cfg.dp < 2 or params <= 0:
-        return 0.0
-    return _seconds(cfg, hw, p, params, REDUCE_SCATTER if cfg.zero else ALL_REDUCE)
+    return _reduce(cfg, hw)(p, params)
+
+
+def reduce_per_rank(cfg: RunConfig, hw: Hardware, sched: Schedule) -> list[float]:
+    """Per pipeline rank: the reduction of a device's fp32 gradients over its replicas' group, not overlapped (zero
+    1: the reduce-scatter)."""
+    reduce = _reduce(cfg, hw)
+    return [reduce(p, n) for p, n in enumerate(rank_params(cfg, sched))]
 
 
 def gather_per_rank(cfg: RunConfig, hw: Hardware, sched: Schedule) -> list[float]:
     """Zero 1, per pipeline rank: the all-gather of the updated weights after the step (0 under zero 0)."""
     if cfg.dp < 2 or not cfg.zero:
         return [0.0] * cfg.pp
-    return [_seconds(cfg, hw, p, n, ALL_GATHER) for p, n in enumerate(rank_params(cfg, sched))]
+    collective = _dp_collective(cfg, hw)
+    return [collective(p, n, ALL_GATHER) for p, n in enumerate(rank_params(cfg, sched))]
 
 
 def exposed_reduce_per_rank(cfg: RunConfig, hw: Hardware, sched: Schedule, result=None,
@@ -52,7 +63,7 @@ def exposed_reduce_per_rank(cfg: RunConfig, hw: Hardware, sched: Schedule, resul
     and a simulated iteration (vp.schedule.SimResult, or what finals() reads of it) what remains of the dp stream at
     the rank's last action. buckets: reduce_buckets() of cfg, where the caller has it already."""
     if not cfg.overlap_grad_reduce or (result is None and final is None):
-        return [reduce_s(cfg, hw, p, n) for p, n in enumerate(rank_params(cfg, sched))]
+        return reduce_per_rank(cfg, hw, sched)
     final = finals(result, sched) if final is None else final
     stage, shards = reduce_buckets(cfg, hw, sched) if buckets is None else buckets
     out = []
@@ -101,10 +112,7 @@ def reduce_buckets(cfg: RunConfig, hw: Hardware, sched: Schedule) -> tuple[tuple
     unhidden_reduce needs besides the rank's last pass."""
     per_stage, shards = stage_params(cfg, sched)
     bucket = max(1, int(cfg.bucket_mb * 2**20 / 4))
-    collective, op = _dp_collective(cfg, hw), REDUCE_SCATTER if cfg.zero else ALL_REDUCE
-
-    def reduce(p: int, n: float) -> float:  # reduce_s, with the groups looked up once
-        return collective(p, n, op) if cfg.dp >= 2 and n > 0 else 0.0
+    reduce = _reduce(cfg, hw)
     stage = []
     for p in range(cfg.pp):
         chunks = []
