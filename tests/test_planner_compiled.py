@@ -86,3 +86,15 @@ def test_planner_compiled_loops_compile_without_a_cache_where_numba_has_nowhere_
     run = kernel.jit(kernel.run, kernel.COMPILE_FROM)
     assert run is not kernel.run and run.__code__ is kernel.run.__code__ and True in asked and False in asked
     assert run.__globals__["_enter"].__code__ is kernel._enter.__code__  # the helpers it calls: their clones
+
+
+def test_planner_program_counts_each_ranks_passes_after_a_rank_with_a_missing_input():
+    """The program counts each rank's distinct microbatches per (kind, chunk) (what validate's count check reads). A
+    rank that needs a pass it never runs holds a shape of its own for it, and the next rank's counts still read the
+    next rank's shapes."""
+    s = build("baseline", 2, 4)
+    broken = replace(s, ranks=[[a for a in s.ranks[0] if a.kind != "F"]] + s.ranks[1:])  # B needs an F never run
+    want = [{(k, c): len({a.mb for a in acts if (a.kind, a.chunk) == (k, c)}) for _, k, _, c in acts}
+            for acts in broken.ranks]
+    assert _program(broken).counts == want
+    assert _program(broken).missing

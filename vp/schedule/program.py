@@ -153,8 +153,7 @@ def _make_program(s: Schedule) -> _Program:
     members = [ranks_of[groups[inst.group]] for inst in instances]
     roots = [root_of(s, inst.group) if inst.group in ("C0", "IB") else None for inst in instances]
     seen, p2p_actions = seen.tolist(), p2p_actions.tolist()
-    counts = [{key: seen[off_r + n] for n, key in enumerate(keys)} for keys, off_r in
-              zip(keys_of, np.cumsum([0] + [len(k) for k in keys_of][:-1]).tolist())]
+    counts = [{key: seen[first + n] for n, key in enumerate(keys)} for keys, first in zip(keys_of, sbase)]
     arrays = (np.array(off, np.int64), rec, need, sync, wait, np.array([-1 if x is None else x for x in roots], np.int64),
               np.array([groups[inst.group] for inst in instances], np.int64),
               np.cumsum([0] + [len(m) for m in ranks_of], dtype=np.int64),
