@@ -129,10 +129,10 @@ def simulate(s: Schedule, costs: Costs | None = None, strict: bool = False,
         return processor_sharing(s, costs, lambda d: simulate(s, alone, strict, d))[0]
     pp, ranks = s.pp, s.ranks
     prog = _program(s)
-    dur = np.array([costs.time(k, st) for k, st in prog.time_keys] or [0.0])
-    memd = np.array([costs.mem(k, st) for k, st in prog.mem_keys] or [0.0])
-    p2p = np.array([costs.p2p(src, dst) for src, dst in prog.p2p_keys] or [0.0])
-    comm = np.array([costs.comm.get(kind, 0.0) for kind in prog.inst_kinds] or [0.0])[prog.inst_kind]
+    dur = np.array([costs.time(k, st) for k, st in prog.time_keys], np.float64)
+    memd = np.array([costs.mem(k, st) for k, st in prog.mem_keys], np.float64)
+    p2p = np.array([costs.p2p(src, dst) for src, dst in prog.p2p_keys], np.float64)
+    comm = np.array([costs.comm.get(kind, 0.0) for kind in prog.inst_kinds], np.float64)[prog.inst_kind]
     own = _NONE if durations is None else np.fromiter(chain.from_iterable(durations), np.float64, len(prog.rec))
     status, r, i, idx, busy, peak, starts, ends, entered, queue, qstart, qlen, head = kernel.jit(
         kernel.run, len(prog.rec))(
