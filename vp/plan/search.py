@@ -9,6 +9,10 @@ it. A candidate's peak memory is exact where the order of its actions is known w
 schedule is built only where the bracket straddles the device's memory and the candidate is still in the race.
 Two candidates with the same schedule and the same costs are simulated once.
 
+A variant with recomputation is first bounded by its recompute=none variant's bound (each of its passes takes at
+least as long, and the bound grows with every pass time; tests/test_planner_speed.py checks both), and its own pass
+times are worked out only when it is reached in that order and could still enter; it then goes back in its place.
+
 tokens/s, MFU, peak memory and bubble are computed as backend=sim computes a record (harness.sim): makespan plus
 the tail after the flush (with overlap_grad_reduce, from the simulated iteration), vp.metrics.throughput, static
 bytes plus held activations per pipeline rank. A plan must fit the device's capacity less plan.memory_margin
@@ -19,8 +23,11 @@ costs too (vp.plan.memo: every figure is worked out once per search for the fiel
 serves them; the top-k lists configurations, each at
 its fastest variant, while best per method and the Pareto front take every variant.
 """
+import heapq
+import itertools
 import math
 import time
+from operator import attrgetter
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -34,12 +41,15 @@ from vp.metrics import throughput
 from vp.plan.bounds import TailBound, activation_bounds, makespan_lower_bound
 from vp.plan.answer import MEMORY, REL, SIMULATED_MEMORY, Plan, Row, _Race, _rank_key, pareto, top_configurations
 from vp.plan.memo import Built, Memo, Phases, StageCommunicators
-from vp.plan.space import Problem, Rejection, candidates, configuration
+from vp.plan.space import KNOBS, RUN_FIELDS, Problem, Rejection, candidates, configuration
 from vp.plan.variants import dominates
 from vp.schedule import Costs, Schedule, simulate
 from vp.schedule.program import _program
 from vp.schedule.simulate import collector_paused
 from vp.schedule.methods import get_method
+
+NO_RECOMPUTE = "none"
+_but_recompute = attrgetter(*(f for f in RUN_FIELDS if f != "recompute"))  # a variant's recompute=none sibling
 
 __all__ = ["MEMORY", "REL", "SIMULATED_MEMORY", "Plan", "Row", "pareto", "price", "search", "top_configurations"]
 
@@ -55,6 +65,7 @@ class _Priced:
     act_hi: list
     bound: float  # tokens/s no simulation of this candidate can exceed
     tails: TailBound | None = None  # the tail and its bound (tail is tails.at_least: from full costs once visited)
+    borrowed: bool = False  # bound: its recompute=none variant's, costs: held bytes only (its own pass times unknown)
 
     @property
     def memory_lo(self) -> float:
@@ -81,11 +92,12 @@ def skeleton(run: RunConfig) -> Schedule:
 
 
 def price(run: RunConfig, hw: Hardware, held: StageCommunicators, budget: float | None = None,
-          memo: Memo | None = None) -> _Priced | Rejection:
+          memo: Memo | None = None, upper: float | None = None) -> _Priced | Rejection:
     """The candidate's costs and bound, or its memory rejection where parameters and optimizer state alone (the
     cheapest figure) exceed the budget (default: the device's capacity); activations are bracketed later
     (bracket()), where they are needed. memo: the search's (vp.plan.memo: what knob variants and candidates share,
-    worked out once), else a fresh one (every figure computed)."""
+    worked out once), else a fresh one (every figure computed). upper: a bound known to be at least the
+    candidate's (its recompute=none variant's), taken instead of its pass times (borrowed; own_bound() later)."""
     budget = hw.memory_bytes if budget is None else budget
     memo = Memo() if memo is None else memo
     sk = skeleton(run)
@@ -93,11 +105,21 @@ def price(run: RunConfig, hw: Hardware, held: StageCommunicators, budget: float 
     zero = [0.0] * run.pp
     if max(static) > budget:
         return memory_rejection(_Priced(run, sk, None, static, 0.0, zero, zero, 0.0), hw, budget, exact=False)
-    costs = compute_costs(run, hw, sk, memo)
-    span = memo("span", _span, run, sk, costs)
     tails = memo("tail", lambda r, sk: TailBound(r, hw, sk), run, sk)
     tail = tails.at_least(sk)  # pass times without communication: not the simulation's, so not read
+    if upper is not None:
+        costs = Costs({}, {}, memo("held", held_bytes, run, hw, sk))  # what bracket() reads
+        return _Priced(run, sk, costs, static, tail, zero, [math.inf] * run.pp, upper, tails, borrowed=True)
+    costs = compute_costs(run, hw, sk, memo)
+    span = memo("span", _span, run, sk, costs)
     return _Priced(run, sk, costs, static, tail, zero, [math.inf] * run.pp, _bound(run, hw, span, tail), tails)
+
+
+def own_bound(p: _Priced, hw: Hardware, memo: Memo) -> None:
+    """A borrowed bound replaced by the candidate's own (pass times without communication, as price() computes)."""
+    p.costs = compute_costs(p.run, hw, p.skeleton, memo)
+    p.bound = _bound(p.run, hw, memo("span", _span, p.run, p.skeleton, p.costs), p.tail)
+    p.borrowed = False
 
 
 def _span(_run: RunConfig, sk: Schedule, costs: Costs) -> float:
@@ -197,7 +219,7 @@ def search(problem: Problem, hw: Hardware, top: int = 10, prune: bool = True, lo
     objects (freed by their reference counts) while it holds its schedules, and each collection walked all of them
     (about a sixth of the CPU time at 30b on 1024 GPUs)."""
     t0, c0 = time.perf_counter(), time.process_time()
-    plan, priced, held, said = Plan(), [], StageCommunicators(), t0
+    plan, priced, held, said, uppers = Plan(), [], StageCommunicators(), t0, {}
     budget, memo, phase = problem.budget(hw.memory_bytes), Memo(), Phases()
     plan.budget = budget
     space = iter(candidates(problem))
@@ -214,27 +236,40 @@ def search(problem: Problem, hw: Hardware, top: int = 10, prune: bool = True, lo
             plan.reject(c)
             continue
         with phase("price"):  # static bytes, pass times without communication, tail, bound
-            p = price(c, hw, held, budget, memo)
+            key = _but_recompute(c) if prune and "recompute" in KNOBS else None
+            p = price(c, hw, held, budget, memo, None if c.recompute == NO_RECOMPUTE else uppers.get(key))
+            if key is not None and c.recompute == NO_RECOMPUTE and not isinstance(p, Rejection):
+                uppers[key] = p.bound * (1 + REL)  # the variants' pass times sum as this one's, plus theirs
         if isinstance(p, Rejection):
             plan.reject(p)
         else:
             priced.append(p)
-    priced.sort(key=lambda p: -p.bound)
+    # best bound first; a tie keeps the order of the space
+    heap = [(-p.bound, i, p) for i, p in enumerate(priced)]
+    heapq.heapify(heap)
+    order = itertools.count(len(heap))
     if log:
         log(f"{plan.candidates} candidates priced, {len(priced)} within memory by their static bytes, "
             f"{time.perf_counter() - t0:.1f} s; bounding and simulating")
     race, cache, built, said = _Race(top), {}, Built(), time.perf_counter()
     simulated: dict = {}  # configuration -> its simulated knob variants that fit (_Priced)
-    for i, p in enumerate(priced):
+    while heap:
+        _, _, p = heapq.heappop(heap)
         if log and time.perf_counter() - said > 30:
             said = time.perf_counter()
-            log(f"  {i} of {len(priced)} visited, {plan.simulated} simulated, {said - t0:.0f} s")
+            log(f"  {len(priced) - len(heap)} of {len(priced)} visited, {plan.simulated} simulated, "
+                f"{said - t0:.0f} s")
         with phase("bracket"):  # held activations from the generator's order
             bracket(p, hw, memo=memo)
         if p.memory_lo > budget * (1 + REL):
             plan.reject(memory_rejection(p, hw, budget, exact=p.act_lo == p.act_hi))
             continue
-        if not prune or race.could_enter(p):  # now the whole cost model: communication too
+        if p.borrowed and race.could_enter(p):  # its own bound, and back in its place in the order
+            with phase("price"):
+                own_bound(p, hw, memo)
+            heapq.heappush(heap, (-p.bound, next(order), p))
+            continue
+        if not p.borrowed and (not prune or race.could_enter(p)):  # now the whole cost model: communication too
             with phase("full costs"):
                 p.costs = full_costs(p, hw, memo)
                 p.tail = p.tails.at_least(p.skeleton, p.costs)
