@@ -189,3 +189,27 @@ def test_planner_transfers_hold_the_receiver_only():
                 assert end == pytest.approx(max(start, sent[(a.kind[1], a.mb)]) + 0.5)
                 late += start > sent[(a.kind[1], a.mb)] + 0.5
     assert late  # some receives come long after their send, and still wait the transfer
+
+
+@pytest.mark.parametrize("base,fixed", [
+    (SMALL, {}),
+    (SMALL.with_(seq_len=250, recompute="full", zero=1), {}),  # SP refused where 250 % tp; a base's knobs overridden
+    (SMALL, {"zero": 1}), (SMALL, {"sequence_parallel": True}), (SMALL, {"overlap_grad_reduce": True}),
+])
+def test_planner_space_checks_a_configuration_once_for_its_knob_variants(base, fixed):
+    """The space checks each configuration once and each knob variant's own checks only (vp.config.check_knobs):
+    every candidate, refused or not, with its reason and message, is what the full checks give it alone,
+    including the variants whose knobs are refused (a fixed knob where it does not apply)."""
+    from vp.plan.space import check
+
+    problem = Problem(base, 16, 16, fixed=fixed, methods=("baseline", "vocab-2", "interleaved-vocab-1", "redis"))
+    reasons = set()
+    for c in candidates(problem):
+        run = c.run if isinstance(c, Rejection) else c
+        alone = check(problem, run)
+        if isinstance(c, Rejection):
+            assert isinstance(alone, Rejection) and alone == c, (c, alone)
+            reasons.add(c.reason)
+        else:
+            assert alone is run
+    assert len(reasons) >= 3 and ("zero" in str(reasons)) == ("zero" in fixed)

@@ -195,9 +195,7 @@ def check_config(cfg: RunConfig) -> RunConfig:
             raise ValueError(f"emulate_nccl={cfg.emulate_nccl} emulates NCCL on CPU (gloo); device={cfg.device} "
                              f"runs NCCL itself: drop emulate_nccl")
     check_data_parallel(cfg)
-    if cfg.recompute not in RECOMPUTE:
-        raise ValueError(f"recompute={cfg.recompute!r} is unknown; use one of {', '.join(RECOMPUTE)} (selective: "
-                         f"the attention core, full: each transformer layer)")
+    check_recompute(cfg)
     chunks = chunks_for(spec, cfg.chunks)
     padded_vocab_size(cfg.vocab_size, cfg.pad_multiple, cfg.vocab_shards)
     stage_layers(cfg)
@@ -249,6 +247,22 @@ def check_sequence_parallel(cfg: RunConfig) -> None:
 
 ZERO_STAGES = (0, 1)
 RECOMPUTE = ("none", "selective", "full")  # vp.recompute.MODES (this module stays free of torch)
+
+
+def check_recompute(cfg: RunConfig) -> None:
+    if cfg.recompute not in RECOMPUTE:
+        raise ValueError(f"recompute={cfg.recompute!r} is unknown; use one of {', '.join(RECOMPUTE)} (selective: "
+                         f"the attention core, full: each transformer layer)")
+
+
+def check_knobs(cfg: RunConfig) -> None:
+    """The checks of check_config that read the production features' fields (sequence_parallel, zero,
+    overlap_grad_reduce, bucket_mb, recompute): check_config reads them nowhere else, so runs that differ in those
+    fields alone and pass these get one verdict from check_config (the planner checks a configuration once for its
+    knob variants: vp.plan.space)."""
+    check_sequence_parallel(cfg)
+    check_data_parallel(cfg)
+    check_recompute(cfg)
 
 
 def check_data_parallel(cfg: RunConfig) -> None:

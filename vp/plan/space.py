@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, fields
 from typing import Iterator, NamedTuple
 
 from vp.checks import MAX_SCHEDULE_SIZE, MAX_TOKENS_PER_MICROBATCH, check_schedule_size, check_size
-from vp.config import RECOMPUTE, ZERO_STAGES, RunConfig, check_config
+from vp.config import RECOMPUTE, ZERO_STAGES, RunConfig, check_config, check_knobs
 from vp.schedule.methods import METHODS, get_method
 
 # The production features as axes: RunConfig field -> (its values, the first being "off"; where it applies). Where a
@@ -136,8 +136,10 @@ def candidates(p: Problem) -> Iterator[RunConfig | Rejection]:
                     for extra in _method_axes(p, method, pp):
                         conf = {**values, "method": method, "dp": dp, "pp": pp, "tp": tp, "tp_mode": mode,
                                 "tp_depth": depth, "micro_batch_size": mbs, "microbatches": m, **extra}
-                        for knobs in knob_settings(p, make(conf)):
-                            yield check(p, make({**conf, **knobs}))
+                        base = make(conf)
+                        verdict = _verdict(p, base)
+                        for knobs in knob_settings(p, base):
+                            yield check(p, make({**conf, **knobs}), verdict)
 
 
 RUN_FIELDS = tuple(f.name for f in fields(RunConfig))
@@ -217,8 +219,26 @@ def reason_of(message: str) -> str:
     return f"{head.group(1)} refused" if head else "refused"
 
 
-def check(p: Problem, run: RunConfig) -> RunConfig | Rejection:
-    """The checks a sweep makes before it submits a job (vp.config.check_config and the sweep's limits)."""
+def _verdict(p: Problem, run: RunConfig) -> RunConfig | Rejection | None:
+    """check(p, run), where the run's knobs pass their own checks: what its knob variants that pass theirs share."""
+    try:
+        check_knobs(run)
+    except ValueError:
+        return None
+    return check(p, run)
+
+
+def check(p: Problem, run: RunConfig, verdict: RunConfig | Rejection | None = None) -> RunConfig | Rejection:
+    """The checks a sweep makes before it submits a job (vp.config.check_config and the sweep's limits). verdict:
+    those checks' answer for the run with other knobs that passed their own checks (vp.config.check_knobs, all that
+    read them): where the run's knobs pass them too, the answer is the same, and only they are made."""
+    if verdict is not None:
+        try:
+            check_knobs(run)
+        except ValueError:
+            pass  # every check, so that the first to fail names the run's fault
+        else:
+            return run if isinstance(verdict, RunConfig) else verdict._replace(run=run)
     try:
         check_config(run)
         check_size(run, p.tokens_per_microbatch, "raise plan.tokens_per_microbatch (limits.tokens_per_microbatch)")
