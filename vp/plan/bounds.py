@@ -27,6 +27,7 @@ S(k+1) on every rank (the units are placed in one sorted order in which T(k) pre
 is held: the F part <= peak <= the F part + one S.
 """
 from functools import lru_cache
+from typing import NamedTuple
 
 import numpy as np
 
@@ -133,14 +134,14 @@ def _generated(method: str, pp: int, microbatches: int, chunks: int) -> tuple:
     it); the counts of bounds C, C' and D (vp.plan.order_bounds)."""
     spec = get_method(method)
     order = spec.family.generate(pp, microbatches, chunks, spec.vocab)
-    points = tuple(_held_points(acts, spec.split_w, chunks) for acts in order)
+    points = _stacked(tuple(_held_points(acts, spec.split_w, chunks) for acts in order))
     placed = spec.vocab_parallel and not spec.family.places_vocab
     last = tuple(None if placed or not acts else (acts[-1][0], acts[-1][2]) for acts in order)
     sk = Schedule(method, pp, microbatches, chunks, spec.placement, spec.vocab, spec.split_w)
     return points, last, first_b_counts(order, sk), barrier_counts(order, spec, microbatches)
 
 
-def generated_points(method: str, pp: int, microbatches: int, chunks: int) -> tuple:
+def generated_points(method: str, pp: int, microbatches: int, chunks: int) -> "Points":
     """Per rank, the held-count vectors of the generator's order (S and T only where the generator places them)."""
     return _generated(method, pp, microbatches, chunks)[0]
 
@@ -181,28 +182,56 @@ class TailBound:
         return got
 
 
-def built_points(s: Schedule) -> tuple:
+class Points(NamedTuple):
+    """Every rank's held-count vectors (_held_points) stacked, so that all ranks' peaks are a few array operations
+    (_peaks): rows[i] belongs to rank[i], rank r's rows start at starts[r]; a rank without points has one zero row,
+    and its peak is 0 (empty[r])."""
+    per_rank: tuple
+    rows: np.ndarray
+    rank: np.ndarray
+    starts: np.ndarray
+    empty: np.ndarray
+
+
+def _stacked(per_rank: tuple) -> Points:
+    width = per_rank[0].shape[1] if per_rank else 0
+    blocks = [p if len(p) else np.zeros((1, width)) for p in per_rank]
+    sizes = np.array([len(b) for b in blocks])
+    return Points(per_rank, np.concatenate(blocks) if blocks else np.zeros((0, width)),
+                  np.repeat(np.arange(len(blocks)), sizes), np.concatenate(([0], np.cumsum(sizes)[:-1])),
+                  np.array([not len(p) for p in per_rank], dtype=bool))
+
+
+def built_points(s: Schedule) -> Points:
     """Per rank, the held-count vectors of a built schedule (exact, S and T included)."""
-    return s.memo("plan_held_points", lambda s: tuple(
-        _held_points([(a.kind, a.mb, a.chunk) for a in acts], s.split_w, s.chunks) for acts in s.ranks))
+    return s.memo("plan_held_points", lambda s: _stacked(tuple(
+        _held_points([(a.kind, a.mb, a.chunk) for a in acts], s.split_w, s.chunks) for acts in s.ranks)))
 
 
-def _peak(points, s: Schedule, r: int, costs: Costs) -> float:
-    stages = [s.stage(r, c) for c in range(s.chunks)]
-    bytes_of = np.array([costs.mem("F", st) for st in stages] + [costs.mem("W", st) for st in stages]
-                        + [costs.mem("S", None)])
-    return float((points @ bytes_of).max()) if len(points) else 0.0
+def _peaks(points: Points, s: Schedule, costs: Costs) -> list[float]:
+    """Each rank's peak of held bytes at its points: per rank, the bytes one count of each column holds (F of each
+    of its chunks, W of each, S) dotted with each point, the largest."""
+    if not s.pp:
+        return []
+    stage = np.array(_geometry(s.placement, s.pp, s.chunks)[1])  # [rank, chunk] -> stage
+    mem = costs.mem
+    f = np.array([mem("F", st) for st in range(s.n_stages)])
+    w = np.array([mem("W", st) for st in range(s.n_stages)])
+    per_count = np.concatenate((f[stage], w[stage], np.full((s.pp, 1), mem("S", None))), axis=1)
+    held = np.einsum("ij,ij->i", points.rows, per_count[points.rank])
+    peaks = np.maximum.reduceat(held, points.starts)
+    peaks[points.empty] = 0.0
+    return peaks.tolist()
 
 
 def activation_bounds(s: Schedule, costs: Costs) -> tuple[list[float], list[float]]:
     """(lower, upper) bounds on each rank's peak held activation bytes; equal where they are exact. A schedule
     with actions is walked exactly; a skeleton (no actions) from the generator's order."""
     if s.ranks:
-        exact = [_peak(pts, s, r, costs) for r, pts in enumerate(built_points(s))]
+        exact = _peaks(built_points(s), s, costs)
         return exact, exact
     spec = get_method(s.method)
-    points = generated_points(s.method, s.pp, s.microbatches, s.chunks)
-    f_part = [_peak(pts, s, r, costs) for r, pts in enumerate(points)]
+    f_part = _peaks(generated_points(s.method, s.pp, s.microbatches, s.chunks), s, costs)
     if not spec.vocab_parallel or spec.family.places_vocab:
         return f_part, f_part
     one_s = costs.mem("S", None)
