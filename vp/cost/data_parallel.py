@@ -9,10 +9,13 @@ during its last B or W (the pass that makes its weight gradients), bucket by buc
 backward walks the layers in reverse; a rank's vocabulary-parallel shards at the end of its last T and IB; what
 the stream has left when the rank's pipeline flushes is exposed. Each bucket is one collective (its own latency),
 in the order the buckets become final (the runtime launches them in buffer order, which backward follows)."""
+from functools import cache
+
 from vp.config import RunConfig
 from vp.cost.memory import rank_params, stage_params
-from vp.cost.network import ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER, Network, group_index, groups
+from vp.cost.network import ALL_GATHER, ALL_REDUCE, REDUCE_SCATTER, Network, group_index, groups, span
 from vp.cost.profiles import Hardware
+from vp.mesh import Mesh
 from vp.schedule import Schedule
 
 
@@ -20,12 +23,25 @@ def _dp_collective(cfg: RunConfig, hw: Hardware):
     """(p, params, op) -> seconds of that collective over pipeline rank p's dp group, the network and the groups
     looked up once (reduce_buckets asks it for every bucket size of every rank)."""
     net = Network.of(hw, cfg.world)
-    index, first = group_index(cfg.mesh, "dp"), groups(cfg.mesh, "pp")[0]  # replica 0's rank of each stage
+    spans = _dp_spans(cfg.mesh, net.gpus_per_node)
+    known: dict = {}  # (op, p's span, nbytes) -> seconds: a rank's buckets are alike, and so are most ranks'
 
     def seconds(p: int, params: float, op) -> float:
         nbytes = 4.0 * params / (cfg.dp if op is ALL_GATHER else 1)
-        return net.collective(op, index[first[p]], nbytes)
+        key = (op.name, spans[p], nbytes)
+        got = known.get(key)
+        if got is None:
+            got = known[key] = net.collective_on(op, *spans[p], nbytes)  # 0 for a group of one (as collective())
+        return got
     return seconds
+
+
+@cache
+def _dp_spans(mesh: Mesh, gpus_per_node: int) -> tuple:
+    """Per pipeline rank p, (ranks, nodes) of the dp group of replica 0's rank of stage p: all a collective's
+    seconds read of the group (vp.cost.network.span)."""
+    index = group_index(mesh, "dp")
+    return tuple(span(index[r], gpus_per_node) for r in groups(mesh, "pp")[0])
 
 
 def _reduce(cfg: RunConfig, hw: Hardware):
