@@ -220,13 +220,17 @@ def test_spearman_of_ranks():
 
 @pytest.mark.parametrize("method", sorted(METHODS))
 def test_communicators_do_not_depend_on_the_microbatch_count(method):
-    """What lets the planner count NCCL buffers from the smallest schedule of a kind (vp.plan.search)."""
+    """What lets the planner count NCCL buffers from the smallest schedule of a kind (vp.plan.memo.StageCommunicators:
+    fewest_microbatches, below what a run needs)."""
     from vp.channels import rank_communicators
+    from vp.plan.memo import fewest_microbatches
 
-    for pp in (2, 4):
-        runs = [RunConfig(method=method, pp=pp, microbatches=m, layers=8) for m in (pp, 2 * pp, 3 * pp)]
+    for pp in (2, 4, 8):
+        fewest = fewest_microbatches(method, pp)
+        runs = [RunConfig(method=method, pp=pp, microbatches=m, layers=16) for m in (fewest, pp, 2 * pp, 3 * pp)]
         held = [rank_communicators(r, build(method, pp, r.microbatches, r.n_chunks)) for r in runs]
-        assert held[0] == held[1] == held[2]
+        assert held[0] == held[1] == held[2] == held[3]
+        assert fewest == (pp if "interleaved" in method else 1)
 
 
 @pytest.mark.parametrize("method", sorted(METHODS))

@@ -25,6 +25,7 @@ from operator import attrgetter
 from vp.channels import rank_communicators
 from vp.config import RunConfig
 from vp.schedule import Schedule, build
+from vp.schedule.methods import get_method
 
 RUN_FIELDS = tuple(f.name for f in fields(RunConfig))
 
@@ -126,26 +127,34 @@ class Built:
         return s
 
 
+def fewest_microbatches(method: str, pp: int) -> int:
+    """The fewest microbatches a schedule of the method can be built with: one, or pp where its family runs a
+    multiple of pp (interleaved)."""
+    return pp if get_method(method).family.microbatches_multiple_of_pp else 1
+
+
 class StageCommunicators:
     """The communicators device 0 of each stage holds (vp.channels.rank_communicators, what backend=sim counts), worked
     out once per kind of schedule and mesh for one search:
     - the channels and links a schedule uses depend on its method, pipeline and chunks, not on how many microbatches
-      pass (tests/test_plan.py checks m = pp, 2pp, 3pp), so the smallest schedule of a kind (m = pp) answers;
+      pass: each microbatch runs every pass of every rank (tests/test_plan.py checks one microbatch, pp, 2pp, 3pp),
+      so the smallest schedule of a kind answers (fewest_microbatches: one, or pp where the family needs a multiple
+      of pp), built below the microbatch count a run needs (vp.config) since only its passes' kinds are read;
     - device 0 of each stage lies in replica 0, whose groups are the same for every dp but the gradient all-reduce's
       over replicas, held once whenever dp > 1: so dp = 2 answers for every dp > 1 (tests/test_plan.py checks it)."""
 
     def __init__(self):
-        self.smallest: dict = {}  # (method, pp, chunks) -> its schedule with pp microbatches
+        self.smallest: dict = {}  # (method, pp, chunks) -> its schedule with fewest_microbatches
         self.held: dict = {}  # the key of of_stages() -> per stage, what its device 0 holds
 
     def of_stages(self, run: RunConfig) -> tuple:
         key = (run.method, run.pp, run.n_chunks, min(run.dp, 2), run.tp, run.tp_mode, run.tp_depth, run.dtype)
         got = self.held.get(key)
         if got is None:
-            kind = (run.method, run.pp, run.n_chunks)
+            kind, m = (run.method, run.pp, run.n_chunks), fewest_microbatches(run.method, run.pp)
             if kind not in self.smallest:
-                self.smallest[kind] = build(run.method, run.pp, run.pp, run.n_chunks)
-            small = replace(run, microbatches=run.pp, dp=min(run.dp, 2))
+                self.smallest[kind] = build(run.method, run.pp, m, run.n_chunks)
+            small = replace(run, microbatches=m, dp=min(run.dp, 2))
             held = rank_communicators(small, self.smallest[kind])
             got = self.held[key] = tuple(held[small.mesh.rank(0, p, 0)] for p in range(run.pp))
         return got
