@@ -222,10 +222,11 @@ def search(problem: Problem, hw: Hardware, top: int = 10, prune: bool = True, lo
     plan, priced, held, said, uppers = Plan(), [], StageCommunicators(), t0, {}
     budget, memo, phase = problem.budget(hw.memory_bytes), Memo(), Phases()
     plan.budget = budget
-    space = iter(candidates(problem))
+    space, clock = iter(candidates(problem)), time.process_time  # the hot phases timed inline (Phases.add)
     while True:
-        with phase("space"):  # the candidates and vp.config's checks
-            c = next(space, None)
+        at = clock()
+        c = next(space, None)  # the candidates and vp.config's checks
+        phase.add("space", clock() - at)
         if c is None:
             break
         plan.candidates += 1
@@ -235,11 +236,12 @@ def search(problem: Problem, hw: Hardware, top: int = 10, prune: bool = True, lo
         if isinstance(c, Rejection):
             plan.reject(c)
             continue
-        with phase("price"):  # static bytes, pass times without communication, tail, bound
-            key = _but_recompute(c) if prune and "recompute" in KNOBS else None
-            p = price(c, hw, held, budget, memo, None if c.recompute == NO_RECOMPUTE else uppers.get(key))
-            if key is not None and c.recompute == NO_RECOMPUTE and not isinstance(p, Rejection):
-                uppers[key] = p.bound * (1 + REL)  # the variants' pass times sum as this one's, plus theirs
+        at = clock()  # price: static bytes, pass times without communication, tail, bound
+        key = _but_recompute(c) if prune and "recompute" in KNOBS else None
+        p = price(c, hw, held, budget, memo, None if c.recompute == NO_RECOMPUTE else uppers.get(key))
+        if key is not None and c.recompute == NO_RECOMPUTE and not isinstance(p, Rejection):
+            uppers[key] = p.bound * (1 + REL)  # the variants' pass times sum as this one's, plus theirs
+        phase.add("price", clock() - at)
         if isinstance(p, Rejection):
             plan.reject(p)
         else:
@@ -259,8 +261,9 @@ def search(problem: Problem, hw: Hardware, top: int = 10, prune: bool = True, lo
             said = time.perf_counter()
             log(f"  {len(priced) - len(heap)} of {len(priced)} visited, {plan.simulated} simulated, "
                 f"{said - t0:.0f} s")
-        with phase("bracket"):  # held activations from the generator's order
-            bracket(p, hw, memo=memo)
+        at = clock()
+        bracket(p, hw, memo=memo)  # held activations from the generator's order
+        phase.add("bracket", clock() - at)
         if p.memory_lo > budget * (1 + REL):
             plan.reject(memory_rejection(p, hw, budget, exact=p.act_lo == p.act_hi))
             continue
