@@ -200,24 +200,27 @@ def experiment_text(cfg, argv: list[str], plan: Plan, experiment: str, hw) -> st
 
 
 def figure(plan: Plan, hw, path: Path) -> Path:
-    """Tokens/s against peak memory of every simulated feasible plan, one colour per method, the front drawn."""
+    """Tokens/s against peak memory of every simulated feasible plan, one colour per method, the front drawn. Drawn
+    with matplotlib alone (seaborn and pandas would be most of what the plan's process imports besides the search)."""
+    import colorsys
+
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    import pandas as pd
-    import seaborn as sns
 
-    df = pd.DataFrame([{"method": r.run.method, "peak memory (GiB)": r.peak_memory_bytes / GiB,
-                        "tokens/s": r.tokens_per_s} for r in plan.rows])
-    front = pd.DataFrame([{"peak memory (GiB)": r.peak_memory_bytes / GiB, "tokens/s": r.tokens_per_s}
-                          for r in plan.pareto])
+    methods = list(dict.fromkeys(r.run.method for r in plan.rows))  # in the rows' order: the best method first
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    palette = sns.color_palette("husl", df["method"].nunique())  # eleven methods: more than one palette cycle
-    sns.scatterplot(data=df, x="peak memory (GiB)", y="tokens/s", hue="method", palette=palette, s=22, ax=ax)
-    ax.step(front["peak memory (GiB)"], front["tokens/s"], where="post", color="black", lw=1, label="Pareto front")
+    for i, method in enumerate(methods):  # evenly spaced hues: eleven methods are more than one palette cycle
+        rows = [r for r in plan.rows if r.run.method == method]
+        ax.scatter([r.peak_memory_bytes / GiB for r in rows], [r.tokens_per_s for r in rows], s=22, label=method,
+                   color=colorsys.hls_to_rgb(i / len(methods), 0.55, 0.65), edgecolors="white", linewidths=0.5)
+    ax.step([r.peak_memory_bytes / GiB for r in plan.pareto], [r.tokens_per_s for r in plan.pareto], where="post",
+            color="black", lw=1, label="Pareto front")
     ax.axvline(hw.memory_bytes / GiB, color="grey", ls="--", lw=0.8)  # the capacity; the budget dotted
     ax.axvline(plan.budget / GiB, color="grey", ls=":", lw=0.8)
+    ax.set_xlabel("peak memory (GiB)")
+    ax.set_ylabel("tokens/s")
     ax.set_title(f"{plan.simulated} simulated of {plan.feasible} feasible plans ({hw.name})", fontsize=9)
     ax.legend(fontsize=7, loc="best")
     fig.tight_layout()
