@@ -37,7 +37,7 @@ def compose_plan(overrides: list[str]):
     """The composed config: the sweep's tree without an experiment, plus the plan group."""
     from hydra import initialize_config_dir
 
-    from harness.compose import compose_checked
+    from harness.compose import JobComposer
     from harness.sweep import split_overrides
 
     with initialize_config_dir(str(CONF), version_base="1.3"):
@@ -45,14 +45,15 @@ def compose_plan(overrides: list[str]):
         if sweeps:
             raise ValueError(f"{', '.join(sweeps)}: the planner searches the axes itself; give one value to fix "
                              f"an axis (method=vocab-2), or plan.methods=[a,b] for a set of methods")
-        cfg = compose_checked(["~experiment", "+plan=default"] + fixed)
+        compose = JobComposer(["~experiment", "+plan=default"] + fixed)  # the implied values below: no second
+        cfg = compose([])  # composition, as a sweep's jobs (harness.compose)
         hw = J.hardware_of(cfg)  # a measured profile says where it was measured; a built-in GPU one has bf16
         gpu = hw.machine["device"] == "cuda" if hw.machine.get("device") else hw.act_bytes < 4
         implied = {"run.device": "cuda", "run.dtype": "bf16", "run.iterations": 10, "run.warmup": 3,
                    "run.timeout_s": 1800} if gpu else {"run.device": "cpu", "run.dtype": "fp32"}
         extra = [f"{k}={v}" for k, v in implied.items() if k not in given]
         if extra:
-            cfg = compose_checked(["~experiment", "+plan=default"] + fixed + extra)
+            cfg = compose(extra)
     return cfg, {FIXING[k]: v for k, v in given.items() if k in FIXING}
 
 
