@@ -21,11 +21,12 @@ deadlock). Each rank puts a unit before the first of its stage passes that start
 the receivers' one-pass delay), but never before the unit that precedes it in that order.
 A family with a vocab_placer places them its own way instead (V-Half: vp/schedule/vhalf_vocab.py).
 """
-from bisect import bisect_left
-from itertools import accumulate, compress, count, repeat
-from operator import itemgetter, ne, sub
+from itertools import accumulate, repeat
+from operator import itemgetter
 from dataclasses import replace
 from typing import NamedTuple
+
+import numpy as np
 
 from vp.schedule.actions import KINDS, P2P, Action, Schedule
 from vp.schedule.methods import VOCAB, chunks_for, get_method
@@ -144,15 +145,17 @@ def _after_inputs(s: Schedule, r: int, acts: list[Action]) -> dict[int, int]:
 
 def _stage_timeline(s: Schedule, costs: Costs | None = None) -> tuple[Schedule, list]:
     """s's stage passes lowered (without vocabulary passes) and their simulation's spans, per rank (actions, starts,
-    ends) (unit_costs unless costs are given): what both vocabulary placers time their passes by."""
+    ends; the last two numpy arrays) (unit_costs unless costs are given): what both vocabulary placers time their
+    passes by."""
     low = lower(replace(s, vocab=VOCAB["local"]))
-    return low, simulate(low, costs).spans
+    return low, simulate(low, costs).rank_spans()
 
 
 def unit_times(s: Schedule, costs: Costs | None = None) -> dict:
     """(rank, kind, mb, chunk) -> (start, end) of every action of s's stage passes, lowered and simulated without
     vocabulary passes (unit_costs unless costs are given)."""
-    return {a: (t0, t1) for span in _stage_timeline(s, costs)[1] for a, t0, t1 in zip(*span)}  # an Action is its tuple
+    return {a: (t0, t1) for acts, starts, ends in _stage_timeline(s, costs)[1]
+            for a, t0, t1 in zip(acts, starts.tolist(), ends.tolist())}  # an Action is its tuple
 
 
 def insert_vocab_passes(s: Schedule) -> Schedule:
@@ -160,22 +163,24 @@ def insert_vocab_passes(s: Schedule) -> Schedule:
 
     The vocabulary passes send and receive nothing, so they go straight into the lowered stage passes (whose
     timeline places them): a unit placed before stage pass i goes before i's receive, as lower() would put it.
-    Each rank's position of a unit is the running maximum of its bound (bisect on the rank's starts, the C0 bound),
-    taken in bulk; the ranks differ only in which units they are the root of."""
+    Each rank's position of a unit is the running maximum of its bound (a binary search of the rank's starts, the
+    C0 bound), taken in bulk over arrays; the ranks differ only in which units they are the root of."""
     low, spans = _stage_timeline(s)
     held: dict = {}
 
     def times(r: int) -> dict:  # (kind, mb, chunk) -> (start, end) of rank r's actions on the timeline
         if r not in held:
-            held[r] = {(a.kind, a.mb, a.chunk): (t0, t1) for a, t0, t1 in zip(*spans[r])}
+            acts, starts, ends = spans[r]
+            held[r] = {(a.kind, a.mb, a.chunk): (t0, t1) for a, t0, t1 in zip(acts, starts.tolist(), ends.tolist())}
         return held[r]
 
     units = _units(s, times)
     vocab_kinds = [kind for u in units for kind, _ in u.actions]  # every unit's passes, in the collective order
     vocab_mbs = [k for u in units for _, k in u.actions]
-    ends = list(accumulate(len(u.actions) for u in units))  # unit i's passes are [ends[i - 1]:ends[i]] of those
+    ends = [0] + list(accumulate(len(u.actions) for u in units))  # unit i's passes are [ends[i]:ends[i + 1]]
     c0 = [(i, k) for i, u in enumerate(units) for kind, k in u.actions if kind == "C0"]
-    never = float("-inf")  # bisect_left(starts, never) == 0: no bound (a receiver placing C0 as early as allowed)
+    c0_at, c0_mb = np.array([i for i, _ in c0], np.int64), [k for _, k in c0]
+    never = float("-inf")  # searchsorted(starts, never) == 0: no bound (a receiver placing C0 as early as allowed)
     targets = {}  # (is the last rank, is the first rank) -> each unit's target time on such a rank
     new = tuple.__new__  # Action(...) without its signature's call
     out = []
@@ -183,32 +188,26 @@ def insert_vocab_passes(s: Schedule) -> Schedule:
         role = (r == s.last_rank, r == s.first_rank)
         want = targets.get(role)
         if want is None:
-            want = targets[role] = [u.key[0] if r == u.root else never if u.receivers is None
-                                    else u.key[0] + u.receivers for u in units]
+            want = targets[role] = np.array([u.key[0] if r == u.root else never if u.receivers is None
+                                             else u.key[0] + u.receivers for u in units])
         kinds = list(map(itemgetter(1), lowered))
-        at = list(compress(count(), map(_PASSES.__contains__, kinds)))  # the stage passes, in the lowered list
-        starts = list(map(on_timeline.__getitem__, at))
-        received = list(map(_RECEIVES.__contains__, kinds)) + [False]  # [-1]: nothing before the first action
-        group = list(map(sub, at, map(received.__getitem__, map(sub, at, repeat(1)))))  # where each begins
-        group.append(len(lowered))
-        pos = list(map(bisect_left, repeat(starts, len(want)), want))
+        at = np.flatnonzero(np.fromiter(map(_PASSES.__contains__, kinds), bool, len(kinds)))  # the stage passes
+        received = np.append(np.fromiter(map(_RECEIVES.__contains__, kinds), bool, len(kinds)), False)  # [-1]: none
+        group = np.append(at - received[at - 1], len(lowered))  # where each stage pass begins (with its receive)
+        pos = np.searchsorted(on_timeline[at], want)  # the first stage pass starting at or after each target
         after = _after_inputs(s, r, acts)
-        for i, k in c0:
-            got = after.get(k, 0)
-            if got > pos[i]:
-                pos[i] = got
-        pos = list(accumulate(pos, max))  # never before the previous unit: one collective order on every rank
+        if len(c0_at):
+            pos[c0_at] = np.maximum(pos[c0_at], [after.get(k, 0) for k in c0_mb])
+        pos = np.maximum.accumulate(pos)  # never before the previous unit: one collective order on every rank
         vocab = list(map(new, repeat(Action), zip(repeat(r), vocab_kinds, vocab_mbs, repeat(0))))
-        done = group[pos[0]]
-        seq, first = lowered[:done], 0  # lowered[:done] and vocab[:first] are in seq
-        for i in compress(count(1), map(ne, pos[1:], pos)):  # the units where the position moves on
-            seq += vocab[first:ends[i - 1]]
-            first = ends[i - 1]
-            cut = group[pos[i]]
-            seq += lowered[done:cut]
-            done = cut
-        seq += vocab[first:]
-        out.append(seq + lowered[done:])
+        moves = np.flatnonzero(pos[1:] != pos[:-1]) + 1  # the units where the position moves on
+        cuts = group[pos[np.append(0, moves)]].tolist() + [len(lowered)]  # lowered[:cuts[0]], then per move
+        firsts = [0] + [ends[i] for i in moves.tolist()] + [len(vocab)]  # its units' passes, the stage passes after
+        seq = lowered[:cuts[0]]
+        for j in range(len(cuts) - 1):
+            seq += vocab[firsts[j]:firsts[j + 1]]
+            seq += lowered[cuts[j]:cuts[j + 1]]
+        out.append(seq)
     return replace(s, ranks=out)
 
 
