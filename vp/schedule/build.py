@@ -223,5 +223,5 @@ def build(method: str, pp: int, microbatches: int, chunks: int | None = None) ->
         place = spec.family.vocab_placer
         if place is None:
             return insert_vocab_passes(s)  # lowered already
-        s = place(s, unit_times)
+        s = place(s, _stage_timeline)
     return lower(s)

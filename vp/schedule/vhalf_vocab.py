@@ -25,7 +25,9 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Callable
 
-from vp.schedule.actions import Action, Schedule
+import numpy as np
+
+from vp.schedule.actions import P2P, Action, Schedule
 from vp.schedule.costs import Costs
 
 UNIT, HOP = 1000.0, 1.0  # the official unit cost of a stage pass and of a transfer between ranks
@@ -37,9 +39,10 @@ def official_costs(s: Schedule) -> Costs:
     return Costs(compute, {"P2P": HOP})
 
 
-def vocab_times(s: Schedule, times: dict) -> dict[tuple[str, int], float]:
+def vocab_times(s: Schedule, times: dict, end: float | None = None) -> dict[tuple[str, int], float]:
     """(kind, microbatch) -> the official time of each vocabulary pass and collective (see the module), from the
-    stage passes' start and end times on the official unit timeline (times[(rank, kind, mb, chunk)]).
+    stage passes' start and end times on the official unit timeline (times[(rank, kind, mb, chunk)]: of the first
+    and the last stage's ranks at least) and the timeline's end (default: the last end in times).
 
     Where the official times would deadlock (an odd pipeline, few microbatches: the official runs had neither), a
     pass moves as little as it must: IF(k) to just before the first stage's F(k), which waits for its reduction;
@@ -49,7 +52,7 @@ def vocab_times(s: Schedule, times: dict) -> dict[tuple[str, int], float]:
     r, c = s.last_rank, s.last_chunk
     st = [times[(r, "F", k, c)][1] + UNIT for k in range(m)]
     tt = st[1:] + [st[-1] + 4 * UNIT]
-    end = max(t1 for _, t1 in times.values())
+    end = max(t1 for _, t1 in times.values()) if end is None else end
     out = {}
     r0, c0 = s.first_rank, s.first_chunk
     for k in range(m):
@@ -81,16 +84,31 @@ def _key(kind: str, k: int, t: float, m: int) -> tuple:
     return (t, 1, _COMPUTE_ORDER[kind], k)
 
 
-def place_vocab_passes(s: Schedule, unit_times: Callable) -> Schedule:
+def place_vocab_passes(s: Schedule, stage_timeline: Callable) -> Schedule:
     """Each rank's stage passes and vocabulary passes (S T IF IB C0 C1 C2), merged by their official times;
-    unit_times(s, costs) times the stage passes (build.unit_times)."""
+    stage_timeline(s, costs) lowers and times the stage passes (build._stage_timeline: per rank its lowered actions,
+    their starts and ends). A rank's stage passes start in its order and the vocabulary passes are sorted, so each
+    of the latter goes before the first stage pass that starts at its time or later (a collective: it sorts first
+    at equal times) or after every one that starts at its time or earlier (IF, T, S): one binary search each."""
     m = s.microbatches
-    times = unit_times(s, official_costs(s))
-    at = vocab_times(s, times)
+    low, spans = stage_timeline(s, official_costs(s))
+    times = {}  # the first and the last stage's ranks: all vocab_times reads of them
+    for r in {s.first_rank, s.last_rank}:
+        acts, starts, ends = spans[r]
+        times.update(zip(acts, zip(starts.tolist(), ends.tolist())))  # an Action is its tuple
+    at = vocab_times(s, times, max(float(ends.max()) for _, _, ends in spans if len(ends)))
     vocab = sorted(_key(kind, k, t, m) + (kind, k) for (kind, k), t in at.items())
+    when = np.array([key[0] for key in vocab])
+    first = np.array([key[1] == 0 for key in vocab])  # collectives: before the stage passes at their time
     ranks = []
-    for r, acts in enumerate(s.ranks):
-        keyed = [((times[(r, a.kind, a.mb, a.chunk)][0], 1, 0, i), a) for i, a in enumerate(acts)]
-        keyed += [(key[:-2], Action(r, key[-2], key[-1])) for key in vocab]
-        ranks.append([a for _, a in sorted(keyed, key=lambda x: x[0])])
+    for r, (acts, lowered, (_, on_timeline, _)) in enumerate(zip(s.ranks, low.ranks, spans)):
+        passes = np.flatnonzero(np.fromiter((a[1] not in P2P for a in lowered), bool, len(lowered)))
+        starts = on_timeline[passes]  # of acts, in order (lowering only adds the transfers around them)
+        pos = np.where(first, np.searchsorted(starts, when, "left"), np.searchsorted(starts, when, "right"))
+        cuts = pos.tolist() + [len(acts)]
+        seq = acts[:cuts[0]]
+        for key, lo, hi in zip(vocab, cuts, cuts[1:]):
+            seq.append(Action(r, key[-2], key[-1]))
+            seq += acts[lo:hi]
+        ranks.append(seq)
     return replace(s, ranks=ranks)
