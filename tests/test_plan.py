@@ -262,3 +262,7 @@ def test_the_simulation_cache_tells_apart_costs_that_share_cores_differently():
     keys = {_costs_key(Costs(**base)), _costs_key(Costs(**base, sharing=Sharing(2.0, 1.0))),
             _costs_key(Costs(**base, sharing=Sharing(2.0, 2.0)))}
     assert len(keys) == 3 and _costs_key(Costs(**base, sharing=Sharing(2.0, 2.0))) in keys
+    # equal costs filled in another order share the key; other costs do not
+    one, other = {("F", 0): 1.0, ("B", None): 2.0, "P2P": 0.5}, {"P2P": 0.5, ("B", None): 2.0, ("F", 0): 1.0}
+    assert _costs_key(Costs(one, one, one)) == _costs_key(Costs(other, other, other))
+    assert _costs_key(Costs(one, one, one)) != _costs_key(Costs(one, {**one, "P2P": 0.25}, one))

@@ -179,10 +179,12 @@ def _budget_text(hw: Hardware, budget: float) -> str:
 
 
 def _costs_key(costs) -> tuple:
+    """Equal for equal costs, whatever order their dicts were filled in (sets of their items: no sorting of keys of
+    mixed types)."""
     share = getattr(costs, "sharing", None)  # CPU ranks sharing cores (vp.schedule.sharing): part of the result
-    shared = None if share is None else (share.cores, share.devices, tuple(sorted(share.cpu.items(), key=repr)),
-                                         share.wake_s, share.crowding)
-    return tuple(tuple(sorted(d.items(), key=repr)) for d in (costs.compute, costs.comm, costs.memory)) + (shared,)
+    shared = None if share is None else (share.cores, share.devices, frozenset(share.cpu.items()), share.wake_s,
+                                         share.crowding)
+    return tuple(frozenset(d.items()) for d in (costs.compute, costs.comm, costs.memory)) + (shared,)
 
 
 def predict(c: _Priced, hw: Hardware, cache: dict, built: Built) -> Row:
