@@ -40,8 +40,8 @@ def comm_times(cfg: RunConfig, hw: Hardware, sched: Schedule) -> dict:
             steps = [c for c in vocab_row_steps(cfg, sched, root, Split.of(cfg)) if c.pass_kind == kind]
             out[kind] += tp_seconds(cfg, net, steps, root, cfg.microbatches)
     (send,) = sizes["SF"]
-    for st in range(sched.n_stages - 1):
-        a, b = sched.where(st)[0], sched.where(st + 1)[0]
+    ranks = sched.stage_ranks
+    for a, b in zip(ranks, ranks[1:]):
         if a != b:
             out[("P2P", a, b)] = out[("P2P", b, a)] = net.p2p(where[a], where[b], send[1]) + wake
     out["P2P"] = max((t for k, t in out.items() if isinstance(k, tuple)), default=0.0)

@@ -105,8 +105,8 @@ def rank_params(cfg: RunConfig, sched: Schedule) -> list[int]:
     the vocabulary layers."""
     per_stage, out = stage_params(cfg, sched)
     out = list(out)
-    for st, n in enumerate(per_stage):
-        out[sched.where(st)[0]] += n
+    for rank, n in zip(sched.stage_ranks, per_stage):
+        out[rank] += n
     return out
 
 

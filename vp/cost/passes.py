@@ -175,9 +175,9 @@ def pass_times(cfg: RunConfig, hw: Hardware, sched: Schedule, compute: dict | No
         # vocabulary, the network (the profile, the ranks at work on a node) and, of the stage's tp groups, their
         # sizes and nodes (vp.cost.tensor.placement): once per profile for all of them (cost_table)
         table = cost_table(hw, ("pass_times", tp_shape(cfg), sh, split_w, vocab_parallel, net.busy))
-        last, places = sched.n_stages - 1, {}
+        last, places, ranks = sched.n_stages - 1, {}, sched.stage_ranks
         for st, layers in enumerate(cfg.stage_layers):
-            rank = sched.where(st)[0]
+            rank = ranks[st]
             if rank not in places:
                 places[rank] = placement(cfg.mesh, rank, net.gpus_per_node)
             role = (layers, st == 0, st == last, places[rank])

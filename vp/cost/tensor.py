@@ -301,9 +301,9 @@ def tails_s(cfg: RunConfig, hw: Hardware, sched: Schedule) -> list[float]:
     if cfg.tp < 2:  # nothing sent
         return [tail_s(cfg, net, sched, rank) for rank in range(cfg.pp)]
     table = cost_table(hw, ("tp tail", tp_shape(cfg), cfg.pp, sched.vocab_parallel, net.busy))
-    last, stages = sched.n_stages - 1, [[] for _ in range(cfg.pp)]
+    last, stages, ranks = sched.n_stages - 1, [[] for _ in range(cfg.pp)], sched.stage_ranks
     for st, layers in enumerate(cfg.stage_layers):
-        stages[sched.where(st)[0]].append((layers, st == 0, st == last))
+        stages[ranks[st]].append((layers, st == 0, st == last))
     out = []
     for rank in range(cfg.pp):
         key = (tuple(stages[rank]), rank == loss_rank(sched), rank == sched.first_rank, rank == sched.last_rank,

@@ -27,11 +27,11 @@ import heapq
 import itertools
 import math
 import time
-from operator import attrgetter
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import NamedTuple
 
-from vp.config import RunConfig
+from vp.config import RECOMPUTE, RunConfig
 from vp.cost import Hardware, pass_costs, static_bytes
 from vp.cost.passes import compute_times
 from vp.cost.costs import exposed_tail_per_rank, tail_parts
@@ -48,7 +48,7 @@ from vp.schedule.program import _program
 from vp.schedule.simulate import collector_paused
 from vp.schedule.methods import get_method
 
-NO_RECOMPUTE = "none"
+NO_RECOMPUTE = RECOMPUTE[0]  # "none": what the other recompute modes add work to
 _but_recompute = attrgetter(*(f for f in RUN_FIELDS if f != "recompute"))  # a variant's recompute=none sibling
 
 __all__ = ["MEMORY", "REL", "SIMULATED_MEMORY", "Plan", "Row", "pareto", "price", "search", "top_configurations"]

@@ -12,7 +12,7 @@ Kinds:
 """
 import re
 from dataclasses import dataclass, field
-from functools import cached_property
+from functools import cached_property, lru_cache
 from typing import NamedTuple
 
 from vp.schedule.algorithms import VocabAlgorithm, get_vocab
@@ -37,6 +37,11 @@ def rank_chunk_of(placement: str, pp: int, stage: int) -> tuple[int, int]:
     if placement == "v" and chunk == 1:
         return pp - 1 - pos, 1
     return pos, chunk
+
+
+@lru_cache(maxsize=1024)
+def _stage_ranks(placement: str, pp: int, chunks: int) -> tuple[int, ...]:
+    return tuple(rank_chunk_of(placement, pp, st)[0] for st in range(pp * chunks))
 
 
 _TOKEN = re.compile(r"^(IF|IB|SF|RF|SB|RB|C[012]:|F|B|W|S|T)(\d+)(?:\.(\d+))?$")
@@ -102,6 +107,11 @@ class Schedule:
 
     def where(self, stage: int) -> tuple[int, int]:
         return rank_chunk_of(self.placement, self.pp, stage)
+
+    @property
+    def stage_ranks(self) -> tuple[int, ...]:
+        """The rank of each global stage (where(stage)[0] of every stage), worked out once per shape."""
+        return _stage_ranks(self.placement, self.pp, self.chunks)
 
     def memo(self, name: str, compute):
         """compute(self), once per schedule object: what the simulator and the cost model derive from the actions
