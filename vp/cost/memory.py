@@ -96,8 +96,7 @@ def stage_params(cfg: RunConfig, sched: Schedule) -> tuple[list[int], list[int]]
     if not sched.vocab_parallel:
         per_stage[0] += split.vocab_rows(v) * h
         per_stage[-1] += split.vocab_rows(v) * h
-    shards = [2 * split.vocab_rows(v, cfg.pp) * h if sched.vocab_parallel else 0 for _ in range(cfg.pp)]
-    return per_stage, shards
+    return per_stage, [2 * split.vocab_rows(v, cfg.pp) * h if sched.vocab_parallel else 0] * cfg.pp
 
 
 def rank_params(cfg: RunConfig, sched: Schedule) -> list[int]:

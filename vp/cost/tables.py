@@ -155,7 +155,7 @@ class Tables:
     def optimizer_set_s(self, params: int, large) -> float | None:
         """Seconds of the optimizer step over one rank's parameters (`params` in all, `large` the elements of its
         large tensors) where the profile measured that very set, or None."""
-        return self.optimizer_sets.get(optimizer_key(params, large))
+        return self.optimizer_sets.get(optimizer_key(params, large)) if self.optimizer_sets else None
 
     def collective_s(self, op: str, n: int, nbytes: float, busy: int = 0) -> float | None:
         """Seconds of one collective (or 'p2p', n = 2) among n ranks of one machine on which `busy` ranks of the

@@ -304,9 +304,9 @@ def tails_s(cfg: RunConfig, hw: Hardware, sched: Schedule) -> list[float]:
     last, stages, ranks = sched.n_stages - 1, [[] for _ in range(cfg.pp)], sched.stage_ranks
     for st, layers in enumerate(cfg.stage_layers):
         stages[ranks[st]].append((layers, st == 0, st == last))
-    out = []
+    out, loss = [], loss_rank(sched)
     for rank in range(cfg.pp):
-        key = (tuple(stages[rank]), rank == loss_rank(sched), rank == sched.first_rank, rank == sched.last_rank,
+        key = (tuple(stages[rank]), rank == loss, rank == sched.first_rank, rank == sched.last_rank,
                placement(cfg.mesh, rank, net.gpus_per_node))
         got = table.get(key)
         if got is None:
