@@ -213,3 +213,14 @@ def test_planner_space_checks_a_configuration_once_for_its_knob_variants(base, f
         else:
             assert alone is run
     assert len(reasons) >= 3 and ("zero" in str(reasons)) == ("zero" in fixed)
+
+
+def test_planner_costs_mems_is_mem_of_each_stage():
+    """Costs.mems (what the activation bounds read at once) is Costs.mem stage by stage, defaults and W included."""
+    rng = random.Random(7)
+    for _ in range(50):
+        memory = {(k, st): rng.uniform(-1e9, 1e9) for k in "FBS" for st in range(6) if rng.random() < 0.5}
+        memory.update({(k, None): rng.uniform(0, 1e9) for k in "FBS" if rng.random() < 0.3})
+        costs = Costs({}, {}, memory)
+        for kind in "FBWS":
+            assert costs.mems(kind, range(6)) == [costs.mem(kind, st) for st in range(6)]

@@ -19,18 +19,18 @@ def first_b_counts(order: list, sk: Schedule) -> tuple:
     for r, acts in enumerate(order):
         i = next(n for n, a in enumerate(acts) if a[0] == "B")
         lowest = min(range(chunks), key=stage[r].__getitem__)
-        j = max(n for n, a in enumerate(acts) if a[0] == "B" and a[2] == lowest)
+        j = next(n for n in range(len(acts) - 1, -1, -1) if acts[n][0] == "B" and acts[n][2] == lowest)  # the last
         pivot.append(stage[r][acts[i][2]])
         low.append(stage[r][lowest])
-        for part, span in enumerate((acts[i:], acts[i:j + 1])):
-            fbw, rest = [[0, 0, 0] for _ in range(chunks)], [0] * len(_OTHERS)
+        fbw, rest = [[0, 0, 0] for _ in range(chunks)], [0] * len(_OTHERS)
+        for part, span in ((1, acts[i:j + 1]), (0, acts[j + 1:])):  # from i to j, then (with it) from i on
             for kind, _, c in span:
                 if kind in _FBW:
                     fbw[c][_FBW[kind]] += 1
                 else:
                     rest[_OTHERS.index(kind)] += 1
-            counts[part].append(fbw)
-            others[part].append(rest)
+            counts[part].append([list(x) for x in fbw])
+            others[part].append(list(rest))
         desc.append(len({a[1] for a in acts[i:] if a[0] == "F"}))
     return (np.array(stage), np.array(pivot), np.array(low), np.array(counts, dtype=float),
             np.array(others, dtype=float), np.array(desc, dtype=float))

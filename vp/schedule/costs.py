@@ -42,6 +42,13 @@ class Costs:
             return self.mem("F", stage) - self.mem("B", stage)
         return self.memory.get((kind, stage), self.memory.get((kind, None), 0.0))
 
+    def mems(self, kind: str, stages) -> list[float]:
+        """mem(kind, stage) of each of stages, at once."""
+        if kind == "W":
+            return [f - b for f, b in zip(self.mems("F", stages), self.mems("B", stages))]
+        get, default = self.memory.get, self.memory.get((kind, None), 0.0)
+        return [get((kind, st), default) for st in stages]
+
 
 def unit_costs(s: Schedule, passes: dict | None = None, stage_weights: list[float] | None = None,
                comm: dict | None = None) -> Costs:
