@@ -215,12 +215,14 @@ def test_planner_space_checks_a_configuration_once_for_its_knob_variants(base, f
     assert len(reasons) >= 3 and ("zero" in str(reasons)) == ("zero" in fixed)
 
 
-def test_planner_costs_mems_is_mem_of_each_stage():
-    """Costs.mems (what the activation bounds read at once) is Costs.mem stage by stage, defaults and W included."""
+def test_planner_costs_mems_and_times_are_mem_and_time_of_each_stage():
+    """Costs.mems and Costs.times (what the bounds read at once) are Costs.mem and Costs.time stage by stage,
+    defaults and W included."""
     rng = random.Random(7)
     for _ in range(50):
         memory = {(k, st): rng.uniform(-1e9, 1e9) for k in "FBS" for st in range(6) if rng.random() < 0.5}
         memory.update({(k, None): rng.uniform(0, 1e9) for k in "FBS" if rng.random() < 0.3})
-        costs = Costs({}, {}, memory)
+        costs = Costs(dict(memory), {}, memory)
         for kind in "FBWS":
             assert costs.mems(kind, range(6)) == [costs.mem(kind, st) for st in range(6)]
+            assert costs.times(kind, range(6)) == [costs.time(kind, st) for st in range(6)]

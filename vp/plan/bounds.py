@@ -46,16 +46,10 @@ def makespan_lower_bound(s: Schedule, costs: Costs) -> float:
     pp, m, v = s.pp, s.microbatches, s.vocab
     stages = s.n_stages
     rank_of, own_of, crossing = _geometry(s.placement, pp, s.chunks)
-    compute, p2p = costs.compute, costs.p2p
-
-    def t(kind: str, st: int) -> float:  # Costs.time
-        got = compute.get((kind, st))
-        return compute.get((kind, None), 0.0) if got is None else got
-
-    fbw = np.array([[t("F", st), t("B", st), t("W", st)] for st in range(stages)])
-    if not s.split_w:
-        fbw[:, 2] = 0.0
-    f, b, w_ = fbw.T.tolist()
+    p2p = costs.p2p
+    f, b = costs.times("F", range(stages)), costs.times("B", range(stages))
+    w_ = costs.times("W", range(stages)) if s.split_w else [0.0] * stages
+    fbw = np.array([f, b, w_]).T
     head = [0.0] * stages  # earliest start of any F of stage st
     back = [0.0] * stages  # what must follow the end of a B of stage st
     down = [0.0] * stages  # B of stages 1 .. st, each with its transfer to the stage below

@@ -34,6 +34,11 @@ class Costs:
     def time(self, kind: str, stage: int | None) -> float:
         return self.compute.get((kind, stage), self.compute.get((kind, None), 0.0))
 
+    def times(self, kind: str, stages) -> list[float]:
+        """time(kind, stage) of each of stages, at once."""
+        get, default = self.compute.get, self.compute.get((kind, None), 0.0)
+        return [get((kind, st), default) for st in stages]
+
     def p2p(self, src: int, dst: int) -> float:
         return self.comm.get(("P2P", src, dst), self.comm.get("P2P", 0.0))
 
