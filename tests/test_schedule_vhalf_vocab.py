@@ -5,9 +5,15 @@ import pytest
 
 from vp.schedule import Action, Schedule, build, simulate, unit_costs, validate
 from vp.schedule.__main__ import parse_costs
-from vp.schedule.build import unit_times
+from vp.schedule.build import stage_timeline
 from vp.schedule.methods import get_method
 from vp.schedule.vhalf_vocab import UNIT, official_costs, vocab_times
+
+
+def unit_times(s: Schedule, costs) -> dict:
+    """(rank, kind, mb, chunk) -> (start, end) of each of s's stage passes on the timeline the placer reads."""
+    return {a: (t0, t1) for acts, starts, ends in stage_timeline(s, costs)[1]
+            for a, t0, t1 in zip(acts, starts.tolist(), ends.tolist())}  # an Action is its tuple
 
 
 def _stage_passes(method: str, pp: int, m: int) -> Schedule:

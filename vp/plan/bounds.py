@@ -36,7 +36,7 @@ from vp.cost.costs import dp_slowdown, tail_per_rank
 from vp.cost.data_parallel import exposed_reduce_per_rank, reduce_buckets, unhidden_reduce
 from vp.cost.profiles import Hardware
 from vp.schedule import Costs, Schedule
-from vp.schedule.actions import rank_chunk_of, stage_of
+from vp.schedule.actions import stage_of, stage_ranks
 from vp.schedule.methods import get_method
 from vp.plan.order_bounds import after_first_b, barrier_counts, between_barriers, first_b_counts
 
@@ -84,8 +84,7 @@ def makespan_lower_bound(s: Schedule, costs: Costs) -> float:
 def _geometry(placement: str, pp: int, chunks: int) -> tuple:
     """Of a pipeline's placement: the rank of each stage, each rank's stages (by chunk), and whether each stage sits
     on another rank than the stage before it."""
-    stages = pp * chunks
-    rank_of = tuple(rank_chunk_of(placement, pp, st)[0] for st in range(stages))
+    stages, rank_of = pp * chunks, stage_ranks(placement, pp, chunks)
     own = tuple(tuple(stage_of(placement, pp, r, c) for c in range(chunks)) for r in range(pp))
     return rank_of, own, tuple(st > 0 and rank_of[st] != rank_of[st - 1] for st in range(stages))
 

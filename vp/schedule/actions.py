@@ -40,7 +40,8 @@ def rank_chunk_of(placement: str, pp: int, stage: int) -> tuple[int, int]:
 
 
 @lru_cache(maxsize=1024)
-def _stage_ranks(placement: str, pp: int, chunks: int) -> tuple[int, ...]:
+def stage_ranks(placement: str, pp: int, chunks: int) -> tuple[int, ...]:
+    """The rank holding each global stage of a placement (rank_chunk_of's rank, for every stage), once per shape."""
     return tuple(rank_chunk_of(placement, pp, st)[0] for st in range(pp * chunks))
 
 
@@ -111,7 +112,7 @@ class Schedule:
     @property
     def stage_ranks(self) -> tuple[int, ...]:
         """The rank of each global stage (where(stage)[0] of every stage), worked out once per shape."""
-        return _stage_ranks(self.placement, self.pp, self.chunks)
+        return stage_ranks(self.placement, self.pp, self.chunks)
 
     def memo(self, name: str, compute):
         """compute(self), once per schedule object: what the simulator and the cost model derive from the actions

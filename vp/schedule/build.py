@@ -143,19 +143,12 @@ def _after_inputs(s: Schedule, r: int, acts: list[Action]) -> dict[int, int]:
     return dict([(a[2], i + 1) for i, a in enumerate(acts) if a[1] == "F" and a[3] in inner])  # the last F(k)
 
 
-def _stage_timeline(s: Schedule, costs: Costs | None = None) -> tuple[Schedule, list]:
+def stage_timeline(s: Schedule, costs: Costs | None = None) -> tuple[Schedule, list]:
     """s's stage passes lowered (without vocabulary passes) and their simulation's spans, per rank (actions, starts,
     ends; the last two numpy arrays) (unit_costs unless costs are given): what both vocabulary placers time their
     passes by."""
     low = lower(replace(s, vocab=VOCAB["local"]))
     return low, simulate(low, costs).rank_spans()
-
-
-def unit_times(s: Schedule, costs: Costs | None = None) -> dict:
-    """(rank, kind, mb, chunk) -> (start, end) of every action of s's stage passes, lowered and simulated without
-    vocabulary passes (unit_costs unless costs are given)."""
-    return {a: (t0, t1) for acts, starts, ends in _stage_timeline(s, costs)[1]
-            for a, t0, t1 in zip(acts, starts.tolist(), ends.tolist())}  # an Action is its tuple
 
 
 def insert_vocab_passes(s: Schedule) -> Schedule:
@@ -165,7 +158,7 @@ def insert_vocab_passes(s: Schedule) -> Schedule:
     timeline places them): a unit placed before stage pass i goes before i's receive, as lower() would put it.
     Each rank's position of a unit is the running maximum of its bound (a binary search of the rank's starts, the
     C0 bound), taken in bulk over arrays; the ranks differ only in which units they are the root of."""
-    low, spans = _stage_timeline(s)
+    low, spans = stage_timeline(s)
     held: dict = {}
 
     def times(r: int) -> dict:  # (kind, mb, chunk) -> (start, end) of rank r's actions on the timeline
@@ -223,5 +216,5 @@ def build(method: str, pp: int, microbatches: int, chunks: int | None = None) ->
         place = spec.family.vocab_placer
         if place is None:
             return insert_vocab_passes(s)  # lowered already
-        s = place(s, _stage_timeline)
+        s = place(s, stage_timeline)
     return lower(s)

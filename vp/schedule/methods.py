@@ -27,7 +27,7 @@ class Family:
     chunks: int  # model chunks per rank; 0: taken from the run config (at least 2, default 2)
     microbatches_multiple_of_pp: bool = False
     places_vocab: bool = False  # the generator places the vocabulary passes itself
-    vocab_placer: Callable | None = None  # (schedule, build._stage_timeline) -> the schedule, vocabulary passes
+    vocab_placer: Callable | None = None  # (schedule, build.stage_timeline) -> the schedule, vocabulary passes
     # placed; None: build.insert_vocab_passes
 
 

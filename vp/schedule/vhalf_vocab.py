@@ -86,7 +86,7 @@ def _key(kind: str, k: int, t: float, m: int) -> tuple:
 
 def place_vocab_passes(s: Schedule, stage_timeline: Callable) -> Schedule:
     """Each rank's stage passes and vocabulary passes (S T IF IB C0 C1 C2), merged by their official times;
-    stage_timeline(s, costs) lowers and times the stage passes (build._stage_timeline: per rank its lowered actions,
+    stage_timeline(s, costs) lowers and times the stage passes (build.stage_timeline: per rank its lowered actions,
     their starts and ends). A rank's stage passes start in its order and the vocabulary passes are sorted, so each
     of the latter goes before the first stage pass that starts at its time or later (a collective: it sorts first
     at equal times) or after every one that starts at its time or earlier (IF, T, S): one binary search each."""
