@@ -98,3 +98,34 @@ def test_planner_program_counts_each_ranks_passes_after_a_rank_with_a_missing_in
             for acts in broken.ranks]
     assert _program(broken).counts == want
     assert _program(broken).missing
+
+
+def _program_figures(s) -> tuple:
+    prog = _program(s)
+    arrays = tuple(np.asarray(x).tolist() for x in prog[:9]) + tuple(np.asarray(x).tolist() for x in prog[-3:])
+    return arrays + (prog.time_keys, prog.mem_keys, prog.p2p_keys, prog.channels, prog.links, list(prog.instances),
+                     prog.inst_kind.tolist(), prog.inst_kinds, list(prog.members), prog.counts, prog.p2p_actions,
+                     prog.missing, prog.in_order)
+
+
+@pytest.mark.parametrize("method", ["interleaved-vocab-1", "vhalf-vocab-2", "interlaced", "redis"])
+def test_planner_program_shape_table_is_shared_by_schedules_of_one_kind_and_changes_nothing(method, monkeypatch):
+    """The program's table of shapes is worked out once per kind of schedule and ranks' shapes (a planner builds one
+    schedule per microbatch count): every figure of a program is the one worked out with no table kept, and
+    schedules of one kind but their microbatches share one table; one whose ranks meet their shapes in another
+    order (here reversed) has its own."""
+    from vp.schedule import program
+
+    def schedules():
+        made = [build(method, 4, m) for m in (4, 8, 12)]
+        return made + [replace(made[0], ranks=[list(reversed(acts)) for acts in made[0].ranks])]
+
+    monkeypatch.setattr(program, "_TABLES", {})
+    shared = [_program_figures(s) for s in schedules()]
+    kept = len(program._TABLES)
+    fresh = []
+    for s in schedules():
+        program._TABLES.clear()
+        fresh.append(_program_figures(s))
+    assert shared == fresh
+    assert kept < len(fresh)  # the larger schedules ran the shapes of the smaller

@@ -2,6 +2,7 @@
 does not depend on costs, as arrays of integers, derived once per schedule object (vp/schedule/simulate.py
 runs it; validate() reads it for its input, link and collective-order checks).
 """
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import NamedTuple
 
@@ -49,11 +50,10 @@ class _Program(NamedTuple):
     p2p_keys: list  # (src, dst) for Costs.p2p
     channels: int  # number of send/receive channels
     links: list  # link id -> (src, dst, kind): one direction and kind of traffic between two ranks
-    instances: list  # instance id -> Collective
+    instances: object  # instance id -> Collective (a sequence, made when read)
     inst_kind: object  # instance id -> index of its kind in inst_kinds (an array)
     inst_kinds: list  # the kinds of the instances
-    members: list  # instance id -> the ranks of its group
-    roots: list  # instance id -> the rank it is sent from (C0, IB: receivers wait for it alone) or None
+    members: object  # instance id -> the ranks of its group (a sequence)
     counts: list  # per rank, (kind, chunk) -> how many distinct microbatches it runs of it
     p2p_actions: list  # per rank, how many sends and receives it runs
     missing: bool  # some step is _MISSING
@@ -74,13 +74,47 @@ def p2p_in_order(s: Schedule) -> bool:
     return not prog.missing and prog.in_order
 
 
-def _make_program(s: Schedule) -> _Program:
-    """Each rank's shapes (its (kind, chunk)s) classified here, once, in the order the rank meets them; its steps by
-    vp/schedule/derive.py's compiled loop."""
+class _Table(NamedTuple):
+    """The shapes' rows of a program (what _make_program's compiled loop reads besides the steps), with the keys its
+    indices stand for: a function of the schedule's kind and each rank's shapes in order of first appearance."""
+    cols: object  # int64 [11, shape]: code, time, mem, mode, p2p, chan, link, entry, entry proto, at_end, is_coll
+    nstart: object  # needs[nstart[i]:nstart[i + 1]] of shape i; waits likewise (wstart)
+    needs: object
+    wstart: object
+    wait_tab: object
+    wait_proto: object
+    sbase: object  # rank r's shapes are sbase[r] .. sbase[r + 1]
+    times: list
+    mems: list
+    p2ps: list
+    links: list
+    channels: int
+    groups: int  # (group, kind) pairs entered or waited on
+    protos: list  # instance prototype (of microbatch 0) per index
+
+
+_TABLES: dict = {}  # (the schedule's fields but its microbatches and actions, each rank's shapes) -> _Table
+_TABLES_AT_MOST = 4096  # emptied past this many
+
+
+def _table(s: Schedule, keys_of: tuple) -> _Table:
+    """The shape table of a schedule whose rank r runs the (kind, chunk)s keys_of[r] (in order of first appearance):
+    worked out once per kind of schedule and keys, since shapes never read the microbatches (rules.shape_of), so
+    the schedules a planner builds for many microbatch counts share it."""
+    key = (s.method, s.pp, s.chunks, s.placement, s.vocab, s.split_w, keys_of)
+    got = _TABLES.get(key)
+    if got is None:
+        if len(_TABLES) >= _TABLES_AT_MOST:
+            _TABLES.clear()
+        got = _TABLES[key] = _make_table(s, keys_of)
+    return got
+
+
+def _make_table(s: Schedule, keys_of: tuple) -> _Table:
     times, mems, p2ps, links = {}, {}, {}, {}  # key -> its index (dicts keep insertion order)
     chan_tabs, inst_tabs, protos = {}, {}, {}  # (src, dst, kind, stage) / (group, kind) / prototype -> its index
-    rows: list[tuple] = []  # per shape: code, time, mem, mode, p2p, chan, link, entry, entry proto, at_end, is_coll
-    shape_needs, wait_tab, wait_proto, nstart, wstart = [], [], [], [0], [0]
+    rows: list[tuple] = []  # per shape, as _Table.cols (transposed)
+    shape_needs, wait_tab, wait_proto, nstart, wstart, sbase = [], [], [], [0], [0], [0]
 
     def index(table: dict, key) -> int:
         return table.setdefault(key, len(table))
@@ -108,9 +142,27 @@ def _make_program(s: Schedule) -> _Program:
         wstart.append(len(wait_tab))
         rows.append(tuple(row))
 
-    kcs, mbs, off, keys_of, sbase = [], [], [0], [], [0]
-    for r, acts in enumerate(s.ranks):
+    for r, keys in enumerate(keys_of):
         base = len(rows)
+        ids = {key: base + n for n, key in enumerate(keys)}  # the shapes it runs, then those only needed
+        for kind, chunk in keys:
+            classify(r, kind, chunk, ids)
+        for _ in range(len(ids) + base - len(rows)):  # shapes only needed (none of them runs here: _MISSING)
+            rows.append((_PLAIN, 0, 0, 0, 0, 0, 0, -1, 0, 0, 0))
+            nstart.append(nstart[-1])
+            wstart.append(wstart[-1])
+        sbase.append(len(rows))
+    arr = lambda x: np.array(x, np.int64)
+    return _Table(arr(rows).reshape(-1, 11).T.copy(), arr(nstart), arr(shape_needs), arr(wstart), arr(wait_tab),
+                  arr(wait_proto), arr(sbase), list(times), list(mems), list(p2ps), list(links), len(chan_tabs),
+                  len(inst_tabs), [proto for proto, _ in protos])
+
+
+def _make_program(s: Schedule) -> _Program:
+    """Each rank's shapes (its (kind, chunk)s) in the order the rank meets them, classified once per kind of schedule
+    (_table); its steps by vp/schedule/derive.py's compiled loop."""
+    per_rank, keys_of, off = [], [], [0]
+    for acts in s.ranks:
         if acts:  # each step's (kind, chunk) as one code, and the codes in order of first appearance
             _, kinds, mbs_r, chunks = zip(*acts)
             chunk_of = np.array(chunks, np.int64)
@@ -118,51 +170,77 @@ def _make_program(s: Schedule) -> _Program:
             code = np.fromiter(map(_KIND_CODE.__getitem__, kinds), np.int64, len(acts)) * width + chunk_of
             first = np.unique(code, return_index=True)[1]
             first.sort()
-            ids = {(kinds[i], chunks[i]): base + n for n, i in enumerate(first.tolist())}  # the shapes it runs
+            keys_of.append(tuple((kinds[i], chunks[i]) for i in first.tolist()))
+            per_rank.append((code, width, mbs_r))
         else:
-            ids = {}
-        keys_of.append(list(ids))
-        for kind, chunk in keys_of[-1]:
-            classify(r, kind, chunk, ids)
-        for _ in range(len(ids) + base - len(rows)):  # shapes only needed (none of them runs here: _MISSING)
-            rows.append((_PLAIN, 0, 0, 0, 0, 0, 0, -1, 0, 0, 0))
-            nstart.append(nstart[-1])
-            wstart.append(wstart[-1])
-        if acts:  # each step's shape id, from a table by its code
+            keys_of.append(())
+            per_rank.append(None)
+        off.append(off[-1] + len(acts))
+    tab = _table(s, tuple(keys_of))
+    kcs, mbs = [], []
+    for keys, got, base in zip(keys_of, per_rank, tab.sbase.tolist()):
+        if got is not None:  # each step's shape id, from a table by its code
+            code, width, mbs_r = got
             table = np.zeros(len(_KIND_CODE) * width, np.int64)
-            for kind, chunk in keys_of[-1]:
-                table[_KIND_CODE[kind] * width + chunk] = ids[(kind, chunk)]
+            for n, (kind, chunk) in enumerate(keys):
+                table[_KIND_CODE[kind] * width + chunk] = base + n
             kcs.append(table[code])
             mbs.append(np.array(mbs_r, np.int64))
-        off.append(off[-1] + len(acts))
-        sbase.append(len(rows))
     kc, mb = (np.concatenate(kcs), np.concatenate(mbs)) if kcs else (np.zeros(0, np.int64),) * 2
-    table = np.array(rows, np.int64).reshape(-1, 11)
     (rec, need, sync, wait, inst_proto, inst_mb, n_chans, missing, in_order, seen, p2p_actions, entry_step,
      entry_inst, entry_start) = kernel.jit(derive, len(kc))(
-        np.array(off, np.int64), kc, mb, int(mb.max()) + 1 if len(mb) else 1, *table.T.copy(),
-        np.array(nstart, np.int64), np.array(shape_needs, np.int64), np.array(wstart, np.int64),
-        np.array(wait_tab, np.int64), np.array(wait_proto, np.int64), len(chan_tabs), len(inst_tabs), len(links),
-        np.array(sbase, np.int64))
-    proto_of = [proto for proto, _ in protos]
-    instances = [replace(proto_of[p], mb=m) for p, m in zip(inst_proto.tolist(), inst_mb.tolist())]
-    groups: dict = {}  # group -> its index
-    for inst in instances:
-        groups.setdefault(inst.group, len(groups))
+        np.array(off, np.int64), kc, mb, int(mb.max()) + 1 if len(mb) else 1, *tab.cols, tab.nstart,
+        tab.needs, tab.wstart, tab.wait_tab, tab.wait_proto, tab.channels, tab.groups, len(tab.links), tab.sbase)
+    # per prototype (few), numbered in order of first appearance among the instances: its group, kind and root
+    protos = tab.protos
+    uniq, at = np.unique(inst_proto, return_index=True)
+    groups, kinds = {}, {}  # group / kind -> its index
+    for p in uniq[np.argsort(at, kind="stable")].tolist():
+        groups.setdefault(protos[p].group, len(groups))
+        kinds.setdefault(protos[p].kind, len(kinds))
     ranks_of = [tuple(group_members(s, group)) for group in groups]
-    members = [ranks_of[groups[inst.group]] for inst in instances]
-    roots = [root_of(s, inst.group) if inst.group in ("C0", "IB") else None for inst in instances]
+    by_proto = np.array([(groups.get(x.group, -1), kinds.get(x.kind, -1),
+                          -1 if x.group not in ("C0", "IB") else root_of(s, x.group)) for x in protos],
+                        np.int64).reshape(-1, 3)[inst_proto]
+    inst_group, inst_kind, roots = by_proto.T.copy()
+    instances = _Instances(protos, inst_proto, inst_mb)
     seen, p2p_actions = seen.tolist(), p2p_actions.tolist()
-    counts = [{key: seen[first + n] for n, key in enumerate(keys)} for keys, first in zip(keys_of, sbase)]
-    arrays = (np.array(off, np.int64), rec, need, sync, wait, np.array([-1 if x is None else x for x in roots], np.int64),
-              np.array([groups[inst.group] for inst in instances], np.int64),
+    counts = [{key: seen[first + n] for n, key in enumerate(keys)} for keys, first in zip(keys_of, tab.sbase.tolist())]
+    arrays = (np.array(off, np.int64), rec, need, sync, wait, roots, inst_group,
               np.cumsum([0] + [len(m) for m in ranks_of], dtype=np.int64),
               np.array([q for m in ranks_of for q in m], np.int64))
-    kinds = {}  # kind -> its index
-    inst_kind = np.array([kinds.setdefault(inst.kind, len(kinds)) for inst in instances], np.int64)
-    return _Program(*arrays, list(times), list(mems), list(p2ps), n_chans, list(links), instances, inst_kind,
-                    list(kinds), members, roots,
+    return _Program(*arrays, list(tab.times), list(tab.mems), list(tab.p2ps), n_chans, list(tab.links), instances,
+                    inst_kind, list(kinds), _Members(ranks_of, inst_group),
                     counts, p2p_actions, bool(missing), bool(in_order), entry_start, entry_step, entry_inst)
+
+
+class _Instances(Sequence):
+    """instance id -> its Collective, made on the first read (the simulator's loop reads the arrays alone; validate()
+    and a deadlock's message read these), one object per instance."""
+
+    def __init__(self, protos: list, proto, mb):
+        self._protos, self._proto, self._mb, self._made = protos, proto, mb, None
+
+    def __len__(self) -> int:
+        return len(self._proto)
+
+    def __getitem__(self, i):
+        if self._made is None:
+            self._made = [replace(self._protos[p], mb=m) for p, m in zip(self._proto.tolist(), self._mb.tolist())]
+        return self._made[i]
+
+
+class _Members(Sequence):
+    """instance id -> the ranks of its group (a deadlock's message reads it)."""
+
+    def __init__(self, ranks_of: list, group):
+        self._ranks_of, self._group = ranks_of, group
+
+    def __len__(self) -> int:
+        return len(self._group)
+
+    def __getitem__(self, i):
+        return self._ranks_of[int(self._group[i])]
 
 
 def _shape(s: Schedule, a: Action) -> tuple:
