@@ -171,7 +171,8 @@ def _make_program(s: Schedule) -> _Program:
             first = np.unique(code, return_index=True)[1]
             first.sort()
             keys_of.append(tuple((kinds[i], chunks[i]) for i in first.tolist()))
-            per_rank.append((code, width, mbs_r))
+            small = np.int16 if len(_KIND_CODE) * width < 2**15 else np.int64  # held for every rank: kept small
+            per_rank.append((code.astype(small), width, np.array(mbs_r, np.int64)))
         else:
             keys_of.append(())
             per_rank.append(None)
@@ -185,7 +186,7 @@ def _make_program(s: Schedule) -> _Program:
             for n, (kind, chunk) in enumerate(keys):
                 table[_KIND_CODE[kind] * width + chunk] = base + n
             kcs.append(table[code])
-            mbs.append(np.array(mbs_r, np.int64))
+            mbs.append(mbs_r)
     kc, mb = (np.concatenate(kcs), np.concatenate(mbs)) if kcs else (np.zeros(0, np.int64),) * 2
     (rec, need, sync, wait, inst_proto, inst_mb, n_chans, missing, in_order, seen, p2p_actions, entry_step,
      entry_inst, entry_start) = kernel.jit(derive, len(kc))(
@@ -203,7 +204,7 @@ def _make_program(s: Schedule) -> _Program:
                           -1 if x.group not in ("C0", "IB") else root_of(s, x.group)) for x in protos],
                         np.int64).reshape(-1, 3)[inst_proto]
     inst_group, inst_kind, roots = by_proto.T.copy()
-    instances = _Instances(protos, inst_proto, inst_mb)
+    instances = _Instances(protos, inst_proto.copy(), inst_mb.copy())  # not views: their buffers hold every step
     seen, p2p_actions = seen.tolist(), p2p_actions.tolist()
     counts = [{key: seen[first + n] for n, key in enumerate(keys)} for keys, first in zip(keys_of, tab.sbase.tolist())]
     arrays = (np.array(off, np.int64), rec, need, sync, wait, roots, inst_group,
