@@ -82,36 +82,42 @@ def compute_times(cfg: RunConfig, hw: Hardware, sched: Schedule) -> dict:
     """Seconds of every pass's own work on one device computing alone: {(kind, stage or None): seconds}: each part
     composed from its operations (work_seconds), times the profile's factor for its kind where the profile timed
     passes as the runtime runs them (pass_factors; every run and mesh alike, so plans compare on one footing).
-    A stage's seconds are worked out once per profile for all that stage_parts and _timed read (the layer shape,
-    the schedule's W and vocabulary, recomputation, the factors' keys: the table's key; the stage's layers and
-    place, and the output rows of one device where a first or last stage holds a vocabulary layer: the role), so a
-    pipeline of many stages, and the search's thousands of meshes and methods over one layer shape, look them up
-    (vp.cost.profiles.cost_table)."""
+    A stage's seconds of each kind are worked out once per profile for all that stage_parts and _timed read of that
+    kind (the layer shape, the schedule's vocabulary, the factors' keys; the schedule's W for B and W, recomputation
+    for B alone: the tables' keys; the stage's layers and place, and the output rows of one device where a first or
+    last stage holds a vocabulary layer: the role), so a pipeline of many stages, and the search's thousands of
+    meshes, methods and knobs over one layer shape, look them up (vp.cost.profiles.cost_table)."""
     from vp.cost.factors import pass_factors  # which composes passes with this module's functions
 
     factors = pass_factors(hw)
     tp = tp_key(cfg) if factors else None
     vocab = tp_vocab_key(cfg) if tp else None
-    sh, split_w = Shapes.of(cfg, hw), sched.split_w
+    sh, split_w, recompute = Shapes.of(cfg, hw), sched.split_w, cfg.recompute
     v, last = sh.split.vocab_rows(cfg.padded_vocab_size), sched.n_stages - 1  # the output rows of one device
     local = not sched.vocab_parallel  # the first and last stages hold the vocabulary layers
-    table = cost_table(hw, ("compute_times", sh, split_w, sched.vocab_parallel, cfg.recompute, tp, vocab))
+    base = ("compute_times", sh, sched.vocab_parallel, tp, vocab)
+    tables = (cost_table(hw, base + ("F",)), cost_table(hw, base + ("B", split_w, recompute)),
+              cost_table(hw, base + ("W", split_w)))
     out, roles = {}, {}
     for st, layers in enumerate(cfg.stage_layers):
         role = (layers, st == 0, st == last)
         got = roles.get(role)
         if got is None:
             key = role + (v if local and (role[1] or role[2]) else None,)  # None: stage_parts reads no rows
-            got = table.get(key)
-            if got is None:
-                got = table[key] = tuple(
-                    _timed(hw, stage_parts(sh, kind, *key[:3], split_w, sched.vocab_parallel, cfg.recompute, key[3]),
-                           factors, True, split_w, tp, vocab) for kind in ("F", "B", "W"))
+            got = []
+            for kind, table in zip("FBW", tables):
+                seconds = table.get(key)
+                if seconds is None:
+                    seconds = table[key] = _timed(
+                        hw, stage_parts(sh, kind, *key[:3], split_w, sched.vocab_parallel, recompute, key[3]),
+                        factors, True, split_w, tp, vocab)
+                got.append(seconds)
             roles[role] = got
         out[("F", st)], out[("B", st)], out[("W", st)] = got
     if sched.vocab_parallel:
         rows, algorithm = sh.split.vocab_rows(cfg.padded_vocab_size, cfg.pp), sched.vocab
         key = ("vocab", rows, algorithm.s_gemms, algorithm.t_gemms)
+        table = tables[0]  # the vocabulary passes read neither the W split nor recomputation
         got = table.get(key)
         if got is None:
             got = table[key] = tuple((kind, _timed(hw, parts, factors, False, split_w, tp, vocab))
