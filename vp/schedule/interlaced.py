@@ -86,22 +86,25 @@ def _receivers_enter_c0(order: list[list[tuple[str, int, int]]]) -> list[list[tu
             before[nxt] = a
         elif a[0] == "C0":
             after.setdefault(entering[i - 1], []).append(a)
+    following, opening = after.get, before.get
     out = []
     for acts in order[:-1]:
         seq = []
-        for a in acts + [None]:
-            todo = [before[a]] if a in before else []
+
+        def put(todo: list) -> None:  # each C0 in turn, then the C0s that follow it
             while todo:
                 x = todo.pop(0)
                 seq.append(x)
-                todo += after.get(x, [])
-            if a is not None:
-                seq.append(a)
-                todo = list(after.get(a, []))
-                while todo:
-                    x = todo.pop(0)
-                    seq.append(x)
-                    todo += after.get(x, [])
+                todo += following(x, ())
+
+        for a in acts:
+            if (x := opening(a)) is not None:
+                put([x])
+            seq.append(a)
+            if (xs := following(a)) is not None:
+                put(list(xs))
+        if (x := opening(None)) is not None:
+            put([x])
         out.append(_after_own_forward(seq))
     return out + [root]
 
