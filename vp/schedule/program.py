@@ -152,10 +152,9 @@ def _make_table(s: Schedule, keys_of: tuple) -> _Table:
             nstart.append(nstart[-1])
             wstart.append(wstart[-1])
         sbase.append(len(rows))
-    arr = lambda x: np.array(x, np.int64)
-    return _Table(arr(rows).reshape(-1, 11).T.copy(), arr(nstart), arr(shape_needs), arr(wstart), arr(wait_tab),
-                  arr(wait_proto), arr(sbase), list(times), list(mems), list(p2ps), list(links), len(chan_tabs),
-                  len(inst_tabs), [proto for proto, _ in protos])
+    ints = [np.array(x, np.int64) for x in (nstart, shape_needs, wstart, wait_tab, wait_proto, sbase)]
+    return _Table(np.array(rows, np.int64).reshape(-1, 11).T.copy(), *ints, list(times), list(mems), list(p2ps),
+                  list(links), len(chan_tabs), len(inst_tabs), [proto for proto, _ in protos])
 
 
 def _make_program(s: Schedule) -> _Program:
@@ -178,8 +177,9 @@ def _make_program(s: Schedule) -> _Program:
             per_rank.append(None)
         off.append(off[-1] + len(acts))
     tab = _table(s, tuple(keys_of))
+    sbase = tab.sbase.tolist()
     kcs, mbs = [], []
-    for keys, got, base in zip(keys_of, per_rank, tab.sbase.tolist()):
+    for keys, got, base in zip(keys_of, per_rank, sbase):
         if got is not None:  # each step's shape id, from a table by its code
             code, width, mbs_r = got
             table = np.zeros(len(_KIND_CODE) * width, np.int64)
@@ -206,7 +206,7 @@ def _make_program(s: Schedule) -> _Program:
     inst_group, inst_kind, roots = by_proto.T.copy()
     instances = _Instances(protos, inst_proto.copy(), inst_mb.copy())  # not views: their buffers hold every step
     seen, p2p_actions = seen.tolist(), p2p_actions.tolist()
-    counts = [{key: seen[first + n] for n, key in enumerate(keys)} for keys, first in zip(keys_of, tab.sbase.tolist())]
+    counts = [{key: seen[first + n] for n, key in enumerate(keys)} for keys, first in zip(keys_of, sbase)]
     arrays = (np.array(off, np.int64), rec, need, sync, wait, roots, inst_group,
               np.cumsum([0] + [len(m) for m in ranks_of], dtype=np.int64),
               np.array([q for m in ranks_of for q in m], np.int64))
