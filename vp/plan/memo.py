@@ -33,8 +33,10 @@ RUN_FIELDS = tuple(f.name for f in fields(RunConfig))
 OPTIMIZER = ("zero", "overlap_grad_reduce", "bucket_mb")  # how gradients are reduced and optimizer state is held
 IGNORES = {
     # parameters, gradients, optimizer state and communicator buffers per stage: the mesh and the model, not the
-    # micro-batch (the schedule's communicators do not depend on its microbatch count: StageCommunicators)
-    "fixed": ("micro_batch_size", "microbatches", "recompute"),
+    # micro-batch (the schedule's communicators do not depend on its microbatch count: StageCommunicators), nor when
+    # gradients are reduced or how activations are split (sequence parallelism shards activations, no parameter)
+    "fixed": ("micro_batch_size", "microbatches", "recompute", "overlap_grad_reduce", "bucket_mb",
+              "sequence_parallel"),
     # the tail after the flush (without the simulated iteration): the tensor group's and the replicas'
     # once-per-iteration reductions and the optimizer step, over parameters: no activation, no microbatch count
     "tail": ("micro_batch_size", "microbatches", "recompute"),
