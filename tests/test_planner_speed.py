@@ -375,3 +375,28 @@ def test_planner_borrowed_bounds_change_nothing_but_the_work(monkeypatch):
     key = lambda row: (row.run, row.tokens_per_s, row.peak_memory_bytes, row.bubble)  # noqa: E731
     for field in ("rows", "top", "pareto"):
         assert list(map(key, getattr(fast, field))) == list(map(key, getattr(slow, field))), field
+
+
+def test_planner_candidates_are_decided_in_order_of_their_whole_bounds(monkeypatch):
+    """A candidate's bound falls when it is visited (its costs become the whole cost model's: communication added);
+    where it falls below the next candidate's it goes back into the order, so every candidate is decided (simulated
+    or skipped) in the order of its whole bound, whatever bound it entered the order with. A search that prices every
+    candidate with the whole cost model from the start simulates the same candidates at the same bounds in the same
+    order (ties aside), with the same answer and counts; without going back, the first simulates more."""
+    S = importlib.import_module("vp.plan.search")
+    problem = Problem(SMALL, 8, 16, methods=("baseline", "vocab-1", "interleaved-vocab-2", "vhalf-vocab-2", "redis"))
+    hw, simulated = PROFILES["h100"], []
+    real_predict = S.predict
+    monkeypatch.setattr(S, "predict", lambda c, *a: simulated.append((c.bound, c.run)) or real_predict(c, *a))
+    loose = search(problem, hw, top=5)
+    loose_order, simulated[:] = list(simulated), []
+    monkeypatch.setattr(S, "compute_costs", lambda run, hw, sk, memo=None: pass_costs(run, hw, sk))
+    monkeypatch.setattr(S, "full_costs", lambda p, hw, memo: p.costs)
+    whole = search(problem, hw, top=5)
+    assert [b for b, _ in simulated] == [b for b, _ in loose_order]  # bounds falling: each simulated at its own
+    assert sorted(map(repr, simulated)) == sorted(map(repr, loose_order))
+    for field in ("candidates", "feasible", "simulated", "pruned", "undecided", "dominated", "rejected"):
+        assert getattr(loose, field) == getattr(whole, field), field
+    key = lambda row: (row.run, row.tokens_per_s, row.peak_memory_bytes, row.bubble)  # noqa: E731
+    for field in ("top", "pareto"):
+        assert list(map(key, getattr(loose, field))) == list(map(key, getattr(whole, field))), field

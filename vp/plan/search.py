@@ -7,7 +7,9 @@ in order of their bound, best first, so a bound is compared with the exact figur
 it. A candidate's peak memory is exact where the order of its actions is known without building its schedule
 (methods whose vocabulary passes the generator places, or which have none); otherwise it is bracketed, and the
 schedule is built only where the bracket straddles the device's memory and the candidate is still in the race.
-Two candidates with the same schedule and the same costs are simulated once.
+Two candidates with the same schedule and the same costs are simulated once. A candidate's bound falls when it is
+visited and its costs become the whole cost model's (communication too); where it falls below the next candidate's,
+it goes back in its place, so candidates are decided in the order of their whole bounds.
 
 A variant with recomputation is first bounded by its recompute=none variant's bound (each of its passes takes at
 least as long, and the bound grows with every pass time; tests/test_planner_speed.py checks both), and its own pass
@@ -66,6 +68,7 @@ class _Priced:
     bound: float  # tokens/s no simulation of this candidate can exceed
     tails: TailBound | None = None  # the tail and its bound (tail is tails.at_least: from full costs once visited)
     borrowed: bool = False  # bound: its recompute=none variant's, costs: held bytes only (its own pass times unknown)
+    full: bool = False  # costs: the whole cost model's (pass_costs), bound and tail from them
 
     @property
     def memory_lo(self) -> float:
@@ -274,11 +277,15 @@ def search(problem: Problem, hw: Hardware, top: int = 10, prune: bool = True, lo
                 own_bound(p, hw, memo)
             heapq.heappush(heap, (-p.bound, next(order), p))
             continue
-        if not p.borrowed and (not prune or race.could_enter(p)):  # now the whole cost model: communication too
+        if not p.borrowed and not p.full and (not prune or race.could_enter(p)):  # the whole cost model now
             with phase("full costs"):
                 p.costs = full_costs(p, hw, memo)
                 p.tail = p.tails.at_least(p.skeleton, p.costs)
                 p.bound = _bound(p.run, hw, memo("full span", _span, p.run, p.skeleton, p.costs), p.tail)
+                p.full = True
+            if prune and heap and p.bound < -heap[0][0]:  # others come first now: back in its place in the order
+                heapq.heappush(heap, (-p.bound, next(order), p))
+                continue
         skip = prune and not race.could_enter(p)
         if prune and not skip and any(dominates(y, p) for y in simulated.get(configuration(p.run), ())):
             skip = True
