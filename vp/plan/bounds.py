@@ -41,8 +41,10 @@ from vp.schedule.methods import get_method
 from vp.plan.order_bounds import after_first_b, barrier_counts, between_barriers, first_b_counts
 
 
-def makespan_lower_bound(s: Schedule, costs: Costs) -> float:
-    """A lower bound on simulate(s, costs).makespan from the costs and the schedule's shape (s.ranks unused)."""
+def makespan_lower_bound(s: Schedule, costs: Costs, order: bool = True) -> float:
+    """A lower bound on simulate(s, costs).makespan from the costs and the schedule's shape (s.ranks unused).
+    order=False: bounds A and B alone (sums of the costs; the generator's order unread), the cheaper and looser bound
+    the search first orders candidates by."""
     pp, m, v = s.pp, s.microbatches, s.vocab
     stages = s.n_stages
     rank_of, own_of, crossing = _geometry(s.placement, pp, s.chunks)
@@ -75,6 +77,8 @@ def makespan_lower_bound(s: Schedule, costs: Costs) -> float:
         if v.grad_x_from in v.after_t:
             b_ += vocab["T"]
         best = max(best, a, b_)
+    if not order:
+        return float(best)
     _, _, after, barriers = _generated(s.method, pp, m, s.chunks)
     return float(max(best, after_first_b(s, costs, after, fbw, head, back, down),
                      between_barriers(s, costs, barriers, head)))

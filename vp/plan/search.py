@@ -114,19 +114,25 @@ def price(run: RunConfig, hw: Hardware, held: StageCommunicators, budget: float 
         costs = Costs({}, {}, memo("held", held_bytes, run, hw, sk))  # what bracket() reads
         return _Priced(run, sk, costs, static, tail, zero, [math.inf] * run.pp, upper, tails, borrowed=True)
     costs = compute_costs(run, hw, sk, memo)
-    span = memo("span", _span, run, sk, costs)
+    span = memo("span", _sums_span, run, sk, costs)
     return _Priced(run, sk, costs, static, tail, zero, [math.inf] * run.pp, _bound(run, hw, span, tail), tails)
 
 
 def own_bound(p: _Priced, hw: Hardware, memo: Memo) -> None:
     """A borrowed bound replaced by the candidate's own (pass times without communication, as price() computes)."""
     p.costs = compute_costs(p.run, hw, p.skeleton, memo)
-    p.bound = _bound(p.run, hw, memo("span", _span, p.run, p.skeleton, p.costs), p.tail)
+    p.bound = _bound(p.run, hw, memo("span", _sums_span, p.run, p.skeleton, p.costs), p.tail)
     p.borrowed = False
 
 
 def _span(_run: RunConfig, sk: Schedule, costs: Costs) -> float:
     return makespan_lower_bound(sk, costs)
+
+
+def _sums_span(_run: RunConfig, sk: Schedule, costs: Costs) -> float:
+    """The makespan's bounds A and B: what a candidate enters the order with (its whole bound, _span of the full
+    costs, decides it)."""
+    return makespan_lower_bound(sk, costs, order=False)
 
 
 def _bound(run: RunConfig, hw: Hardware, span: float, tail: float) -> float:
