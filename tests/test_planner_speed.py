@@ -1,7 +1,6 @@
 """What makes the planner fast changes none of its figures: the search's memo (vp.plan.memo) against the cost model
 called afresh, on every candidate of small spaces and on the knobs a space may search; a search with the memo
 against one that computes every figure; the GEMM memo of a profile; vp.bench plan through its command line."""
-import importlib
 import json
 import random
 from dataclasses import replace
@@ -333,70 +332,3 @@ def test_planner_space_makes_the_runs_replace_makes():
         make({**values, "zer0": 1})
     with pytest.raises(TypeError):
         make({k: v for k, v in values.items() if k != "pp"} | {"zer0": 1})
-
-
-def test_planner_recompute_variants_bound_no_higher_than_their_recompute_none_variant(hw_name="h100"):
-    """Recomputation adds work to B and changes no other pass: every pass of a recompute variant takes at least as long
-    as its recompute=none variant's, so its makespan bound is no lower and its throughput bound no higher. The search
-    takes the recompute=none variant's bound for the others until they could enter (vp.plan.search)."""
-    from vp.plan.answer import REL
-    from vp.plan.search import NO_RECOMPUTE
-
-    hw, memo, held, checked = PROFILES[hw_name], Memo(), StageCommunicators(), 0
-    assert NO_RECOMPUTE == memo_module.RunConfig().recompute  # the default, first of vp.config.RECOMPUTE
-    for run in candidates(Problem(SMALL, 16, 32)):
-        if isinstance(run, Rejection) or run.recompute != NO_RECOMPUTE:
-            continue
-        base = price(run, hw, held, memo=memo)
-        if isinstance(base, Rejection):
-            continue
-        for mode in ("selective", "full"):
-            other = price(run.with_(recompute=mode), hw, held, memo=memo)
-            assert other.costs.compute.keys() == base.costs.compute.keys(), run
-            assert all(other.costs.compute[k] >= t for k, t in base.costs.compute.items()), (run, mode)
-            assert other.costs.compute != base.costs.compute, (run, mode)  # B recomputes: the test can fail
-            assert other.tail == base.tail and other.bound <= base.bound * (1 + REL), (run, mode)
-            checked += 1
-    assert checked > 300
-
-
-def test_planner_borrowed_bounds_change_nothing_but_the_work(monkeypatch):
-    """The search's answer, counts and every simulated row are the same when each recompute variant is priced alone
-    (none borrows its recompute=none variant's bound); with borrowing, fewer pass times are worked out."""
-    S = importlib.import_module("vp.plan.search")
-    problem = Problem(SMALL, 8, 16, methods=("baseline", "vocab-1", "interleaved-vocab-2", "vhalf-vocab-2", "redis"))
-    hw = PROFILES["h100"]
-    fast = search(problem, hw, top=5)
-    monkeypatch.setattr(S, "NO_RECOMPUTE", "no such mode")  # no variant is recompute=none: none lends its bound
-    slow = search(problem, hw, top=5)
-    assert fast.memo["compute"][1] < slow.memo["compute"][1]
-    for field in ("candidates", "feasible", "simulated", "pruned", "undecided", "dominated", "rejected", "examples"):
-        assert getattr(fast, field) == getattr(slow, field), field
-    key = lambda row: (row.run, row.tokens_per_s, row.peak_memory_bytes, row.bubble)  # noqa: E731
-    for field in ("rows", "top", "pareto"):
-        assert list(map(key, getattr(fast, field))) == list(map(key, getattr(slow, field))), field
-
-
-def test_planner_candidates_are_decided_in_order_of_their_whole_bounds(monkeypatch):
-    """A candidate's bound falls when it is visited (its costs become the whole cost model's: communication added);
-    where it falls below the next candidate's it goes back into the order, so every candidate is decided (simulated
-    or skipped) in the order of its whole bound, whatever bound it entered the order with. A search that prices every
-    candidate with the whole cost model from the start simulates the same candidates at the same bounds in the same
-    order (ties aside), with the same answer and counts; without going back, the first simulates more."""
-    S = importlib.import_module("vp.plan.search")
-    problem = Problem(SMALL, 8, 16, methods=("baseline", "vocab-1", "interleaved-vocab-2", "vhalf-vocab-2", "redis"))
-    hw, simulated = PROFILES["h100"], []
-    real_predict = S.predict
-    monkeypatch.setattr(S, "predict", lambda c, *a: simulated.append((c.bound, c.run)) or real_predict(c, *a))
-    loose = search(problem, hw, top=5)
-    loose_order, simulated[:] = list(simulated), []
-    monkeypatch.setattr(S, "compute_costs", lambda run, hw, sk, memo=None: pass_costs(run, hw, sk))
-    monkeypatch.setattr(S, "full_costs", lambda p, hw, memo: p.costs)
-    whole = search(problem, hw, top=5)
-    assert [b for b, _ in simulated] == [b for b, _ in loose_order]  # bounds falling: each simulated at its own
-    assert sorted(map(repr, simulated)) == sorted(map(repr, loose_order))
-    for field in ("candidates", "feasible", "simulated", "pruned", "undecided", "dominated", "rejected"):
-        assert getattr(loose, field) == getattr(whole, field), field
-    key = lambda row: (row.run, row.tokens_per_s, row.peak_memory_bytes, row.bubble)  # noqa: E731
-    for field in ("top", "pareto"):
-        assert list(map(key, getattr(loose, field))) == list(map(key, getattr(whole, field))), field

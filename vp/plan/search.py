@@ -12,7 +12,7 @@ visited and its costs become the whole cost model's (communication too); where i
 it goes back in its place, so candidates are decided in the order of their whole bounds.
 
 A variant with recomputation is first bounded by its recompute=none variant's bound (each of its passes takes at
-least as long, and the bound grows with every pass time; tests/test_planner_speed.py checks both), and its own pass
+least as long, and the bound grows with every pass time; tests/test_planner_order.py checks both), and its own pass
 times are worked out only when it is reached in that order and could still enter; it then goes back in its place.
 
 tokens/s, MFU, peak memory and bubble are computed as backend=sim computes a record (harness.sim): makespan plus
