@@ -11,6 +11,8 @@ from vp.plan.memo import Memo
 from vp.plan.search import StageCommunicators, price
 
 SMALL = RunConfig(layers=8, hidden=512, heads=8, seq_len=256, vocab_size=32000, device="cuda", dtype="bf16")
+# a small space with every family of schedule, vocabulary-parallel ones among them: what both whole searches run
+PROBLEM = Problem(SMALL, 8, 16, methods=("baseline", "vocab-1", "interleaved-vocab-2", "vhalf-vocab-2", "redis"))
 
 
 def test_planner_recompute_variants_bound_no_higher_than_their_recompute_none_variant(hw_name="h100"):
@@ -42,11 +44,10 @@ def test_planner_borrowed_bounds_change_nothing_but_the_work(monkeypatch):
     """The search's answer, counts and every simulated row are the same when each recompute variant is priced alone
     (none borrows its recompute=none variant's bound); with borrowing, fewer pass times are worked out."""
     S = importlib.import_module("vp.plan.search")
-    problem = Problem(SMALL, 8, 16, methods=("baseline", "vocab-1", "interleaved-vocab-2", "vhalf-vocab-2", "redis"))
     hw = PROFILES["h100"]
-    fast = search(problem, hw, top=5)
+    fast = search(PROBLEM, hw, top=5)
     monkeypatch.setattr(S, "NO_RECOMPUTE", "no such mode")  # no variant is recompute=none: none lends its bound
-    slow = search(problem, hw, top=5)
+    slow = search(PROBLEM, hw, top=5)
     assert fast.memo["compute"][1] < slow.memo["compute"][1]
     for field in ("candidates", "feasible", "simulated", "pruned", "undecided", "dominated", "rejected", "examples"):
         assert getattr(fast, field) == getattr(slow, field), field
@@ -62,15 +63,14 @@ def test_planner_candidates_are_decided_in_order_of_their_whole_bounds(monkeypat
     candidate with the whole cost model from the start simulates the same candidates at the same bounds in the same
     order (ties aside), with the same answer and counts; without going back, the first simulates more."""
     S = importlib.import_module("vp.plan.search")
-    problem = Problem(SMALL, 8, 16, methods=("baseline", "vocab-1", "interleaved-vocab-2", "vhalf-vocab-2", "redis"))
     hw, simulated = PROFILES["h100"], []
     real_predict = S.predict
     monkeypatch.setattr(S, "predict", lambda c, *a: simulated.append((c.bound, c.run)) or real_predict(c, *a))
-    loose = search(problem, hw, top=5)
+    loose = search(PROBLEM, hw, top=5)
     loose_order, simulated[:] = list(simulated), []
     monkeypatch.setattr(S, "compute_costs", lambda run, hw, sk, memo=None: pass_costs(run, hw, sk))
     monkeypatch.setattr(S, "full_costs", lambda p, hw, memo: p.costs)
-    whole = search(problem, hw, top=5)
+    whole = search(PROBLEM, hw, top=5)
     assert [b for b, _ in simulated] == [b for b, _ in loose_order]  # bounds falling: each simulated at its own
     assert sorted(map(repr, simulated)) == sorted(map(repr, loose_order))
     for field in ("candidates", "feasible", "simulated", "pruned", "undecided", "dominated", "rejected"):
