@@ -1,11 +1,13 @@
-"""The search's order of candidates changes what it works out, never its answer: the recompute variants first
-bounded by their recompute=none variant's bound, and every candidate decided in the order of its whole bound
-(vp.plan.search; docs/planner.md, "Ranking, and why the answer is exact")."""
+"""The search's order of work changes what it works out, never its answer: memory priced before pass times, the
+recompute variants first bounded by their recompute=none variant's bound, and every candidate decided in the order
+of its whole bound (vp.plan.search; docs/planner.md, "Ranking, and why the answer is exact")."""
 import importlib
+from dataclasses import replace
 
 from vp.config import RunConfig
-from vp.cost import PROFILES, pass_costs
-from vp.plan import Problem, Rejection, candidates, search
+from vp.cost import PROFILES, GiB, pass_costs
+from vp.plan import MEMORY, Problem, Rejection, candidates, search
+from vp.plan.answer import REL
 from vp.plan import memo as memo_module
 from vp.plan.memo import Memo
 from vp.plan.search import StageCommunicators, price
@@ -78,3 +80,25 @@ def test_planner_candidates_are_decided_in_order_of_their_whole_bounds(monkeypat
     key = lambda row: (row.run, row.tokens_per_s, row.peak_memory_bytes, row.bubble)  # noqa: E731
     for field in ("top", "pareto"):
         assert list(map(key, getattr(loose, field))) == list(map(key, getattr(whole, field))), field
+
+
+def test_planner_prices_memory_first(monkeypatch):
+    """A candidate's memory is priced before its pass times: one whose static bytes plus the least its held
+    activations can be exceed the budget is rejected without compute_costs, the tail or a bound; one that fits has
+    them, and its memory is the same either way."""
+    S = importlib.import_module("vp.plan.search")
+    hw = replace(PROFILES["a100_80g"], memory_bytes=4.0 * GiB)  # tight: activations reject part of the space
+    timed = []
+    real = S.compute_costs
+    monkeypatch.setattr(S, "compute_costs", lambda run, *a: timed.append(run) or real(run, *a))
+    memo, held, by_activations = Memo(), StageCommunicators(), 0
+    for run in candidates(PROBLEM):
+        if isinstance(run, Rejection):
+            continue
+        p, before = price(run, hw, held, memo=memo), len(timed)
+        if isinstance(p, Rejection):
+            assert p.reason == MEMORY and not timed[before:] and run not in timed, run
+            by_activations += "activations 0.0 GiB" not in p.message
+        else:
+            assert p.costs.compute and p.bound > 0 and p.memory_lo <= hw.memory_bytes * (1 + REL), run
+    assert by_activations > 5  # rejected by the bracket of their activations, not by static bytes alone

@@ -4,8 +4,8 @@ Each row runs one planning problem through the real command, `python -m harness.
 process (its experiment file and figures in a temporary folder), and reads the CPU seconds of that whole process
 (user + system, resource.getrusage of the child: imports and Hydra's composition included) beside what the plan
 reports of itself: candidates, feasible, simulated, its own CPU seconds (the search alone) and their split by phase
-(vp.plan.memo.Phases: the space and its checks, pricing, the activation bracket, the full cost model of the
-candidates visited, building schedules, the simulator's program of each, simulating) and what the memo computed
+(vp.plan.memo.Phases: the space and its checks, pricing, the walks of built schedules, the full cost model of
+the candidates visited, building schedules, the simulator's program of each, simulating) and what the memo computed
 of what it was asked. Rounds run round-robin over the problems; the round with the least process CPU time is shown,
 with the spread of process CPU times (most / least): the machine is shared, and CPU time is disturbed less than
 the wall clock, not at all.

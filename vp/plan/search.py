@@ -4,9 +4,10 @@ simulated by the one simulator where it may enter the answer; the answer is exac
 A candidate is simulated unless a safe bound shows it can enter none of: the top-k by tokens/s, the best of its
 method, the Pareto front of tokens/s against peak memory (vp.plan.bounds; docs/planner.md). Candidates are visited
 in order of their bound, best first, so a bound is compared with the exact figures of everything that could beat
-it. A candidate's peak memory is exact where the order of its actions is known without building its schedule
-(methods whose vocabulary passes the generator places, or which have none); otherwise it is bracketed, and the
-schedule is built only where the bracket straddles the device's memory and the candidate is still in the race.
+it. A candidate's memory is priced first, so one that cannot fit costs no pass time, tail or bound. Its peak
+memory is exact where the order of its actions is known without building its schedule (methods whose vocabulary
+passes the generator places, or which have none); otherwise it is bracketed, and the schedule is built only where
+the bracket straddles the device's memory and the candidate is still in the race.
 Two candidates with the same schedule and the same costs are simulated once. A candidate's bound falls when it is
 visited and its costs become the whole cost model's (communication too); where it falls below the next candidate's,
 it goes back in its place, so candidates are decided in the order of their whole bounds.
@@ -27,7 +28,6 @@ its fastest variant, while best per method and the Pareto front take every varia
 """
 import heapq
 import itertools
-import math
 import time
 from dataclasses import dataclass
 from operator import attrgetter
@@ -96,11 +96,12 @@ def skeleton(run: RunConfig) -> Schedule:
 
 def price(run: RunConfig, hw: Hardware, held: StageCommunicators, budget: float | None = None,
           memo: Memo | None = None, upper: float | None = None) -> _Priced | Rejection:
-    """The candidate's costs and bound, or its memory rejection where parameters and optimizer state alone (the
-    cheapest figure) exceed the budget (default: the device's capacity); activations are bracketed later
-    (bracket()), where they are needed. memo: the search's (vp.plan.memo: what knob variants and candidates share,
-    worked out once), else a fresh one (every figure computed). upper: a bound known to be at least the
-    candidate's (its recompute=none variant's), taken instead of its pass times (borrowed; own_bound() later)."""
+    """The candidate's memory, costs and bound, or its memory rejection: memory first (static bytes, then the bracket
+    of held activations from the generator's order), so a candidate that cannot fit the budget (default: the
+    device's capacity) costs no pass time or tail. memo: the search's (vp.plan.memo: what knob variants and
+    candidates share, worked out once), else a fresh one (every figure computed). upper: a bound known to be at
+    least the candidate's (its recompute=none variant's), taken instead of its own pass times (borrowed; own_bound()
+    later)."""
     budget = hw.memory_bytes if budget is None else budget
     memo = Memo() if memo is None else memo
     sk = skeleton(run)
@@ -108,14 +109,25 @@ def price(run: RunConfig, hw: Hardware, held: StageCommunicators, budget: float 
     zero = [0.0] * run.pp
     if max(static) > budget:
         return memory_rejection(_Priced(run, sk, None, static, 0.0, zero, zero, 0.0), hw, budget, exact=False)
-    tails = memo("tail", lambda r, sk: TailBound(r, hw, sk), run, sk)
-    tail = tails.at_least(sk)  # pass times without communication: not the simulation's, so not read
-    if upper is not None:
-        costs = Costs({}, {}, memo("held", held_bytes, run, hw, sk))  # what bracket() reads
-        return _Priced(run, sk, costs, static, tail, zero, [math.inf] * run.pp, upper, tails, borrowed=True)
-    costs = compute_costs(run, hw, sk, memo)
-    span = memo("span", _sums_span, run, sk, costs)
-    return _Priced(run, sk, costs, static, tail, zero, [math.inf] * run.pp, _bound(run, hw, span, tail), tails)
+    memory = memo("held", held_bytes, run, hw, sk)
+    act_lo, act_hi = memo("bracket", _bracket, run, sk, memory)
+    p = _Priced(run, sk, Costs({}, {}, memory), static, 0.0, act_lo, act_hi, 0.0)
+    if p.memory_lo > budget * (1 + REL):
+        return memory_rejection(p, hw, budget, exact=act_lo == act_hi)
+    p.tails = memo("tail", lambda r, sk: TailBound(r, hw, sk), run, sk)
+    p.tail = p.tails.at_least(sk)  # pass times without communication: not the simulation's, so not read
+    if upper is not None:  # the costs hold the held bytes alone (what bracket() reads)
+        p.bound, p.borrowed = upper, True
+        return p
+    p.costs = compute_costs(run, hw, sk, memo)
+    p.bound = _bound(run, hw, memo("span", _sums_span, run, sk, p.costs), p.tail)
+    return p
+
+
+def _bracket(_run: RunConfig, sk: Schedule, memory: dict) -> tuple[list[float], list[float]]:
+    """The bracket of each pipeline rank's held activations from the generator's order (activation_bounds reads the
+    held bytes alone)."""
+    return activation_bounds(sk, Costs({}, {}, memory))
 
 
 def own_bound(p: _Priced, hw: Hardware, memo: Memo) -> None:
@@ -161,15 +173,10 @@ def compute_costs(run: RunConfig, hw: Hardware, sk: Schedule, memo: Memo | None 
     return Costs(memo("compute", compute_times, run, hw, sk), {}, memo("held", held_bytes, run, hw, sk))
 
 
-def bracket(p: _Priced, hw: Hardware, built: Built | None = None, memo: Memo | None = None) -> None:
-    """Bound p's held activations from the generator's order (memo: the search's), or walk its built schedule
-    (exact)."""
-    if built is not None:
-        p.act_lo, p.act_hi = activation_bounds(built(p.run), p.costs)
-    elif math.isinf(p.act_hi[0]):
-        memo = Memo() if memo is None else memo
-        p.act_lo, p.act_hi = memo("bracket", lambda _, sk, costs: activation_bounds(sk, costs), p.run, p.skeleton,
-                                  p.costs)
+def bracket(p: _Priced, built: Built) -> None:
+    """p's held activations, exact: its built schedule walked (where the generator's order left a bracket that
+    straddles the budget: price())."""
+    p.act_lo, p.act_hi = activation_bounds(built(p.run), p.costs)
 
 
 def memory_rejection(c: _Priced, hw: Hardware, budget: float, exact: bool) -> Rejection:
@@ -272,12 +279,6 @@ def search(problem: Problem, hw: Hardware, top: int = 10, prune: bool = True, lo
             said = time.perf_counter()
             log(f"  {len(priced) - len(heap)} of {len(priced)} visited, {plan.simulated} simulated, "
                 f"{said - t0:.0f} s")
-        at = clock()
-        bracket(p, hw, memo=memo)  # held activations from the generator's order
-        phase.add("bracket", clock() - at)
-        if p.memory_lo > budget * (1 + REL):
-            plan.reject(memory_rejection(p, hw, budget, exact=p.act_lo == p.act_hi))
-            continue
         if p.borrowed and race.could_enter(p):  # its own bound, and back in its place in the order
             with phase("price"):
                 own_bound(p, hw, memo)
@@ -307,7 +308,7 @@ def search(problem: Problem, hw: Hardware, top: int = 10, prune: bool = True, lo
             with phase("build"):
                 built(p.run)
             with phase("bracket"):
-                bracket(p, hw, built)
+                bracket(p, built)
             if p.memory_lo > budget:
                 plan.reject(memory_rejection(p, hw, budget, exact=True))
                 continue
