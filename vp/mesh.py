@@ -25,7 +25,7 @@ Pure Python: no torch, no process groups (vp.comm builds those from these lists)
 """
 import math
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from typing import NamedTuple
 
 from vp.tp.modes import MODES, TensorMode, get_mode
@@ -58,29 +58,30 @@ class Mesh:
     def world(self) -> int:
         return self.dp * self.pp * self.tp
 
-    @property
+    # derived from the frozen fields, each worked out once per mesh (rank arithmetic asks for them per rank)
+    @cached_property
     def mode(self) -> TensorMode:
         return get_mode(self.tp_mode)
 
-    @property
+    @cached_property
     def grid(self) -> bool:
         """A 2-D or 2.5-D (SUMMA) tensor-parallel group, as opposed to 1-D (Megatron)."""
         return self.mode.grid
 
-    @property
+    @cached_property
     def q(self) -> int:
         """Side of the grid: tp = q * q * depth (1-D: the group is one row of tp columns)."""
         return self.mode.side(self.tp, self.tp_depth)
 
-    @property
+    @cached_property
     def depth(self) -> int:
         return self.mode.depth(self.tp_depth)
 
-    @property
+    @cached_property
     def rows(self) -> int:
         return self.q if self.grid else 1
 
-    @property
+    @cached_property
     def columns(self) -> int:
         """Grid columns: the tensor-parallel share of the vocabulary shards."""
         return self.q if self.grid else self.tp
