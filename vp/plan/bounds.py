@@ -16,7 +16,9 @@ Bounds C and C' start at each rank's first B instead: after the chain it needs (
 layer's passes and collectives the last stage's B waits for, B back down to the rank's stage), the rank runs every
 action after it in the generator's order (C), or those up to its last B of its lowest stage, then the B chain to
 stage 0 (C'); of S, T and IB placed by build() only those shown to follow (or, for C', to precede) count.
-The bound is max over ranks of all four; costs and the generator's order only: no schedule is built.
+Bound E: where build() places Algorithm 1's or 2's S(k), C1(k), ..., T(k), ..., S(k+1) on every rank, microbatches
+pass the output layer no faster than one per S + C1's collective + T (_output_cycle).
+The bound is max over ranks of them all; costs and the generator's order only: no schedule is built.
 
 Activations. Each rank's held activations follow the order of its actions alone (F and S add, W and T free, B
 frees its part of F's, a negative part where it recomputes what a split W needs: the simulator's rule), not their
@@ -43,7 +45,7 @@ from vp.plan.order_bounds import after_first_b, barrier_counts, between_barriers
 
 def makespan_lower_bound(s: Schedule, costs: Costs, order: bool = True) -> float:
     """A lower bound on simulate(s, costs).makespan from the costs and the schedule's shape (s.ranks unused).
-    order=False: bounds A and B alone (sums of the costs; the generator's order unread), the cheaper and looser bound
+    order=False: bounds A, B and E alone (sums of the costs; the generator's order unread), the cheaper and looser bound
     the search first orders candidates by."""
     pp, m, v = s.pp, s.microbatches, s.vocab
     stages = s.n_stages
@@ -77,11 +79,27 @@ def makespan_lower_bound(s: Schedule, costs: Costs, order: bool = True) -> float
         if v.grad_x_from in v.after_t:
             b_ += vocab["T"]
         best = max(best, a, b_)
+    if v.parallel and not v.synchronous and not get_method(s.method).family.places_vocab:
+        best = max(best, _output_cycle(s, costs, b, back))
     if not order:
         return float(best)
     _, _, after, barriers = _generated(s.method, pp, m, s.chunks)
     return float(max(best, after_first_b(s, costs, after, fbw, head, back, down),
                      between_barriers(s, costs, barriers, head)))
+
+
+def _output_cycle(s: Schedule, costs: Costs, b: list[float], back: list[float]) -> float:
+    """Bound E, of the output layer's passes placed by build() (S(k), its collectives, ..., T(k), ..., S(k+1) on every
+    rank, in that order): T(k) waits for the all-reduces after S(k) (C1), which complete no earlier than the rank's
+    own entry after S(k) plus their communication, and S(k+1) follows T(k); so on any rank S(k+1) starts at least a
+    period P = S + C1 + T after S(k), and T(m-1) ends no earlier than m P. The last stage's B(m-1) waits for the
+    collective that hands it grad X (after S(m-1) or after T(m-1)), then the B chain runs down to stage 0 (back)."""
+    v, m, comm = s.vocab, s.microbatches, costs.comm
+    s_, t_ = costs.time("S", None), costs.time("T", None)
+    period = s_ + max((comm.get(c, 0.0) for c in v.after_s), default=0.0) + t_
+    grad_x = comm.get(v.grad_x_from, 0.0) + ((m - 1) * period + s_ if v.grad_x_in_s else m * period)
+    last = s.n_stages - 1
+    return max(m * period, grad_x + b[last] + back[last])
 
 
 @lru_cache(maxsize=1024)

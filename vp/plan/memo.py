@@ -47,7 +47,7 @@ IGNORES = {
     # the bracket of held activations (vp.plan.bounds.activation_bounds on the skeleton): held and the schedule's
     # shape (its microbatches too)
     "bracket": ("dp",) + OPTIMIZER,
-    # the makespan's bounds A and B from the costs without communication (those above) and the schedule's shape
+    # the makespan's bounds A, B and E from the costs without communication (those above) and the schedule's shape
     "span": ("dp",) + OPTIMIZER,
     # the whole cost model of a visited candidate (vp.cost.pass_costs: communication over its mesh, the CPU's
     # sharing of cores) and the bound from it: the optimizer's knobs act after the flush (tail)

@@ -1,4 +1,4 @@
-"""Makespan bounds from the generator's order (docs/planner.md, bounds C, C' and D), beside bounds A and B of
+"""Makespan bounds from the generator's order (docs/planner.md, bounds C, C' and D), beside bounds A, B and E of
 vp.plan.bounds: what each rank runs after its first B, and, where the generator places synchronous output-layer
 passes (the naive algorithm's S and T barriers), the work between consecutive barriers. The order's counts are taken
 once per (method, pp, microbatches, chunks) (vp.plan.bounds); a candidate's bound is then a few sums over its costs."""

@@ -142,7 +142,7 @@ def _span(_run: RunConfig, sk: Schedule, costs: Costs) -> float:
 
 
 def _sums_span(_run: RunConfig, sk: Schedule, costs: Costs) -> float:
-    """The makespan's bounds A and B: what a candidate enters the order with (its whole bound, _span of the full
+    """The makespan's bounds A, B and E: what a candidate enters the order with (its whole bound, _span of the full
     costs, decides it)."""
     return makespan_lower_bound(sk, costs, order=False)
 
