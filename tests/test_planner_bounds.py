@@ -137,6 +137,22 @@ def test_planner_bound_makespan_counts_the_output_layers_collectives(method):
 
 @pytest.mark.parametrize("method", [m for m, spec in METHODS.items()
                                     if spec.vocab_parallel and not spec.vocab.synchronous])
+def test_planner_bound_e_reads_the_order_build_places(method):
+    """What bound E's proof reads of a built schedule: on every rank, S(k), then the collectives after S(k) (C1),
+    then T(k), then S(k+1)."""
+    rng = random.Random(f"order {method}")
+    for pp, m, chunks in _shapes(method, rng, 6):
+        s = build(method, pp, m, chunks)
+        after_s = s.vocab.after_s
+        assert after_s
+        for acts in s.ranks:
+            seq = [(a.kind, a.mb) for a in acts if a.kind in ("S", "T") + after_s]
+            want = [(kind, k) for k in range(m) for kind in ("S", *after_s, "T")]
+            assert seq == want, (method, pp, m, chunks)
+
+
+@pytest.mark.parametrize("method", [m for m, spec in METHODS.items()
+                                    if spec.vocab_parallel and not spec.vocab.synchronous])
 def test_planner_bound_makespan_counts_the_output_layers_period(method):
     """C1 of 1 s, everything else 0.01 s, 12 microbatches on 4 ranks: every rank's T(k) waits for C1(k), which waits
     for S(k) on every rank, and S(k+1) follows T(k), so microbatches pass the output layer no faster than one a

@@ -20,13 +20,13 @@ Bound E: where build() places Algorithm 1's or 2's S(k), C1(k), ..., T(k), ..., 
 pass the output layer no faster than one per S + C1's collective + T (_output_cycle).
 The bound is max over ranks of them all; costs and the generator's order only: no schedule is built.
 
-Activations. Each rank's held activations follow the order of its actions alone (F and S add, W and T free, B
-frees its part of F's, a negative part where it recomputes what a split W needs: the simulator's rule), not their
-timing; the peak is read at every point where the holding may grow (_held_points). The order of F, B and W is the generator's (building inserts the
-vocabulary passes and the transfers between them, which hold nothing), so the F part is exact without building;
-where build() inserts S and T (vocabulary-parallel methods other than interlaced), they alternate S(k) T(k)
-S(k+1) on every rank (the units are placed in one sorted order in which T(k) precedes S(k+1)), so at most one S
-is held: the F part <= peak <= the F part + one S.
+Activations. Each rank's held activations follow the order of its actions alone (F and S add, W and T free, B frees
+its part of F's, a negative part where it recomputes what a split W needs: the simulator's rule), not their timing;
+the peak is read at every point where the holding may grow (_held_points). The order of F, B and W is the
+generator's (building inserts the vocabulary passes and the transfers between them, which hold nothing), so the F
+part is exact without building; where build() inserts S and T (vocabulary-parallel methods other than interlaced),
+they alternate S(k) T(k) S(k+1) on every rank (the units are placed in one sorted order in which T(k) precedes
+S(k+1)), so at most one S is held: the F part <= peak <= the F part + one S.
 """
 from functools import lru_cache
 from typing import NamedTuple

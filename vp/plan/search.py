@@ -269,8 +269,8 @@ def search(problem: Problem, hw: Hardware, top: int = 10, prune: bool = True, lo
     heapq.heapify(heap)
     order = itertools.count(len(heap))
     if log:
-        log(f"{plan.candidates} candidates priced, {len(priced)} within memory by their static bytes, "
-            f"{time.perf_counter() - t0:.1f} s; bounding and simulating")
+        log(f"{plan.candidates} candidates priced, {len(priced)} within memory (static bytes and the activations' "
+            f"bracket), {time.perf_counter() - t0:.1f} s; bounding and simulating")
     race, cache, built, said = _Race(top), {}, Built(), time.perf_counter()
     simulated: dict = {}  # configuration -> its simulated knob variants that fit (_Priced)
     while heap:
