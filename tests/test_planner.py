@@ -2,6 +2,7 @@
 when one dominates another, the device's capacity less the margin and each row's headroom, the bound's rounding
 tolerance, and the simulated peak checked again. Names carry `planner`."""
 import importlib
+import math
 import random
 from dataclasses import replace
 
@@ -226,3 +227,31 @@ def test_planner_costs_mems_and_times_are_mem_and_time_of_each_stage():
         for kind in "FBWS":
             assert costs.mems(kind, range(6)) == [costs.mem(kind, st) for st in range(6)]
             assert costs.times(kind, range(6)) == [costs.time(kind, st) for st in range(6)]
+
+
+def test_planner_race_pareto_check_is_every_row_so_far():
+    """The race's Pareto front is a staircase (memory and tokens/s both rising) of the rows added so far that no other
+    is as fast with no more memory, and its check (by bisection) says a candidate could enter exactly where no row
+    added so far is at least as fast as its bound with no more memory than its least, ties and repeats included."""
+    rng = random.Random(3)
+    sizes = []
+    for _ in range(60):  # races of a dozen rows, on few values (ties) and some of any value
+        race, rows = S._Race(1), []
+        for _ in range(12):
+            mem = rng.choice((1.0, 2.0, 3.0, 4.0, rng.uniform(0, 4)))
+            tps = rng.choice((1.0, 2.0, 3.0, 4.0, rng.uniform(0, 4)))
+            row = S.Row(SMALL, tps, 0.0, 1.0, mem, 0, 0.0)
+            race.add(row)
+            race.best_k, race.by_method = {None: math.inf}, {SMALL.method: math.inf}  # the front alone decides
+            rows.append(row)
+            points = {(r.peak_memory_bytes, r.tokens_per_s) for r in rows}
+            front = sorted(p for p in points if not any(q != p and q[0] <= p[0] and q[1] >= p[1] for q in points))
+            assert list(zip(race.front_mem, race.front_tps)) == front  # memory and tokens/s both rising
+            for _ in range(5):
+                lo, bound = rng.choice((mem, rng.uniform(0, 4))), rng.choice((tps, rng.uniform(0, 4)))
+                c = S._Priced(SMALL, None, None, [lo], 0.0, [0.0], [0.0], bound)
+                brute = not any(r.tokens_per_s >= bound * (1 + S.REL) and r.peak_memory_bytes <= lo * (1 - S.REL)
+                                for r in rows)
+                assert race.could_enter(c) == brute, (rows, lo, bound)
+        sizes.append(len(front))
+    assert max(sizes) > 3

@@ -1,6 +1,7 @@
 """The planner's answer: its rows (the figures backend=sim would record, and the headroom), the plan (counts,
 rejections, top-k configurations, best per method, Pareto front) and the race that tells the search which
 candidates could still enter it (docs/planner.md, "Ranking")."""
+import bisect
 import heapq
 from dataclasses import dataclass, field
 
@@ -82,7 +83,11 @@ class _Race:
     bound keeps a relative tolerance (REL): the bound may exceed the exact figure by a rounding error."""
 
     def __init__(self, top: int):
-        self.top, self.by_config, self.best_k, self.by_method, self.front = top, {}, {}, {}, []
+        self.top, self.by_config, self.best_k, self.by_method = top, {}, {}, {}
+        # the Pareto front so far as a staircase: peak memory rising, tokens/s rising with it (no point weakly
+        # dominates another), so the fastest point within a memory is the last one at or below it (bisect)
+        self.front_mem: list[float] = []
+        self.front_tps: list[float] = []
 
     def could_enter(self, c) -> bool:  # c: vp.plan.search._Priced (its bound, run and memory_lo)
         bound = c.bound * (1 + REL)
@@ -90,8 +95,8 @@ class _Race:
             return True
         if bound >= self.by_method.get(c.run.method, -1.0):
             return True
-        memory = c.memory_lo * (1 - REL)
-        return not any(tps >= bound and mem <= memory for mem, tps in self.front)
+        i = bisect.bisect_right(self.front_mem, c.memory_lo * (1 - REL))  # points with no more memory: [0, i)
+        return not (i and self.front_tps[i - 1] >= bound)
 
     def add(self, row: Row) -> None:
         cfg, tps = configuration(row.run), row.tokens_per_s
@@ -105,9 +110,13 @@ class _Race:
                 self.best_k[cfg] = value
         m = row.run.method
         self.by_method[m] = max(self.by_method.get(m, -1.0), tps)
-        p = (row.peak_memory_bytes, tps)
-        if not any(t >= p[1] and mm <= p[0] for mm, t in self.front):
-            self.front = [(mm, t) for mm, t in self.front if not (p[1] >= t and p[0] <= mm)] + [p]
+        mem, mems, front = row.peak_memory_bytes, self.front_mem, self.front_tps
+        i = bisect.bisect_right(mems, mem)
+        if i and front[i - 1] >= tps:  # a point with no more memory is as fast
+            return
+        j = bisect.bisect_left(mems, mem)  # the points it weakly dominates: from j on, while no faster
+        k = bisect.bisect_right(front, tps, lo=j)
+        mems[j:k], front[j:k] = [mem], [tps]
 
 
 def top_configurations(rows: list[Row], top: int) -> list[Row]:
