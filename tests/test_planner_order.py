@@ -85,7 +85,7 @@ def test_planner_candidates_are_decided_in_order_of_their_whole_bounds(monkeypat
 def test_planner_prices_memory_first(monkeypatch):
     """A candidate's memory is priced before its pass times: one whose static bytes plus the least its held
     activations can be exceed the budget is rejected without compute_costs, the tail or a bound; one that fits has
-    them, and its memory is the same either way."""
+    them."""
     S = importlib.import_module("vp.plan.search")
     hw = replace(PROFILES["a100_80g"], memory_bytes=4.0 * GiB)  # tight: activations reject part of the space
     timed = []
@@ -95,7 +95,8 @@ def test_planner_prices_memory_first(monkeypatch):
     for run in candidates(PROBLEM):
         if isinstance(run, Rejection):
             continue
-        p, before = price(run, hw, held, memo=memo), len(timed)
+        before = len(timed)
+        p = price(run, hw, held, memo=memo)
         if isinstance(p, Rejection):
             assert p.reason == MEMORY and not timed[before:] and run not in timed, run
             by_activations += max(S.fixed_bytes(run, hw, S.skeleton(run), held)) <= hw.memory_bytes
