@@ -12,7 +12,7 @@ from vp.schedule.vhalf_vocab import UNIT, official_costs, vocab_times
 
 def unit_times(s: Schedule, costs) -> dict:
     """(rank, kind, mb, chunk) -> (start, end) of each of s's stage passes on the timeline the placer reads."""
-    return {a: (t0, t1) for acts, starts, ends in stage_timeline(s, costs)[1]
+    return {a: (t0, t1) for acts, starts, ends in stage_timeline(s, costs)
             for a, t0, t1 in zip(acts, starts.tolist(), ends.tolist())}  # an Action is its tuple
 
 

@@ -32,6 +32,7 @@ from vp.schedule.actions import KINDS, P2P, Action, Schedule
 from vp.schedule.methods import VOCAB, chunks_for, get_method
 from vp.schedule.costs import Costs
 from vp.schedule.simulate import collector_paused, simulate
+from vp.schedule.timeline import stage_spans
 
 RECEIVES = ("RF", "RB")
 _RECEIVES = frozenset(RECEIVES)
@@ -143,12 +144,19 @@ def _after_inputs(s: Schedule, r: int, acts: list[Action]) -> dict[int, int]:
     return dict([(a[2], i + 1) for i, a in enumerate(acts) if a[1] == "F" and a[3] in inner])  # the last F(k)
 
 
-def stage_timeline(s: Schedule, costs: Costs | None = None) -> tuple[Schedule, list]:
-    """s's stage passes lowered (without vocabulary passes) and their simulation's spans, per rank (actions, starts,
-    ends; the last two numpy arrays) (unit_costs unless costs are given): what both vocabulary placers time their
-    passes by."""
-    low = lower(replace(s, vocab=VOCAB["local"]))
-    return low, simulate(low, costs).rank_spans()
+def stage_timeline(s: Schedule, costs: Costs | None = None) -> list[tuple[list, np.ndarray, np.ndarray]]:
+    """Per rank, its stage passes (s.ranks[r]) with their starts and ends (numpy arrays) in the simulation of s
+    lowered with its vocabulary kept local (unit_costs unless costs are given): what both vocabulary placers time
+    their passes by. From vp.schedule.timeline, equal to the simulator's to the bit; where that cannot run the
+    passes, from the simulator itself (which raises why)."""
+    spans = stage_spans(s, costs)
+    if spans is None:
+        low = lower(replace(s, vocab=VOCAB["local"]))
+        spans = []
+        for acts, lowered, (_, starts, ends) in zip(s.ranks, low.ranks, simulate(low, costs).rank_spans()):
+            at = [i for i, a in enumerate(lowered) if a[1] not in P2P]
+            spans.append((acts, starts[at], ends[at]))
+    return spans
 
 
 def insert_vocab_passes(s: Schedule) -> Schedule:
@@ -158,7 +166,7 @@ def insert_vocab_passes(s: Schedule) -> Schedule:
     timeline places them): a unit placed before stage pass i goes before i's receive, as lower() would put it.
     Each rank's position of a unit is the running maximum of its bound (a binary search of the rank's starts, the
     C0 bound), taken in bulk over arrays; the ranks differ only in which units they are the root of."""
-    low, spans = stage_timeline(s)
+    low, spans = lower(replace(s, vocab=VOCAB["local"])), stage_timeline(s)
     held: dict = {}
 
     def times(r: int) -> dict:  # (kind, mb, chunk) -> (start, end) of rank r's actions on the timeline
@@ -187,7 +195,7 @@ def insert_vocab_passes(s: Schedule) -> Schedule:
         at = np.flatnonzero(np.fromiter(map(_PASSES.__contains__, kinds), bool, len(kinds)))  # the stage passes
         received = np.append(np.fromiter(map(_RECEIVES.__contains__, kinds), bool, len(kinds)), False)  # [-1]: none
         group = np.append(at - received[at - 1], len(lowered))  # where each stage pass begins (with its receive)
-        pos = np.searchsorted(on_timeline[at], want)  # the first stage pass starting at or after each target
+        pos = np.searchsorted(on_timeline, want)  # the first stage pass starting at or after each target
         after = _after_inputs(s, r, acts)
         if len(c0_at):
             pos[c0_at] = np.maximum(pos[c0_at], [after.get(k, 0) for k in c0_mb])

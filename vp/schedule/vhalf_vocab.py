@@ -27,7 +27,7 @@ from typing import Callable
 
 import numpy as np
 
-from vp.schedule.actions import P2P, Action, Schedule
+from vp.schedule.actions import Action, Schedule
 from vp.schedule.costs import Costs
 
 UNIT, HOP = 1000.0, 1.0  # the official unit cost of a stage pass and of a transfer between ranks
@@ -86,12 +86,12 @@ def _key(kind: str, k: int, t: float, m: int) -> tuple:
 
 def place_vocab_passes(s: Schedule, stage_timeline: Callable) -> Schedule:
     """Each rank's stage passes and vocabulary passes (S T IF IB C0 C1 C2), merged by their official times;
-    stage_timeline(s, costs) lowers and times the stage passes (build.stage_timeline: per rank its lowered actions,
-    their starts and ends). A rank's stage passes start in its order and the vocabulary passes are sorted, so each
+    stage_timeline(s, costs) times the stage passes (build.stage_timeline: per rank its stage passes, their starts
+    and ends). A rank's stage passes start in its order and the vocabulary passes are sorted, so each
     of the latter goes before the first stage pass that starts at its time or later (a collective: it sorts first
     at equal times) or after every one that starts at its time or earlier (IF, T, S): one binary search each."""
     m = s.microbatches
-    low, spans = stage_timeline(s, official_costs(s))
+    spans = stage_timeline(s, official_costs(s))
     times = {}  # the first and the last stage's ranks: all vocab_times reads of them
     for r in {s.first_rank, s.last_rank}:
         acts, starts, ends = spans[r]
@@ -101,9 +101,8 @@ def place_vocab_passes(s: Schedule, stage_timeline: Callable) -> Schedule:
     when = np.array([key[0] for key in vocab])
     first = np.array([key[1] == 0 for key in vocab])  # collectives: before the stage passes at their time
     ranks = []
-    for r, (acts, lowered, (_, on_timeline, _)) in enumerate(zip(s.ranks, low.ranks, spans)):
-        passes = np.flatnonzero(np.fromiter((a[1] not in P2P for a in lowered), bool, len(lowered)))
-        starts = on_timeline[passes]  # of acts, in order (lowering only adds the transfers around them)
+    for r, (acts, (_, on_timeline, _)) in enumerate(zip(s.ranks, spans)):
+        starts = on_timeline  # of acts, in order
         pos = np.where(first, np.searchsorted(starts, when, "left"), np.searchsorted(starts, when, "right"))
         cuts = pos.tolist() + [len(acts)]
         seq = acts[:cuts[0]]
