@@ -40,10 +40,17 @@ class Seconds:
         return hw.pass_overhead_s * self.passes + self.work(hw)
 
 
+def _each(fn, calls: tuple) -> list:
+    """[fn(*call) for call in calls], fn called once per distinct call: a stage's work repeats its layer's calls once
+    per layer (Work.times), so the list is read from the few distinct ones, in the same order (the same sums)."""
+    got = {call: fn(*call) for call in set(calls)}
+    return list(map(got.__getitem__, calls))
+
+
 def attention_time(hw: Hardware, work: Work) -> float:
     """Fused attention: the profile's measured table where it holds every call's shape, else FLOPs at
     attention_efficiency."""
-    measured = [hw.tables.attention_s(*call) for call in work.attention]
+    measured = _each(hw.tables.attention_s, work.attention) if hw.tables.attention else [None]
     if work.attention and all(t is not None for t in measured):
         return sum(measured)
     return work.attention_flops / (hw.peak_flops * hw.attention_efficiency)
@@ -53,18 +60,25 @@ def activation_time(hw: Hardware, work: Work) -> float:
     """Seconds the GeLU calls take beyond their bytes in work.mem: the profile's measured activation table less
     those bytes at the elementwise rate, where the table holds every call (on a CPU, erf computes well below the
     bandwidth); 0 elsewhere (the bytes alone, as on a GPU)."""
-    measured = [hw.tables.activation_s(elements, backward) for elements, backward, _, _ in work.activation]
-    if not work.activation or any(t is None for t in measured):
+    if not work.activation or not len(hw.tables.activation):
         return 0.0
-    return sum(measured) - sum(elementwise_time(hw, nbytes, size) for _, _, nbytes, size in work.activation)
+    measured = _each(hw.tables.activation_s, tuple((elements, back) for elements, back, _, _ in work.activation))
+    if any(t is None for t in measured):
+        return 0.0
+    return sum(measured) - sum(_each(lambda nbytes, size: elementwise_time(hw, nbytes, size),
+                                     tuple((nbytes, size) for _, _, nbytes, size in work.activation)))
 
 
 def work_seconds(hw: Hardware, parts: dict) -> Seconds:
     compute, memory, fixed, seconds = {}, 0.0, 0.0, {}
     for eff_kind, work in parts.items():
-        for g in set(work.gemms).difference(seconds):  # a stage repeats its layers' GEMMs: time each shape once
-            seconds[g] = gemm_time(hw, g)
-        gemm = sum(map(seconds.__getitem__, work.gemms))
+        # a stage repeats its layers' GEMM objects (Work.times): each timed once, found again by its identity
+        shapes = {id(g): g for g in work.gemms}
+        for key, g in shapes.items():
+            if g not in seconds:
+                seconds[g] = gemm_time(hw, g)
+            shapes[key] = seconds[g]
+        gemm = sum(map(shapes.__getitem__, map(id, work.gemms)))
         compute[eff_kind] = compute.get(eff_kind, 0.0) + gemm + attention_time(hw, work)
         memory += sum(elementwise_time(hw, moved, size, fresh) for size, moved, fresh in work.mem)
         if work.activation:
