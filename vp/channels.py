@@ -79,9 +79,12 @@ PROBE_LINKS = {("fwd+", 0, 1), ("bwd-", 1, 0)}  # link_probe's ping-pong
 
 def run_links(sched: Schedule) -> list[tuple[str, int, int]]:
     """(channel, sender, receiver) of every point-to-point link a run uses (the schedule's and the link probe's), in
-    one order: PIPELINE_CHANNELS, then sender, then receiver."""
-    links = schedule_links(sched) | (PROBE_LINKS if sched.pp > 1 else set())
-    return sorted(links, key=lambda link: (PIPELINE_CHANNELS.index(link[0]), link[1], link[2]))
+    one order: PIPELINE_CHANNELS, then sender, then receiver. Worked out once per schedule object (a new list each
+    call)."""
+    def make(sched: Schedule) -> tuple:
+        links = schedule_links(sched) | (PROBE_LINKS if sched.pp > 1 else set())
+        return tuple(sorted(links, key=lambda link: (PIPELINE_CHANNELS.index(link[0]), link[1], link[2])))
+    return list(sched.memo("run_links", make))
 
 
 def channels(cfg: RunConfig, sched: Schedule | None = None) -> dict[str, list[list[int]]]:
@@ -92,14 +95,21 @@ def channels(cfg: RunConfig, sched: Schedule | None = None) -> dict[str, list[li
     out = mesh_channels(cfg.mesh)
     if sched is None:
         return out
+    return _used_channels(cfg, sched, out) | _links(sched, cfg.mesh.groups("pp"))
+
+
+def _used_channels(cfg: RunConfig, sched: Schedule, out: dict) -> dict:
+    """The mesh's channels (out) that the schedule uses: the pipeline channels it enters, and the within-stage halves
+    of C0, IF, IB (ROW_STEPS) only where the schedule has the step (each is a communicator)."""
     used = set(schedule_channels(sched, cfg)) - set(P2P_CHANNELS)
-    # the within-stage halves of C0, IF, IB (ROW_STEPS) only where the schedule has the step: each is a communicator
-    out = {ch: groups for ch, groups in out.items()
-           if (ch not in PIPELINE_CHANNELS or ch in used) and (ch not in ROW_STEPS or ch.split(".")[0] in used)}
-    pipelines = cfg.mesh.groups("pp")
-    for channel, sender, receiver in run_links(sched):
-        out[link_channel(channel, sender, receiver)] = [sorted((pipe[sender], pipe[receiver])) for pipe in pipelines]
-    return out
+    return {ch: groups for ch, groups in out.items()
+            if (ch not in PIPELINE_CHANNELS or ch in used) and (ch not in ROW_STEPS or ch.split(".")[0] in used)}
+
+
+def _links(sched: Schedule, pipelines: list) -> dict[str, list[list[int]]]:
+    """One channel per point-to-point link of the run (run_links), a group of two ranks in each of pipelines."""
+    return {link_channel(channel, sender, receiver): [sorted((pipe[sender], pipe[receiver])) for pipe in pipelines]
+            for channel, sender, receiver in run_links(sched)}
 
 
 VOCAB_AXIS = {"C1": "vocab", "C2": "vocab", "naive": "vocab", "step": "replica"}  # the rest: "pp"
@@ -122,16 +132,27 @@ def mesh_channels(mesh: Mesh) -> dict[str, list[list[int]]]:
     return out
 
 
-def rank_communicators(cfg: RunConfig, sched: Schedule) -> list[Communicators]:
+def rank_communicators(cfg: RunConfig, sched: Schedule, ranks=None) -> list[Communicators] | dict:
     """The NCCL communicators each global rank of a run holds (what its Comm.held() reports after connect): the
-    world's, and one per group of two or more ranks of channels(cfg, sched), links counted apart."""
-    held = [[1, 0] for _ in range(cfg.world)]
-    for channel, groups in channels(cfg, sched).items():
+    world's, and one per group of two or more ranks of channels(cfg, sched), links counted apart. ranks: only those
+    global ranks' ({rank: Communicators}), where a caller reads a few of a large world's."""
+    counted = range(cfg.world) if ranks is None else ranks
+    held = {r: [1, 0] for r in counted}
+    if ranks is None:
+        groups_of = channels(cfg, sched)
+    else:  # the links of the pipelines that hold one of the ranks (each link's group lies in one pipeline)
+        pipelines = [pipe for pipe in cfg.mesh.groups("pp") if not held.keys().isdisjoint(pipe)]
+        groups_of = _used_channels(cfg, sched, mesh_channels(cfg.mesh)) | _links(sched, pipelines)
+    for channel, groups in groups_of.items():
         kind = 1 if parse_link(channel) else 0
-        for ranks in groups:
-            for r in ranks if len(ranks) > 1 else ():
-                held[r][kind] += 1
-    return [Communicators(g, links) for g, links in held]
+        for group in groups:
+            if len(group) > 1:
+                for r in group:
+                    if r in held:
+                        held[r][kind] += 1
+    if ranks is None:
+        return [Communicators(*held[r]) for r in counted]
+    return {r: Communicators(*held[r]) for r in counted}
 
 
 def creation_splits(slices: dict[str, list[list[int]]]) -> list[tuple[str, list[tuple[str, list[int]]]]]:

@@ -162,6 +162,7 @@ class StageCommunicators:
             if kind not in self.smallest:
                 self.smallest[kind] = build(run.method, run.pp, m, run.n_chunks)
             small = replace(run, microbatches=m, dp=min(run.dp, 2))
-            held = rank_communicators(small, self.smallest[kind])
-            got = self.held[key] = tuple(held[small.mesh.rank(0, p, 0)] for p in range(run.pp))
+            device0 = [small.mesh.rank(0, p, 0) for p in range(run.pp)]
+            held = rank_communicators(small, self.smallest[kind], device0)
+            got = self.held[key] = tuple(held[r] for r in device0)
         return got
