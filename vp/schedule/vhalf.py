@@ -138,17 +138,18 @@ def _squeeze(pp: int, m: int, slots: Slots, warmup: bool) -> Slots:
     grids = [_Held(_grid(s)) for s in slots]
     cap = max([0] + [max(g.held, default=0) for g in grids])
     first_b, last_f = (slots[0][(3, 0)], 0, 3, 0), (slots[0][(0, m - 1)], 0, 0, m - 1)
-    for key in sorted((t, r, i, mb) for r in range(pp) for (i, mb), t in slots[r].items()):
+    keys = [(t, r, i, mb) for r in range(pp) for (i, mb), t in slots[r].items()]
+    movable = [key for key in keys if (key < first_b and warmup) or (key > last_f and key >= first_b)]
+    for key in sorted(movable):  # the steady state in between never moves: only these are sorted and visited
         t, r, i, mb = key
-        if (key < first_b and warmup) or (key > last_f and key >= first_b):
-            held, grid = grids[r], grids[r].grid
-            lo = max((slots[q][(j, k)] + 1 for q, j, k in _needs(pp, r, i, mb)), default=0)
-            for free in range(lo, t):
-                if grid[free]:  # every pass of this rank before slot t has been visited
-                    continue
-                if held.move(t, free, cap):
-                    slots[r][(i, mb)] = free
-                    break
+        held, grid = grids[r], grids[r].grid
+        lo = max((slots[q][(j, k)] + 1 for q, j, k in _needs(pp, r, i, mb)), default=0)
+        for free in range(lo, t):
+            if grid[free]:  # every movable pass of this rank before slot t has been visited
+                continue
+            if held.move(t, free, cap):
+                slots[r][(i, mb)] = free
+                break
     return slots
 
 
