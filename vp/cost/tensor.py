@@ -211,8 +211,15 @@ def placement(mesh: Mesh, rank: int, gpus_per_node: int) -> tuple[tuple[int, int
     """Per axis of TP_AXES, (ranks, nodes) of the group around the first device of pipeline rank `rank` (replica
     0): all that the seconds of a collective on a tensor-parallel channel read of its group (Network.span), so a
     figure made of such collectives is the same for two stages, or two meshes, of equal placement."""
-    first = mesh.rank(0, rank, 0)
-    return tuple(span(group_index(mesh, axis)[first], gpus_per_node) for axis in TP_AXES)
+    return placements(mesh, gpus_per_node)[rank]
+
+
+@lru_cache(maxsize=4096)
+def placements(mesh: Mesh, gpus_per_node: int) -> tuple:
+    """placement() of every pipeline rank of a mesh, worked out once per mesh (a planner's costs read every rank's
+    for thousands of candidates on a few hundred meshes)."""
+    return tuple(tuple(span(group_index(mesh, axis)[mesh.rank(0, rank, 0)], gpus_per_node) for axis in TP_AXES)
+                 for rank in range(mesh.pp))
 
 
 def seconds(cfg: RunConfig, net: Network, cols: list[Collective], rank: int, per: int = 1) -> float:
@@ -297,17 +304,16 @@ def tails_s(cfg: RunConfig, hw: Hardware, sched: Schedule) -> list[float]:
     the tensor-parallel shape (tp_shape), the pipeline's size and vocabulary, the rank's stages (their layers and
     places, in order), whether it holds the loss, the first or the last stage, and its groups' placement
     (vp.cost.profiles.cost_table)."""
+    if cfg.tp < 2:  # nothing sent (tail_s: a sum of no collectives)
+        return [0] * cfg.pp
     net = Network.of(hw, cfg.world)
-    if cfg.tp < 2:  # nothing sent
-        return [tail_s(cfg, net, sched, rank) for rank in range(cfg.pp)]
     table = cost_table(hw, ("tp tail", tp_shape(cfg), cfg.pp, sched.vocab_parallel, net.busy))
     last, stages, ranks = sched.n_stages - 1, [[] for _ in range(cfg.pp)], sched.stage_ranks
     for st, layers in enumerate(cfg.stage_layers):
         stages[ranks[st]].append((layers, st == 0, st == last))
-    out, loss = [], loss_rank(sched)
+    out, loss, places = [], loss_rank(sched), placements(cfg.mesh, net.gpus_per_node)
     for rank in range(cfg.pp):
-        key = (tuple(stages[rank]), rank == loss, rank == sched.first_rank, rank == sched.last_rank,
-               placement(cfg.mesh, rank, net.gpus_per_node))
+        key = (tuple(stages[rank]), rank == loss, rank == sched.first_rank, rank == sched.last_rank, places[rank])
         got = table.get(key)
         if got is None:
             got = table[key] = tail_s(cfg, net, sched, rank)
