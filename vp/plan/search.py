@@ -70,13 +70,14 @@ class _Priced:
     borrowed: bool = False  # bound: its recompute=none variant's, costs: held bytes only (its own pass times unknown)
     full: bool = False  # costs: the whole cost model's (pass_costs), bound and tail from them
 
-    @property
-    def memory_lo(self) -> float:
-        return max(s + a for s, a in zip(self.static, self.act_lo))
+    def __post_init__(self):
+        self.held(self.act_lo, self.act_hi)
 
-    @property
-    def memory_hi(self) -> float:
-        return max(s + a for s, a in zip(self.static, self.act_hi))
+    def held(self, act_lo: list, act_hi: list) -> None:
+        """The bracket of each rank's held activations, and from it the peak's (read many times by the race)."""
+        self.act_lo, self.act_hi = act_lo, act_hi
+        self.memory_lo = max(s + a for s, a in zip(self.static, act_lo))
+        self.memory_hi = max(s + a for s, a in zip(self.static, act_hi))
 
 
 class _Simulated(NamedTuple):
@@ -176,7 +177,7 @@ def compute_costs(run: RunConfig, hw: Hardware, sk: Schedule, memo: Memo | None 
 def bracket(p: _Priced, built: Built) -> None:
     """p's held activations, exact: its built schedule walked (where the generator's order left a bracket that
     straddles the budget: price())."""
-    p.act_lo, p.act_hi = activation_bounds(built(p.run), p.costs)
+    p.held(*activation_bounds(built(p.run), p.costs))
 
 
 def memory_rejection(c: _Priced, hw: Hardware, budget: float, exact: bool) -> Rejection:
