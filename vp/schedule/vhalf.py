@@ -85,10 +85,16 @@ class _Held:
     def __init__(self, grid: list[str]):
         self.grid, self.held, self.pending = grid, [], []
         held = pending = 0
-        for kind in grid:
-            held, pending = _step(kind, held, pending)
-            self.held.append(held)
-            self.pending.append(pending)
+        put_held, put_pending = self.held.append, self.pending.append
+        for kind in grid:  # after each slot: F holds one more, B asks for a free, a free slot frees one asked for
+            if kind == "F":
+                held += 1
+            elif kind == "B":
+                pending += 1
+            elif pending:
+                held, pending = held - 1, pending - 1
+            put_held(held)
+            put_pending(pending)
 
     def move(self, t: int, free: int, cap: int) -> bool:
         """Move the pass at slot t to the free slot free < t if the rank's peak stays <= cap (which it is now)."""
@@ -97,7 +103,7 @@ class _Held:
         grid[t], grid[free] = "", kind
         h, p = (held[free - 1], pending[free - 1]) if free else (0, 0)
         new_held, new_pending = [], []  # from slot free on, until the counts equal the old ones past slot t
-        for x in range(free, len(grid)):  # _step, inlined: this loop is most of V-Half's generation
+        for x in range(free, len(grid)):  # counted as __init__ does: this loop is most of V-Half's generation
             k = grid[x]
             if k == "F":
                 h += 1
@@ -115,17 +121,6 @@ class _Held:
         held[free:free + len(new_held)] = new_held
         pending[free:free + len(new_pending)] = new_pending
         return True
-
-
-def _step(kind: str, held: int, pending: int) -> tuple[int, int]:
-    """The counts after one slot: F holds one more activation, B asks for a free, a free slot frees one asked for."""
-    if kind == "F":
-        return held + 1, pending
-    if kind == "B":
-        return held, pending + 1
-    if pending:
-        return held - 1, pending - 1
-    return held, pending
 
 
 def _squeeze(pp: int, m: int, slots: Slots, warmup: bool) -> Slots:
