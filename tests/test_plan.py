@@ -238,8 +238,9 @@ def test_communicators_of_replica_0_are_the_same_for_every_dp_above_1(method):
     """What lets the planner count NCCL buffers of a mesh with dp > 1 from its dp = 2 form (vp.plan.search)."""
     from vp.channels import rank_communicators
 
-    for tp, mode in ((1, "1d"), (4, "2d")):
-        base = RunConfig(method=method, pp=4, microbatches=4, layers=8, tp=tp, tp_mode=mode, heads=8, hidden=64)
+    for tp, mode, depth in ((1, "1d", 1), (4, "2d", 1), (2, "1d", 1), (8, "2.5d", 2)):
+        base = RunConfig(method=method, pp=4, microbatches=4, layers=8, tp=tp, tp_mode=mode, tp_depth=depth, heads=8,
+                         hidden=64)
         sched = build(method, 4, 4, base.n_chunks)
         held = []
         for dp in (2, 3, 4):

@@ -124,11 +124,16 @@ def mesh_channels(mesh: Mesh) -> dict[str, list[list[int]]]:
     - "step", the end-of-iteration agreement, over a whole replica; "dp", the gradient all-reduce, over replicas;
     - with tp > 1, the tensor-parallel channels of the layers (vp.tp.context) and, for the vocabulary passes, the
       within-stage halves of C0, IF and IB over a grid row (1-D: the tp group), each its own group."""
-    out = {ch: mesh.groups(VOCAB_AXIS.get(ch, "pp")) for ch in PIPELINE_CHANNELS}
+    return {ch: mesh.groups(axis) for ch, axis in mesh_channel_axes(mesh).items()}
+
+
+def mesh_channel_axes(mesh: Mesh) -> dict[str, str]:
+    """The mesh axis each of mesh_channels' channels runs along (its groups are the mesh's groups of that axis)."""
+    out = {ch: VOCAB_AXIS.get(ch, "pp") for ch in PIPELINE_CHANNELS}
     if mesh.dp > 1:
-        out["dp"] = mesh.groups("dp")
+        out["dp"] = "dp"
     if mesh.tp > 1:
-        out |= tp_slices(mesh) | {ch: mesh.groups("row") for ch in ROW_STEPS}
+        out |= dict(channel_axes(mesh)) | {ch: "row" for ch in ROW_STEPS}
     return out
 
 
@@ -136,23 +141,29 @@ def rank_communicators(cfg: RunConfig, sched: Schedule, ranks=None) -> list[Comm
     """The NCCL communicators each global rank of a run holds (what its Comm.held() reports after connect): the
     world's, and one per group of two or more ranks of channels(cfg, sched), links counted apart. ranks: only those
     global ranks' ({rank: Communicators}), where a caller reads a few of a large world's."""
-    counted = range(cfg.world) if ranks is None else ranks
-    held = {r: [1, 0] for r in counted}
     if ranks is None:
-        groups_of = channels(cfg, sched)
-    else:  # the links of the pipelines that hold one of the ranks (each link's group lies in one pipeline)
-        pipelines = [pipe for pipe in cfg.mesh.groups("pp") if not held.keys().isdisjoint(pipe)]
-        groups_of = _used_channels(cfg, sched, mesh_channels(cfg.mesh)) | _links(sched, pipelines)
-    for channel, groups in groups_of.items():
-        kind = 1 if parse_link(channel) else 0
+        held = [[1, 0] for _ in range(cfg.world)]
+        for channel, groups in channels(cfg, sched).items():
+            kind = 1 if parse_link(channel) else 0
+            for group in groups:
+                for r in group if len(group) > 1 else ():
+                    held[r][kind] += 1
+        return [Communicators(g, links) for g, links in held]
+    # a few ranks: each one's group of every channel it uses (the mesh's index of its axis), and the links of the
+    # pipelines that hold one of them (each link's group lies in one pipeline)
+    held = {r: [1, 0] for r in ranks}
+    mesh = cfg.mesh
+    for axis in _used_channels(cfg, sched, mesh_channel_axes(mesh)).values():
+        index = mesh.group_index(axis)
+        for r, count in held.items():
+            count[0] += len(index[r]) > 1
+    pipelines = list(dict.fromkeys(mesh.group_index("pp")[r] for r in held))
+    for groups in _links(sched, pipelines).values():
         for group in groups:
-            if len(group) > 1:
-                for r in group:
-                    if r in held:
-                        held[r][kind] += 1
-    if ranks is None:
-        return [Communicators(*held[r]) for r in counted]
-    return {r: Communicators(*held[r]) for r in counted}
+            for r in group if len(group) > 1 else ():
+                if r in held:
+                    held[r][1] += 1
+    return {r: Communicators(*count) for r, count in held.items()}
 
 
 def creation_splits(slices: dict[str, list[list[int]]]) -> list[tuple[str, list[tuple[str, list[int]]]]]:

@@ -157,12 +157,24 @@ class Mesh:
         return [[rk(d, p, ti(r, c, k)) for p in P for c in C] for d in D for k in K for r in R]  # vocab
 
     def group_of(self, axis: str, rank: int) -> list[int]:
-        return next(g for g in self.groups(axis) if rank in g)
+        return list(self.group_index(axis)[rank])
+
+    def group_index(self, axis: str) -> dict[int, tuple[int, ...]]:
+        """Each global rank's group along `axis` (the groups of one axis partition the world), worked out once per
+        mesh and axis; not to be changed."""
+        if axis not in AXES:
+            raise ValueError(f"unknown mesh axis {axis!r}; axes: {', '.join(AXES)}")
+        return _group_index(self, axis)
 
 
 @lru_cache(maxsize=512)
 def _groups(mesh: Mesh, axis: str) -> tuple[tuple[int, ...], ...]:
     return tuple(map(tuple, mesh._groups(axis)))
+
+
+@lru_cache(maxsize=512)
+def _group_index(mesh: Mesh, axis: str) -> dict[int, tuple[int, ...]]:
+    return {r: g for g in _groups(mesh, axis) for r in g}
 
 
 def check_mesh(dp: int, pp: int, tp: int, tp_mode: str, tp_depth: int) -> None:

@@ -119,10 +119,10 @@ def groups(mesh: Mesh, axis: str) -> tuple[tuple[int, ...], ...]:
     return tuple(tuple(g) for g in mesh.groups(axis))
 
 
-@cache
 def group_index(mesh: Mesh, axis: str) -> dict[int, tuple[int, ...]]:
-    """Each global rank's group along an axis (the groups of one axis partition the ranks)."""
-    return {r: g for g in groups(mesh, axis) for r in g}
+    """Each global rank's group along an axis (the groups of one axis partition the ranks; vp.mesh.Mesh.group_index,
+    worked out once per mesh)."""
+    return mesh.group_index(axis)
 
 
 def fit_link(points: list[list[float]]) -> tuple[float, float]:
