@@ -7,9 +7,11 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from vp.schedule import Action, Schedule, ScheduleError, kernel, simulate, unit_costs
+from collections import Counter
+
+from vp.schedule import Action, Schedule, ScheduleError, build, kernel, simulate, unit_costs
 from vp.schedule.actions import P2P
-from vp.schedule.build import lower, stage_timeline
+from vp.schedule.build import build_unplaced, lower, stage_timeline
 from vp.schedule.costs import Costs
 from vp.schedule.methods import METHODS, VOCAB, chunks_for, get_method
 from vp.schedule.timeline import stage_spans
@@ -92,3 +94,23 @@ def test_planner_stage_timeline_leaves_a_schedule_that_cannot_run_to_the_simulat
     assert stage_spans(missing) is None
     with pytest.raises(ScheduleError, match="deadlock"):
         stage_timeline(missing)
+
+
+def test_planner_unplaced_build_has_the_builds_passes_on_every_rank():
+    """What the planner counts communicators from (vp.plan.memo.StageCommunicators): every rank's actions as build()
+    gives them, whatever their order."""
+    checked = 0
+    for method in METHODS:
+        chunk_choices = (None,) if get_method(method).family.chunks else (2, 3)
+        for pp in (2, 3, 4, 8):
+            for m in (1, pp, 2 * pp + 1):
+                for chunks in chunk_choices:
+                    try:
+                        s = build(method, pp, m, chunks)
+                    except (AssertionError, ValueError):
+                        continue
+                    got = build_unplaced(method, pp, m, chunks)
+                    assert [Counter(acts) for acts in got.ranks] == [Counter(acts) for acts in s.ranks], \
+                        (method, pp, m, chunks)
+                    checked += 1
+    assert checked > 100

@@ -25,6 +25,7 @@ from operator import attrgetter
 from vp.channels import rank_communicators
 from vp.config import RunConfig
 from vp.schedule import Schedule, build
+from vp.schedule.build import build_unplaced
 from vp.schedule.methods import get_method
 
 RUN_FIELDS = tuple(f.name for f in fields(RunConfig))
@@ -146,7 +147,8 @@ class StageCommunicators:
     - the channels and links a schedule uses depend on its method, pipeline and chunks, not on how many microbatches
       pass: each microbatch runs every pass of every rank (tests/test_plan.py checks one microbatch, pp, 2pp, 3pp),
       so the smallest schedule of a kind answers (fewest_microbatches: one, or pp where the family needs a multiple
-      of pp), built below the microbatch count a run needs (vp.config) since only its passes' kinds are read;
+      of pp), built below the microbatch count a run needs (vp.config) since only its passes' kinds are read, and
+      without timing its vocabulary passes' places (vp.schedule.build.build_unplaced: the same passes on every rank);
     - device 0 of each stage lies in replica 0, whose groups are the same for every dp but the gradient all-reduce's
       over replicas, held once whenever dp > 1: so dp = 2 answers for every dp > 1 (tests/test_plan.py checks it)."""
 
@@ -160,7 +162,7 @@ class StageCommunicators:
         if got is None:
             kind, m = (run.method, run.pp, run.n_chunks), fewest_microbatches(run.method, run.pp)
             if kind not in self.smallest:
-                self.smallest[kind] = build(run.method, run.pp, m, run.n_chunks)
+                self.smallest[kind] = build_unplaced(run.method, run.pp, m, run.n_chunks)  # which passes, not when
             small = replace(run, microbatches=m, dp=min(run.dp, 2))
             device0 = [small.mesh.rank(0, p, 0) for p in range(run.pp)]
             held = rank_communicators(small, self.smallest[kind], device0)

@@ -212,17 +212,42 @@ def insert_vocab_passes(s: Schedule) -> Schedule:
     return replace(s, ranks=out)
 
 
-@collector_paused
-def build(method: str, pp: int, microbatches: int, chunks: int | None = None) -> Schedule:
-    """The lowered schedule of a method (the object the validator, simulator and runtime all take)."""
+def _generated(method: str, pp: int, microbatches: int, chunks: int | None) -> tuple:
+    """(the method's row, the schedule of the passes its generator orders, not lowered)."""
     spec = get_method(method)
     n_chunks = chunks_for(spec, chunks)
     order = spec.family.generate(pp, microbatches, n_chunks, spec.vocab)
     ranks = [list(map(tuple.__new__, repeat(Action), map((r,).__add__, acts))) for r, acts in enumerate(order)]
-    s = Schedule(method, pp, microbatches, n_chunks, spec.placement, spec.vocab, spec.split_w, ranks)
+    return spec, Schedule(method, pp, microbatches, n_chunks, spec.placement, spec.vocab, spec.split_w, ranks)
+
+
+@collector_paused
+def build(method: str, pp: int, microbatches: int, chunks: int | None = None) -> Schedule:
+    """The lowered schedule of a method (the object the validator, simulator and runtime all take)."""
+    spec, s = _generated(method, pp, microbatches, chunks)
     if spec.vocab.parallel and not spec.family.places_vocab:
         place = spec.family.vocab_placer
         if place is None:
             return insert_vocab_passes(s)  # lowered already
         s = place(s, stage_timeline)
+    return lower(s)
+
+
+def vocab_kinds(v) -> tuple[str, ...]:
+    """The vocabulary passes and collectives both placers put on every rank for each microbatch (build()'s units,
+    V-Half's official times): C0, S and the collectives after it, T and those after it, IF, IB."""
+    return ("C0", "S", *v.after_s, "T", *v.after_t, "IF", "IB")
+
+
+@collector_paused
+def build_unplaced(method: str, pp: int, microbatches: int, chunks: int | None = None) -> Schedule:
+    """build()'s actions, lowered, but where build() times the places of the vocabulary passes they go at the end of
+    each rank instead: every rank runs the same (kind, microbatch, chunk)s as in build(), in another order (tests/
+    test_build_timeline.py checks it for every method). For what reads only which actions a rank runs (the
+    communicators it holds: vp.plan.memo.StageCommunicators), without the timing; not a schedule to run."""
+    spec, s = _generated(method, pp, microbatches, chunks)
+    if spec.vocab.parallel and not spec.family.places_vocab:
+        kinds, m = vocab_kinds(spec.vocab), s.microbatches
+        s = replace(s, ranks=[acts + [Action(r, kind, k, 0) for k in range(m) for kind in kinds]
+                              for r, acts in enumerate(s.ranks)])
     return lower(s)
