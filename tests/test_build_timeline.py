@@ -89,6 +89,8 @@ def test_planner_stage_timeline_leaves_a_schedule_that_cannot_run_to_the_simulat
     assert stage_spans(early) is None
     with pytest.raises(ScheduleError, match="needs F0 earlier on rank 2"):
         stage_timeline(early)
+    outside = replace(s, ranks=[acts + [Action(r, "W", 0, 5)] for r, acts in enumerate(s.ranks)])  # no chunk 5
+    assert stage_spans(outside) is None
     missing = replace(s, ranks=[acts if r else [a for a in acts if a != Action(0, "F", 1, 0)]
                                 for r, acts in enumerate(s.ranks)])  # F(1) of stage 0 never runs
     assert stage_spans(missing) is None

@@ -110,6 +110,8 @@ def stage_spans(s: Schedule, costs: Costs | None = None) -> list[tuple[list, np.
         return None
     mb = np.fromiter(map(itemgetter(2), flat), np.int64, n)
     chunk = np.fromiter(map(itemgetter(3), flat), np.int64, n)
+    if n and (mb.min() < 0 or chunk.min() < 0 or chunk.max() >= s.chunks):  # before chunks index the stage table
+        return None
     sizes = [len(acts) for acts in s.ranks]
     off = np.zeros(pp + 1, np.int64)
     np.cumsum(sizes, out=off[1:])
@@ -124,8 +126,6 @@ def stage_spans(s: Schedule, costs: Costs | None = None) -> list[tuple[list, np.
                       for st in range(n_st)])
     dur = np.array([costs.times(k, range(n_st)) for k in _KINDS], np.float64)
     n_mb = int(mb.max()) + 1 if n else 1
-    if n and (mb.min() < 0 or chunk.min() < 0 or chunk.max() >= s.chunks):
-        return None
     ok, starts, ends = jit(pass_spans, n)(off, kind, mb, stage, rank_of, dur, recv_f, recv_b, p2p_f, p2p_b, n_mb)
     if not ok:
         return None
