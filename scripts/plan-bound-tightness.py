@@ -23,8 +23,8 @@ def main(model="30b", vocab="256k", gpus="1024", batch="1024", seq="4096") -> in
                                             f"plan.global_batch={batch}", f"run.seq_len={seq}"]))
     seen, predict = defaultdict(list), search_module.predict
 
-    def recorded(c, hw, cache, built):
-        row = predict(c, hw, cache, built)
+    def recorded(c, hw, cache, built, *paths):
+        row = predict(c, hw, cache, built, *paths)
         span = makespan_lower_bound(c.skeleton, c.costs)
         result = cache[(c.run.method, c.run.pp, c.run.microbatches, c.run.n_chunks, search_module._costs_key(c.costs))]
         seen[c.run.method].append((result.makespan / span, row.iteration_s / (result.makespan + c.tail)))

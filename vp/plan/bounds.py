@@ -59,23 +59,29 @@ def makespan_lower_bound(s: Schedule, costs: Costs, order: bool = True) -> float
     down = [0.0] * stages  # B of stages 1 .. st, each with its transfer to the stage below
     head[0] = costs.time("IF", None) + costs.comm.get("IF", 0.0) if v.parallel else 0.0
     back[0] = w_[0]
+    into = [0.0] * (stages + 1)  # into[st]: the transfer stage st's F receives; out[st]: the one B of st - 1 does
+    out = [0.0] * (stages + 1)
     for st in range(1, stages):
         if crossing[st]:  # stages st - 1 and st on two ranks: a transfer each way
             up, dn = p2p(rank_of[st - 1], rank_of[st]), p2p(rank_of[st], rank_of[st - 1])
         else:
             up = dn = 0.0
+        into[st], out[st] = up, dn
         head[st] = head[st - 1] + f[st - 1] + up
         back[st] = back[st - 1] + b[st - 1] + dn
         down[st] = down[st - 1] + b[st] + dn
     vocab = {k: m * costs.time(k, None) for k in ("S", "T", "IF", "IB")} if v.parallel else {}
     others = sum(t for k, t in vocab.items() if k != "IF")
+    waits = m * costs.comm.get("IB", 0.0) if v.parallel else 0.0  # a rank but IB's root: IB(k) after its entry
     best = 0.0
-    for own in own_of:
+    for r, own in enumerate(own_of):
         low = min(own)
         fb = m * sum(f[st] + b[st] for st in own)
         w = m * sum(w_[st] for st in own)
-        a = head[low] + fb + w + others
-        b_ = head[low] + fb + vocab.get("S", 0.0) + back[low]
+        # its receives, each its transfer long on the rank, but the first F's (in head[low])
+        recv = m * sum(into[st] + out[st + 1] for st in own) - into[low]
+        a = head[low] + fb + w + others + recv + (waits if r != rank_of[0] else 0.0)
+        b_ = head[low] + fb + vocab.get("S", 0.0) + back[low] + recv
         if v.grad_x_from in v.after_t:
             b_ += vocab["T"]
         best = max(best, a, b_)
@@ -249,3 +255,25 @@ def activation_bounds(s: Schedule, costs: Costs) -> tuple[list[float], list[floa
         return f_part, f_part
     one_s = costs.mem("S", None)
     return [max(f, one_s) for f in f_part], [f + one_s for f in f_part]
+
+
+class CriticalPaths:
+    """The critical paths of the iterations the search has simulated (vp.schedule.critical), per schedule: each is a
+    path of every iteration of that schedule, so its length under a candidate's costs is a lower bound on the
+    candidate's makespan (the costs without communication bound it too: every time in them is at most the whole
+    model's). simulate() leaves the path out where it bounds nothing (processor sharing)."""
+
+    def __init__(self):
+        self.of: dict = {}  # (method, pp, microbatches, chunks): what the built schedule is a function of -> paths
+
+    def add(self, run: RunConfig, path) -> None:
+        known = self.of.setdefault((run.method, run.pp, run.microbatches, run.n_chunks), [])
+        if path is not None and path not in known:
+            known.append(path)
+
+    def longest(self, run: RunConfig, costs: Costs, since: int = 0) -> tuple[float, int]:
+        """(the longest under costs of run's schedule's paths but the first `since`, or 0; how many are known)."""
+        known = self.of.get((run.method, run.pp, run.microbatches, run.n_chunks), ())
+        if len(known) <= since:
+            return 0.0, len(known)
+        return max(path.seconds(costs) for path in known[since:]), len(known)

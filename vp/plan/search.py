@@ -9,8 +9,10 @@ memory is exact where the order of its actions is known without building its sch
 passes the generator places, or which have none); otherwise it is bracketed, and the schedule is built only where
 the bracket straddles the device's memory and the candidate is still in the race.
 Two candidates with the same schedule and the same costs are simulated once. A candidate's bound falls when it is
-visited and its costs become the whole cost model's (communication too); where it falls below the next candidate's,
-it goes back in its place, so candidates are decided in the order of their whole bounds.
+visited and its costs become the whole cost model's (communication too), and when an iteration of its schedule has
+been simulated: that iteration's critical path, under the candidate's costs, bounds its makespan
+(vp.plan.bounds.CriticalPaths). Where it falls below the next candidate's, it goes back in its place, so candidates
+are decided in the order of their whole bounds.
 
 A variant with recomputation is first bounded by its recompute=none variant's bound (each of its passes takes at
 least as long, and the bound grows with every pass time; tests/test_planner_order.py checks both), and its own pass
@@ -40,7 +42,7 @@ from vp.cost.costs import exposed_tail_per_rank, tail_parts
 from vp.cost.data_parallel import exposed_reduce_per_rank, finals
 from vp.cost.memory import comm_buffer_bytes, held_bytes
 from vp.metrics import throughput
-from vp.plan.bounds import TailBound, activation_bounds, makespan_lower_bound
+from vp.plan.bounds import CriticalPaths, TailBound, activation_bounds, makespan_lower_bound
 from vp.plan.answer import MEMORY, REL, SIMULATED_MEMORY, Plan, Row, _Race, _rank_key, pareto, top_configurations
 from vp.plan.memo import Built, Memo, Phases, StageCommunicators
 from vp.plan.space import KNOBS, RUN_FIELDS, Problem, Rejection, candidates, configuration
@@ -69,6 +71,8 @@ class _Priced:
     tails: TailBound | None = None  # the tail and its bound (tail is tails.at_least: from full costs once visited)
     borrowed: bool = False  # bound: its recompute=none variant's, costs: held bytes only (its own pass times unknown)
     full: bool = False  # costs: the whole cost model's (pass_costs), bound and tail from them
+    span: float = 0.0  # the lower bound on the makespan its bound was worked out from (with the tail)
+    paths_read: int = 0  # how many critical paths of its schedule (CriticalPaths) its span has read, these costs
 
     def __post_init__(self):
         self.held(self.act_lo, self.act_hi)
@@ -87,6 +91,17 @@ class _Simulated(NamedTuple):
     busy: list
     peak_activations: list
     finals: list  # vp.cost.data_parallel.finals: what the overlapped reduction reads
+
+
+def _tighten(p: _Priced, paths: CriticalPaths, hw: Hardware) -> bool:
+    """Raise p's makespan bound to the longest critical path of its schedule found since it last looked (under its
+    present costs: a lower bound, vp.plan.bounds.CriticalPaths) and lower its bound to match; whether it fell."""
+    longest, p.paths_read = paths.longest(p.run, p.costs, p.paths_read)
+    if longest <= p.span:
+        return False
+    p.span = longest
+    p.bound = min(p.bound, _bound(p.run, hw, longest, p.tail))
+    return True
 
 
 def skeleton(run: RunConfig) -> Schedule:
@@ -121,7 +136,8 @@ def price(run: RunConfig, hw: Hardware, held: StageCommunicators, budget: float 
         p.bound, p.borrowed = upper, True
         return p
     p.costs = compute_costs(run, hw, sk, memo)
-    p.bound = _bound(run, hw, memo("span", _sums_span, run, sk, p.costs), p.tail)
+    p.span = memo("span", _sums_span, run, sk, p.costs)
+    p.bound = _bound(run, hw, p.span, p.tail)
     return p
 
 
@@ -134,7 +150,8 @@ def _bracket(_run: RunConfig, sk: Schedule, memory: dict) -> tuple[list[float], 
 def own_bound(p: _Priced, hw: Hardware, memo: Memo) -> None:
     """A borrowed bound replaced by the candidate's own (pass times without communication, as price() computes)."""
     p.costs = compute_costs(p.run, hw, p.skeleton, memo)
-    p.bound = _bound(p.run, hw, memo("span", _sums_span, p.run, p.skeleton, p.costs), p.tail)
+    p.span = memo("span", _sums_span, p.run, p.skeleton, p.costs)
+    p.bound = _bound(p.run, hw, p.span, p.tail)
     p.borrowed = False
 
 
@@ -204,13 +221,16 @@ def _costs_key(costs) -> tuple:
     return tuple(frozenset(d.items()) for d in (costs.compute, costs.comm, costs.memory)) + (shared,)
 
 
-def predict(c: _Priced, hw: Hardware, cache: dict, built: Built) -> Row:
-    """The record backend=sim would write, reduced to the plan's figures (harness.sim.simulate_job)."""
+def predict(c: _Priced, hw: Hardware, cache: dict, built: Built, paths: CriticalPaths | None = None) -> Row:
+    """The record backend=sim would write, reduced to the plan's figures (harness.sim.simulate_job); paths: where the
+    iteration's critical path goes."""
     run, sched = c.run, built(c.run)
     key = (run.method, run.pp, run.microbatches, run.n_chunks, _costs_key(c.costs))
     if key not in cache:  # kept small: what the rows read of the iteration, not its timeline
-        result = simulate(sched, c.costs)
+        result = simulate(sched, c.costs, path=paths is not None)
         cache[key] = _Simulated(result.makespan, result.busy, result.peak_activations, finals(result, sched))
+        if paths is not None:
+            paths.add(run, result.path)
     result = cache[key]
     if run.overlap_grad_reduce:  # what the dp stream has left at the flush of this simulated iteration
         # the tail's parts but the exposed reduction, and the buckets: the TailBound's (c.tails), worked out already
@@ -273,6 +293,7 @@ def search(problem: Problem, hw: Hardware, top: int = 10, prune: bool = True, lo
         log(f"{plan.candidates} candidates priced, {len(priced)} within memory (static bytes and the activations' "
             f"bracket), {time.perf_counter() - t0:.1f} s; bounding and simulating")
     race, cache, built, said = _Race(top), {}, Built(), time.perf_counter()
+    paths = CriticalPaths() if prune else None
     simulated: dict = {}  # configuration -> its simulated knob variants that fit (_Priced)
     while heap:
         _, _, p = heapq.heappop(heap)
@@ -285,12 +306,22 @@ def search(problem: Problem, hw: Hardware, top: int = 10, prune: bool = True, lo
                 own_bound(p, hw, memo)
             heapq.heappush(heap, (-p.bound, next(order), p))
             continue
+        if prune and not p.borrowed and heap and race.could_enter(p):  # the critical paths of its schedule found
+            with phase("paths"):  # since it was bounded
+                fell = _tighten(p, paths, hw)
+            if fell and p.bound < -heap[0][0]:
+                heapq.heappush(heap, (-p.bound, next(order), p))
+                continue
         if not p.borrowed and not p.full and (not prune or race.could_enter(p)):  # the whole cost model now
             with phase("full costs"):
                 p.costs = full_costs(p, hw, memo)
                 p.tail = p.tails.at_least(p.skeleton, p.costs)
-                p.bound = _bound(p.run, hw, memo("full span", _span, p.run, p.skeleton, p.costs), p.tail)
-                p.full = True
+                p.span = memo("full span", _span, p.run, p.skeleton, p.costs)
+                p.bound = _bound(p.run, hw, p.span, p.tail)
+                p.full, p.paths_read = True, 0
+            if prune:
+                with phase("paths"):
+                    _tighten(p, paths, hw)
             if prune and heap and p.bound < -heap[0][0]:  # others come first now: back in its place in the order
                 heapq.heappush(heap, (-p.bound, next(order), p))
                 continue
@@ -318,7 +349,7 @@ def search(problem: Problem, hw: Hardware, top: int = 10, prune: bool = True, lo
         with phase("program"):  # what the simulator derives from a schedule once, whatever its costs
             _program(sched)
         with phase("simulate"):
-            row = predict(p, hw, cache, built)
+            row = predict(p, hw, cache, built, paths)
         if row.peak_memory_bytes > budget:  # the simulated peak, checked again: the plan is dropped, with why
             over = row.peak_memory_bytes - budget
             plan.reject(Rejection(p.run, SIMULATED_MEMORY, f"simulated peak memory {row.peak_memory_bytes / 2**30:.2f}"

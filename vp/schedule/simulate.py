@@ -33,6 +33,7 @@ import numpy as np
 from vp.schedule.actions import Action, Schedule
 from vp.schedule.costs import Costs, unit_costs
 from vp.schedule import kernel
+from vp.schedule.critical import critical_path
 from vp.schedule.program import _program
 from vp.schedule.rules import local_needs
 from vp.schedule.sharing import processor_sharing
@@ -72,6 +73,7 @@ class SimResult:
         assert (timeline is not None) + (spans is not None) + (flat is not None) == 1, \
             "a SimResult takes a timeline, spans or flat arrays"
         self.makespan, self.busy, self.peak_activations = makespan, busy, peak_activations
+        self.path = None  # simulate(..., path=True): the critical path (vp.schedule.critical)
         self._timeline, self._spans, self._flat = timeline, spans, flat
 
     @property
@@ -114,10 +116,12 @@ class SimResult:
 
 @collector_paused
 def simulate(s: Schedule, costs: Costs | None = None, strict: bool = False,
-             durations: list[list[float]] | None = None) -> SimResult:
+             durations: list[list[float]] | None = None, path: bool = False) -> SimResult:
     """Run the schedule on the execution model above (strict: all of a rank's collectives on one queue).
     durations[r][i]: the seconds of rank r's compute action i in place of the costs' (what processor sharing sets);
-    costs with `sharing` are simulated to the fixed point of vp.schedule.sharing.
+    costs with `sharing` are simulated to the fixed point of vp.schedule.sharing. path: the result's `path` is the
+    iteration's critical path (vp.schedule.critical; None in strict mode or with processor sharing, where it bounds
+    nothing).
 
     Event-driven: each rank runs its actions in order until one must wait (a receive whose send is not posted, a
     collective not complete, a communicator not created); it is then parked on that one event and run again when
@@ -152,7 +156,10 @@ def simulate(s: Schedule, costs: Costs | None = None, strict: bool = False,
         mode = "deadlock (one ordered queue of collectives per rank)" if strict else "deadlock"
         raise ScheduleError(f"{mode}: " + "; ".join(lines) + "\n" + s.grid((stuck[0], idx[stuck[0]]), 6))
     makespan = float(ends.max()) if len(ends) else 0.0
-    return SimResult(makespan, busy.tolist(), peak.tolist(), flat=(ranks, prog.off, starts, ends))
+    result = SimResult(makespan, busy.tolist(), peak.tolist(), flat=(ranks, prog.off, starts, ends))
+    if path and not strict and durations is None:
+        result.path = critical_path(prog, starts, ends, entered, comm)
+    return result
 
 
 def _missing(s: Schedule, r: int, i: int):
