@@ -6,12 +6,15 @@ Makespan. The simulator runs each rank's actions one at a time, in order (vp.sch
 st of microbatch k needs F of stage st-1 of k (plus the transfer when the stages sit on two ranks), and F of stage
 0 waits for the IF all-reduce of k where the vocabulary is parallel; so nothing on rank r but its IF passes can
 start before H_r = [IF + its collective] + sum over stages s < r' of (F_s + transfer s -> s+1), r' the lowest
-stage on r. Hence makespan >= H_r + (all of r's compute but IF)            (bound A).
+stage on r. A receive holds its rank for its transfer, and every receive of r but its first F's comes after that F;
+on a rank but IB's root, IB(k) starts no earlier than the rank's own entry plus IB's collective. Hence
+makespan >= H_r + (all of r's compute but IF) + (its receives but one) [+ m IB collectives]   (bound A).
 B of stage r' of microbatch k is followed by B of stages r'-1 .. 0 of k (each after its successor's gradient
 arrives), then W of stage 0 where W is split; the last B of stage r' on rank r comes after every F and B of rank r
 (each is an ancestor of a B of stage r' on the same rank) and after every S of r (the last stage's B(k) waits for
 a collective every rank enters after its S(k)), and after every T where that collective follows T (Algorithm 1).
-Hence makespan >= H_r + (F, B, S [, T] of r) + sum over s < r' of (B_s + transfer s+1 -> s) [+ W_0]   (bound B).
+Hence makespan >= H_r + (F, B, S [, T] of r) + (its receives but one, each before an F or a B of r)
++ sum over s < r' of (B_s + transfer s+1 -> s) [+ W_0]   (bound B).
 Bounds C and C' start at each rank's first B instead: after the chain it needs (F of every stage, the output
 layer's passes and collectives the last stage's B waits for, B back down to the rank's stage), the rank runs every
 action after it in the generator's order (C), or those up to its last B of its lowest stage, then the B chain to
