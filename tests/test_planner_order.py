@@ -10,7 +10,7 @@ from vp.plan import MEMORY, Problem, Rejection, candidates, search
 from vp.plan.answer import REL
 from vp.plan import memo as memo_module
 from vp.plan.memo import Memo
-from vp.plan.search import StageCommunicators, price
+from vp.plan.search import StageCommunicators, compute_costs, price, skeleton
 
 SMALL = RunConfig(layers=8, hidden=512, heads=8, seq_len=256, vocab_size=32000, device="cuda", dtype="bf16")
 # a small space with every family of schedule, vocabulary-parallel ones among them: what both whole searches run
@@ -103,3 +103,24 @@ def test_planner_prices_memory_first(monkeypatch):
         else:
             assert p.costs.compute and p.bound > 0 and p.memory_lo <= hw.memory_bytes * (1 + REL), run
     assert by_activations > 5  # rejected by the bracket of their activations, not by static bytes alone
+
+
+def test_planner_first_costs_hold_the_tensor_parallel_collectives_and_no_more_than_the_whole_model():
+    """A candidate is first priced with each pass's seconds as the whole cost model has them before the CPU time of
+    the collectives it launches (its own work and its stage's tensor-parallel collectives: pass_times) and no
+    communication between passes: so every time is at most the whole model's, and where tp > 1 the passes are
+    longer than their own work (the bound is tighter than from the work alone)."""
+    from vp.cost.passes import compute_times, pass_times
+
+    hw, memo, checked = PROFILES["h100"], Memo(), 0
+    for run in candidates(Problem(SMALL, 16, 32, methods=("vocab-1", "interleaved", "vhalf-vocab-2"))):
+        if isinstance(run, Rejection) or run.tp < 2:
+            continue
+        sk = skeleton(run)
+        first, whole = compute_costs(run, hw, sk, memo), pass_costs(run, hw, sk)
+        assert first.compute == pass_times(run, hw, sk) and not first.comm and first.memory == whole.memory, run
+        assert all(t <= whole.compute[k] for k, t in first.compute.items()), run
+        work = compute_times(run, hw, sk)
+        assert any(first.compute[k] > t for k, t in work.items()), run
+        checked += 1
+    assert checked > 50

@@ -174,14 +174,15 @@ def dp_allreduce_per_rank(cfg: RunConfig, hw: Hardware, sched: Schedule) -> list
 
 
 def pass_costs(cfg: RunConfig, hw: Hardware, sched: Schedule, compute: dict | None = None,
-               held: dict | None = None) -> Costs:
+               held: dict | None = None, times: dict | None = None) -> Costs:
     """Seconds per action and bytes held per microbatch on one device of each stage, for the simulator (on a CPU
     the actions that launch collectives off the compute path also pay those collectives' CPU time,
     comm_cpu_times); with how the devices share the node's cores where they do (sharing: that CPU time competes
     for them as the passes' work does, since gloo's threads run on the same cores). compute, held: this run's
-    compute_times and held_bytes where the caller has them already (the planner's memo); never changed here."""
+    compute_times and held_bytes where the caller has them already (the planner's memo); times: its pass_times of
+    that compute, likewise; none of them is changed here."""
     compute = compute_times(cfg, hw, sched) if compute is None else compute
-    times = pass_times(cfg, hw, sched, compute)
+    times = pass_times(cfg, hw, sched, compute) if times is None else dict(times)
     work = dict(compute)  # what competes for cores where devices share them: the passes' work and that CPU time
     for kind, cpu in comm_cpu_times(cfg, hw, sched).items():  # the action of that kind launches the instance
         times[(kind, None)] = times.get((kind, None), 0.0) + cpu

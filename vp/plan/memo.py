@@ -48,8 +48,10 @@ IGNORES = {
     # the bracket of held activations (vp.plan.bounds.activation_bounds on the skeleton): held and the schedule's
     # shape (its microbatches too)
     "bracket": ("dp",) + OPTIMIZER,
-    # the makespan's bounds A, B and E from the costs without communication (those above) and the schedule's shape
-    "span": ("dp",) + OPTIMIZER,
+    # pass_times: a pass's own work (compute) and its stage's tensor-parallel collectives, over its mesh's network
+    "pass": OPTIMIZER,
+    # the makespan's bounds A, B and E from the pass times (those above) and the schedule's shape
+    "span": OPTIMIZER,
     # the whole cost model of a visited candidate (vp.cost.pass_costs: communication over its mesh, the CPU's
     # sharing of cores) and the bound from it: the optimizer's knobs act after the flush (tail)
     "full": OPTIMIZER,

@@ -37,7 +37,7 @@ from typing import NamedTuple
 
 from vp.config import RECOMPUTE, RunConfig
 from vp.cost import Hardware, pass_costs, static_bytes
-from vp.cost.passes import compute_times
+from vp.cost.passes import compute_times, pass_times
 from vp.cost.costs import exposed_tail_per_rank, tail_parts
 from vp.cost.data_parallel import exposed_reduce_per_rank, finals
 from vp.cost.memory import comm_buffer_bytes, held_bytes
@@ -131,7 +131,7 @@ def price(run: RunConfig, hw: Hardware, held: StageCommunicators, budget: float 
     if p.memory_lo > budget * (1 + REL):
         return memory_rejection(p, hw, budget, exact=act_lo == act_hi)
     p.tails = memo("tail", lambda r, sk: TailBound(r, hw, sk), run, sk)
-    p.tail = p.tails.at_least(sk)  # pass times without communication: not the simulation's, so not read
+    p.tail = p.tails.at_least(sk)  # costs without communication: not the simulation's, so not read
     if upper is not None:  # the costs hold the held bytes alone (what bracket() reads)
         p.bound, p.borrowed = upper, True
         return p
@@ -148,7 +148,7 @@ def _bracket(_run: RunConfig, sk: Schedule, memory: dict) -> tuple[list[float], 
 
 
 def own_bound(p: _Priced, hw: Hardware, memo: Memo) -> None:
-    """A borrowed bound replaced by the candidate's own (pass times without communication, as price() computes)."""
+    """A borrowed bound replaced by the candidate's own (its costs without communication, as price() computes)."""
     p.costs = compute_costs(p.run, hw, p.skeleton, memo)
     p.span = memo("span", _sums_span, p.run, p.skeleton, p.costs)
     p.bound = _bound(p.run, hw, p.span, p.tail)
@@ -171,8 +171,9 @@ def _bound(run: RunConfig, hw: Hardware, span: float, tail: float) -> float:
 
 
 def full_costs(p: _Priced, hw: Hardware, memo: Memo) -> Costs:
-    """pass_costs of a priced candidate, from its memoised pass times and held bytes (memoised: "full")."""
-    return memo("full", lambda run, sk, c: pass_costs(run, hw, sk, c.compute, c.memory), p.run, p.skeleton, p.costs)
+    """pass_costs of a priced candidate, from its memoised work, pass times and held bytes (memoised: "full")."""
+    return memo("full", lambda run, sk, c: pass_costs(run, hw, sk, memo("compute", compute_times, run, hw, sk),
+                                                      c.memory, c.compute), p.run, p.skeleton, p.costs)
 
 
 def fixed_bytes(run: RunConfig, hw: Hardware, sk: Schedule, held: StageCommunicators) -> list[float]:
@@ -182,13 +183,14 @@ def fixed_bytes(run: RunConfig, hw: Hardware, sk: Schedule, held: StageCommunica
 
 
 def compute_costs(run: RunConfig, hw: Hardware, sk: Schedule, memo: Memo | None = None) -> Costs:
-    """pass_costs without communication: each pass's own work (vp.cost.passes.compute_times), to which
-    pass_times adds the stage's tensor-parallel collectives (never less than zero: a grid's credit for what its
-    SUMMA loop hides is at most those collectives' own time), and no collective or transfer time; the held
-    memory is pass_costs'. Every time is at most pass_costs', so a bound from these is a bound. The search
-    prices every candidate so, and asks pass_costs itself only of those it visits."""
+    """pass_costs without communication between passes: each pass's seconds as pass_costs times it before the CPU
+    time of the collectives it launches (vp.cost.passes.pass_times: its own work and its stage's tensor-parallel
+    collectives, never less than its own work), and no transfer or collective time (comm empty); the held memory is
+    pass_costs'. Every time is at most pass_costs', so a bound from these is a bound. The search prices every
+    candidate so, and asks pass_costs itself only of those it visits (full_costs, from these pass times)."""
     memo = Memo() if memo is None else memo
-    return Costs(memo("compute", compute_times, run, hw, sk), {}, memo("held", held_bytes, run, hw, sk))
+    compute = memo("compute", compute_times, run, hw, sk)
+    return Costs(memo("pass", pass_times, run, hw, sk, compute), {}, memo("held", held_bytes, run, hw, sk))
 
 
 def bracket(p: _Priced, built: Built) -> None:
@@ -275,7 +277,7 @@ def search(problem: Problem, hw: Hardware, top: int = 10, prune: bool = True, lo
         if isinstance(c, Rejection):
             plan.reject(c)
             continue
-        at = clock()  # price: static bytes, pass times without communication, tail, bound
+        at = clock()  # price: static bytes, held activations, costs without communication, tail, bound
         key = _but_recompute(c) if prune and "recompute" in KNOBS else None
         p = price(c, hw, held, budget, memo, None if c.recompute == NO_RECOMPUTE else uppers.get(key))
         if key is not None and c.recompute == NO_RECOMPUTE and not isinstance(p, Rejection):
