@@ -261,7 +261,7 @@ def test_planner_cost_tables_equal_the_cost_model_on_a_whole_space(hw_name, gpus
     problem = Problem(SMALL, 16, 8, tp_in_node=False, fixed={"zero": 0, "overlap_grad_reduce": False},
                       methods=("baseline", "vocab-2", "interleaved-vocab-1", "vhalf-vocab-1", "redis"))
     runs = [c for c in candidates(problem) if not isinstance(c, Rejection)]
-    runs += [replace(r, microbatches=2 * r.microbatches) for r in runs[::7]]  # tp_shape reads microbatches
+    runs += [replace(r, microbatches=2 * r.microbatches) for r in runs[::7]]  # pass_times: keyed per microbatch
     asked = 0
     for run in runs:
         sched = skeleton(run)

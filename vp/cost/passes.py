@@ -10,7 +10,7 @@ from vp.config import RunConfig
 from vp.cost.gemm import elementwise_time, gemm_time
 from vp.cost.network import Network
 from vp.cost.profiles import Hardware, cost_table
-from vp.cost.tensor import pass_comm_s, placements, tp_shape
+from vp.cost.tensor import pass_comm_s, per_microbatch_shape, placements
 from vp.cost.tables import tp_layer_key, tp_vocab_key
 # LAYER_KERNELS, OUTPUT_GEMMS, pass_work: the work's names, which callers import from here too
 from vp.cost.work import LAYER_KERNELS, OUTPUT_GEMMS, Shapes, Work, pass_work, stage_parts, vocab_parts  # noqa: F401
@@ -194,7 +194,7 @@ def pass_times(cfg: RunConfig, hw: Hardware, sched: Schedule, compute: dict | No
         # a stage's collectives read the tensor-parallel shape, the stage's layers and place, the schedule's W and
         # vocabulary, the network (the profile, the ranks at work on a node) and, of the stage's tp groups, their
         # sizes and nodes (vp.cost.tensor.placement): once per profile for all of them (cost_table)
-        table = cost_table(hw, ("pass_times", tp_shape(cfg), sh, split_w, vocab_parallel, net.busy))
+        table = cost_table(hw, ("pass_times", per_microbatch_shape(cfg), sh, split_w, vocab_parallel, net.busy))
         last, places, ranks = sched.n_stages - 1, placements(cfg.mesh, net.gpus_per_node), sched.stage_ranks
         for st, layers in enumerate(cfg.stage_layers):
             rank = ranks[st]

@@ -106,9 +106,18 @@ def _split(tp_mode: str, tp: int, tp_depth: int, sequence_parallel: bool) -> Spl
 ONE_DEVICE = Split(get_mode("1d"), 1, 1)  # tp = 1: the whole stage on one device
 
 
-def tp_shape(cfg: RunConfig) -> Shape:
+def tp_shape(cfg: RunConfig, microbatches: int | None = None) -> Shape:
+    """The run's tensor-parallel shape; microbatches: another count in its place (per_microbatch_shape)."""
     return Shape(get_mode(cfg.tp_mode), cfg.tp, cfg.tp_depth, cfg.hidden, cfg.ffn, cfg.seq_len, cfg.micro_batch_size,
-                 cfg.microbatches, cfg.padded_vocab_size, 4 if cfg.dtype == "fp32" else 2, cfg.sequence_parallel)
+                 cfg.microbatches if microbatches is None else microbatches, cfg.padded_vocab_size,
+                 4 if cfg.dtype == "fp32" else 2, cfg.sequence_parallel)
+
+
+def per_microbatch_shape(cfg: RunConfig) -> Shape:
+    """tp_shape as the key of a table of figures per microbatch (pass_comm_s): the microbatch count only multiplies
+    the calls of the collectives a pass issues (by a whole number: vp.tp.traffic), and per_pass divides them by it
+    again, exactly (integers), so such figures are the same for every count, and their tables are keyed with one."""
+    return tp_shape(cfg, 1)
 
 
 def stage_tp_collectives(cfg: RunConfig, sched: Schedule, stage: int) -> list[Collective]:
