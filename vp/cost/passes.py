@@ -97,33 +97,35 @@ def compute_times(cfg: RunConfig, hw: Hardware, sched: Schedule) -> dict:
     composed from its operations (work_seconds), times the profile's factor for its kind where the profile timed
     passes as the runtime runs them (pass_factors; every run and mesh alike, so plans compare on one footing).
     A stage's seconds of each kind are worked out once per profile for all that stage_parts and _timed read of that
-    kind (the layer shape, the schedule's vocabulary, the factors' keys; the schedule's W for B and W, recomputation
-    for B alone: the tables' keys; the stage's layers and place, and the output rows of one device where a first or
-    last stage holds a vocabulary layer: the role), so a pipeline of many stages, and the search's thousands of
-    meshes, methods and knobs over one layer shape, look them up (vp.cost.profiles.cost_table)."""
+    kind (the layer shape and the factors' keys; the schedule's W for B and W, recomputation for B alone: the tables'
+    keys; the stage's layers, and where the stage holds a vocabulary layer (a first or last stage of a schedule
+    whose vocabulary is not parallel) which ones, the output rows of one device and the factors' vocabulary key:
+    the role; stage_parts reads the schedule's vocabulary nowhere else), so a pipeline of many stages, and the
+    search's thousands of meshes, methods and knobs over one layer shape, look them up
+    (vp.cost.profiles.cost_table)."""
     from vp.cost.factors import pass_factors  # which composes passes with this module's functions
 
     factors = pass_factors(hw)
     tp = tp_key(cfg) if factors else None
     vocab = tp_vocab_key(cfg) if tp else None
-    sh, split_w, recompute = Shapes.of(cfg, hw), sched.split_w, cfg.recompute
+    sh, split_w, recompute, vocab_parallel = Shapes.of(cfg, hw), sched.split_w, cfg.recompute, sched.vocab_parallel
     v, last = sh.split.vocab_rows(cfg.padded_vocab_size), sched.n_stages - 1  # the output rows of one device
-    local = not sched.vocab_parallel  # the first and last stages hold the vocabulary layers
-    base = ("compute_times", sh, sched.vocab_parallel, tp, vocab)
+    base = ("compute_times", sh, tp)
     tables = (cost_table(hw, base + ("F",)), cost_table(hw, base + ("B", split_w, recompute)),
               cost_table(hw, base + ("W", split_w)))
     out, roles = {}, {}
     for st, layers in enumerate(cfg.stage_layers):
-        role = (layers, st == 0, st == last)
+        holds = not vocab_parallel and (st == 0 or st == last)  # a vocabulary layer: which, its rows, its factors
+        role = (layers, st == 0, st == last, v, vocab) if holds else (layers,)
         got = roles.get(role)
         if got is None:
-            key = role + (v if local and (role[1] or role[2]) else None,)  # None: stage_parts reads no rows
             got = []
             for kind, table in zip("FBW", tables):
-                seconds = table.get(key)
+                seconds = table.get(role)
                 if seconds is None:
-                    seconds = table[key] = _timed(
-                        hw, stage_parts(sh, kind, *key[:3], split_w, sched.vocab_parallel, recompute, key[3]),
+                    first, final, rows = role[1:4] if holds else (False, False, None)
+                    seconds = table[role] = _timed(
+                        hw, stage_parts(sh, kind, layers, first, final, split_w, vocab_parallel, recompute, rows),
                         factors, True, split_w, tp, vocab)
                 got.append(seconds)
             roles[role] = got

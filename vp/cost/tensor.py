@@ -159,8 +159,7 @@ def rank_tp_collectives(cfg: RunConfig, sched: Schedule, rank: int) -> list[Coll
     if cfg.tp < 2:
         return []
     shape, split = tp_shape(cfg), Split.of(cfg)
-    stages = [c for st in range(sched.n_stages) if sched.where(st)[0] == rank
-              for c in stage_tp_collectives(cfg, sched, st)]
+    stages = [c for st, at in enumerate(sched.stage_ranks) if at == rank for c in stage_tp_collectives(cfg, sched, st)]
     cols = [c for c in stages if c.pass_kind != ITERATION] + _one_buffer_each(
         [c for c in stages if c.pass_kind == ITERATION])
     cols += stage_collectives(shape, first=False, last=False, vocab_layers=False, loss=rank == loss_rank(sched))
@@ -312,13 +311,19 @@ def tails_s(cfg: RunConfig, hw: Hardware, sched: Schedule) -> list[float]:
     """tail_s of every pipeline rank on the profile's network, each worked out once per profile for all it reads:
     the tensor-parallel shape (tp_shape), the pipeline's size and vocabulary, the rank's stages (their layers and
     places, in order), whether it holds the loss, the first or the last stage, and its groups' placement
-    (vp.cost.profiles.cost_table)."""
+    (vp.cost.profiles.cost_table); and the whole pipeline's once for all those keys derive from (the stages' layers,
+    the placement of stages and chunks, the mesh: runs that differ in the optimizer's knobs alone share it)."""
     if cfg.tp < 2:  # nothing sent (tail_s: a sum of no collectives)
         return [0] * cfg.pp
     net = Network.of(hw, cfg.world)
     table = cost_table(hw, ("tp tail", tp_shape(cfg), cfg.pp, sched.vocab_parallel, net.busy))
+    layers_of = tuple(cfg.stage_layers)
+    whole = (layers_of, sched.placement, sched.chunks, cfg.mesh)
+    out = table.get(whole)
+    if out is not None:
+        return list(out)
     last, stages, ranks = sched.n_stages - 1, [[] for _ in range(cfg.pp)], sched.stage_ranks
-    for st, layers in enumerate(cfg.stage_layers):
+    for st, layers in enumerate(layers_of):
         stages[ranks[st]].append((layers, st == 0, st == last))
     out, loss, places = [], loss_rank(sched), placements(cfg.mesh, net.gpus_per_node)
     for rank in range(cfg.pp):
@@ -327,4 +332,5 @@ def tails_s(cfg: RunConfig, hw: Hardware, sched: Schedule) -> list[float]:
         if got is None:
             got = table[key] = tail_s(cfg, net, sched, rank)
         out.append(got)
+    table[whole] = tuple(out)
     return out
