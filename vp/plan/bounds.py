@@ -42,7 +42,7 @@ from vp.cost.data_parallel import exposed_reduce_per_rank, reduce_buckets, unhid
 from vp.cost.profiles import Hardware
 from vp.schedule import Costs, Schedule
 from vp.schedule.actions import stage_of, stage_ranks
-from vp.schedule.methods import get_method
+from vp.schedule.methods import METHODS, get_method
 from vp.plan.order_bounds import after_first_b, barrier_counts, between_barriers, first_b_counts
 
 
@@ -150,18 +150,25 @@ def _held_points(order: list, split_w: bool, chunks: int) -> np.ndarray:
     return np.array(sorted(points), dtype=float).reshape(-1, len(held))
 
 
-@lru_cache(maxsize=4096)
 def _generated(method: str, pp: int, microbatches: int, chunks: int) -> tuple:
     """What the search reads of the generator's order, generated once per shape: per rank its held-count vectors;
     its last action's (kind, chunk) where the built schedule ends with it (None where build() places vocabulary
     passes, which may follow it; lowering adds no action after a rank's last pass but its send, which ends with
-    it); the counts of bounds C, C' and D (vp.plan.order_bounds)."""
+    it); the counts of bounds C, C' and D (vp.plan.order_bounds). Methods of one family and vocabulary algorithm
+    (baseline and redis: layers moved between stages change no order) share them."""
     spec = get_method(method)
+    return _generated_order(spec.family.name, spec.vocab.name, pp, microbatches, chunks)
+
+
+@lru_cache(maxsize=4096)
+def _generated_order(family: str, vocab: str, pp: int, microbatches: int, chunks: int) -> tuple:
+    """_generated, from all it reads of the method: its family and vocabulary algorithm."""
+    spec = next(m for m in METHODS.values() if m.family.name == family and m.vocab.name == vocab)
     order = spec.family.generate(pp, microbatches, chunks, spec.vocab)
     points = _stacked(tuple(_held_points(acts, spec.split_w, chunks) for acts in order))
     placed = spec.vocab_parallel and not spec.family.places_vocab
     last = tuple(None if placed or not acts else (acts[-1][0], acts[-1][2]) for acts in order)
-    sk = Schedule(method, pp, microbatches, chunks, spec.placement, spec.vocab, spec.split_w)
+    sk = Schedule(spec.name, pp, microbatches, chunks, spec.placement, spec.vocab, spec.split_w)
     return points, last, first_b_counts(order, sk), barrier_counts(order, spec, microbatches)
 
 

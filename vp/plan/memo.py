@@ -66,6 +66,7 @@ class Memo:
 
     def __init__(self):
         self.values: dict = {}
+        self.skeletons: dict = {}  # (method, pp, microbatches, chunks) -> the schedule's shape without actions
         self.calls, self.computed = Counter(), Counter()
         self._key = {name: attrgetter(*(f for f in RUN_FIELDS if f not in ignore))
                      for name, ignore in IGNORES.items()}

@@ -32,7 +32,7 @@ import heapq
 import itertools
 import time
 from dataclasses import dataclass
-from operator import attrgetter
+from operator import add, attrgetter
 from typing import NamedTuple
 
 from vp.config import RECOMPUTE, RunConfig
@@ -80,8 +80,8 @@ class _Priced:
     def held(self, act_lo: list, act_hi: list) -> None:
         """The bracket of each rank's held activations, and from it the peak's (read many times by the race)."""
         self.act_lo, self.act_hi = act_lo, act_hi
-        self.memory_lo = max(s + a for s, a in zip(self.static, act_lo))
-        self.memory_hi = max(s + a for s, a in zip(self.static, act_hi))
+        self.memory_lo = max(map(add, self.static, act_lo))
+        self.memory_hi = max(map(add, self.static, act_hi))
 
 
 class _Simulated(NamedTuple):
@@ -120,7 +120,8 @@ def price(run: RunConfig, hw: Hardware, held: StageCommunicators, budget: float 
     later)."""
     budget = hw.memory_bytes if budget is None else budget
     memo = Memo() if memo is None else memo
-    sk = skeleton(run)
+    shape = (run.method, run.pp, run.microbatches, run.n_chunks)
+    sk = memo.skeletons.get(shape) or memo.skeletons.setdefault(shape, skeleton(run))
     static = memo("fixed", fixed_bytes, run, hw, sk, held)
     zero = [0.0] * run.pp
     if max(static) > budget:
