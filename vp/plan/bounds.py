@@ -245,7 +245,8 @@ def _peaks(points: Points, s: Schedule, costs: Costs) -> list[float]:
     if not s.pp:
         return []
     stage = np.array(_geometry(s.placement, s.pp, s.chunks)[1])  # [rank, chunk] -> stage
-    f, w = np.array(costs.mems("F", range(s.n_stages))), np.array(costs.mems("W", range(s.n_stages)))
+    f = np.array(costs.mems("F", range(s.n_stages)))
+    w = f - np.array(costs.mems("B", range(s.n_stages)))  # what W releases (Costs.mem("W"))
     per_count = np.concatenate((f[stage], w[stage], np.full((s.pp, 1), costs.mem("S", None))), axis=1)
     held = np.einsum("ij,ij->i", points.rows, per_count[points.rank])
     peaks = np.maximum.reduceat(held, points.starts)
