@@ -37,7 +37,7 @@ from typing import NamedTuple
 import numpy as np
 
 from vp.config import RunConfig
-from vp.cost.costs import dp_slowdown, tail_per_rank
+from vp.cost.costs import dp_slowdown, exposed_tail_per_rank, tail_parts
 from vp.cost.data_parallel import exposed_reduce_per_rank, reduce_buckets, unhidden_reduce
 from vp.cost.profiles import Hardware
 from vp.schedule import Costs, Schedule
@@ -187,10 +187,12 @@ class TailBound:
     lower bound: what no iteration can hide of the reduction (vp.cost.data_parallel.unhidden_reduce: the buckets made
     final by each rank's last pass), from the durations of those passes where the costs give them exactly."""
 
-    def __init__(self, run: RunConfig, hw: Hardware, sk: Schedule):
+    def __init__(self, run: RunConfig, hw: Hardware, sk: Schedule, parts: tuple | None = None):
+        """parts: vp.cost.costs.tail_parts of the run where the caller has them (they read neither
+        overlap_grad_reduce nor bucket_mb, so a search works them out once for those variants)."""
         self.overlap = run.overlap_grad_reduce
         exposed = [0.0] * run.pp if self.overlap else exposed_reduce_per_rank(run, hw, sk)
-        self.per_rank = tail_per_rank(run, hw, sk, exposed)
+        self.per_rank = exposed_tail_per_rank(tail_parts(run, hw, sk) if parts is None else parts, exposed)
         self.exact = max(self.per_rank)
         if self.overlap:
             self.slower, self.buckets = dp_slowdown(run, hw), reduce_buckets(run, hw, sk)

@@ -41,6 +41,9 @@ IGNORES = {
     # the tail after the flush (without the simulated iteration): the tensor group's and the replicas'
     # once-per-iteration reductions and the optimizer step, over parameters: no activation, no microbatch count
     "tail": ("micro_batch_size", "microbatches", "recompute"),
+    # of which what is not the data-parallel reduction (vp.cost.costs.tail_parts: tp tails, the optimizer step,
+    # zero's all-gather): whether and in what buckets the reduction overlaps does not enter it
+    "tail parts": ("micro_batch_size", "microbatches", "recompute", "overlap_grad_reduce", "bucket_mb"),
     # a pass's own work and what F holds per microbatch: one device of a stage on one microbatch (its shape, the
     # stage's layers, the tensor layout), whatever the number of replicas or microbatches or the optimizer
     "compute": ("dp", "microbatches") + OPTIMIZER,
