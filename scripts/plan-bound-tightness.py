@@ -1,7 +1,9 @@
 """How tight the planner's bounds are (docs/planner.md, bounds A-D and T): plan a problem as harness.plan does and,
 for every simulated candidate, compare the simulated makespan with its lower bound, and the iteration (makespan plus
 tail) with the makespan plus the tail's bound (bound T); print per method the median (p10-p90) of actual / bound,
-and the search's simulated count and CPU seconds.
+and the search's simulated count and CPU seconds; and, for the candidates the search visits with the whole cost model,
+how far above their whole bound the bound they entered the order with stood (docs/planner.md, step 1: the fewer
+visited, the less of the whole cost model is worked out).
 A ratio below 1 would be a bound above the simulation: the script says so and exits 1.
 
     .venv/bin/python scripts/plan-bound-tightness.py [model] [vocab] [gpus] [global_batch] [seq_len]
@@ -30,9 +32,23 @@ def main(model="30b", vocab="256k", gpus="1024", batch="1024", seq="4096") -> in
         seen[c.run.method].append((result.makespan / span, row.iteration_s / (result.makespan + c.tail)))
         return row
 
-    search_module.predict = recorded
+    first, price = {}, search_module.price
+
+    def priced(run, *args, **kwargs):  # the bound each candidate enters the order with (its own, not borrowed)
+        p = price(run, *args, **kwargs)
+        if not isinstance(p, search_module.Rejection) and not p.borrowed:
+            first[id(p)] = (p, p.bound)
+        return p
+
+    search_module.predict, search_module.price = recorded, priced
     plan = search_module.search(problem, hw)
     print(f"simulated {plan.simulated} of {plan.feasible} feasible, {plan.cpu_seconds:.1f} CPU-s (plan.cpu_seconds)")
+    entered = sorted(bound / p.bound for p, bound in first.values() if p.full)
+    if entered:
+        q = lambda xs, f: xs[int(f * (len(xs) - 1))]  # noqa: E731
+        print(f"visited with the whole cost model: {plan.memo['full'][0]}; of those priced with their own bound "
+              f"({len(entered)}), that bound over their whole bound: median {statistics.median(entered):.3f} "
+              f"({q(entered, .1):.3f}-{q(entered, .9):.3f})")
     print(f"{'method':22s} {'sims':>5s}  makespan/bound med (p10-p90)   with the tail's bound med (p90)")
     low = 1.0
     for method, pairs in sorted(seen.items()):
