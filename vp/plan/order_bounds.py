@@ -73,6 +73,7 @@ def after_first_b(s: Schedule, costs: Costs, shape: tuple, fbw: np.ndarray, head
 
 
 _KINDS = ("F", "B", "W", "IF", "IB", "C0")  # what a rank runs between two barriers (stage passes by its own stage)
+_KIND_INDEX = {kind: i for i, kind in enumerate(_KINDS)}
 
 
 def barrier_counts(order: list, spec, microbatches: int) -> tuple | None:
@@ -87,7 +88,7 @@ def barrier_counts(order: list, spec, microbatches: int) -> tuple | None:
         f = next(i for i, a in enumerate(acts) if a[0] == "F")
         counts = [0] * len(_KINDS)
         for kind, _, _ in acts[f:next(i for i, a in enumerate(acts) if a[0] == "S")]:
-            counts[_KINDS.index(kind)] += 1
+            counts[_KIND_INDEX[kind]] += 1
         from_f.append(counts)
         segments, cur = [], [0] * len(_KINDS)
         for i, (kind, _, _) in enumerate(acts):
@@ -97,7 +98,7 @@ def barrier_counts(order: list, spec, microbatches: int) -> tuple | None:
                 segments.append(tuple(cur))
                 cur = [0] * len(_KINDS)
             elif kind != "T":
-                cur[_KINDS.index(kind)] += 1
+                cur[_KIND_INDEX[kind]] += 1
         segments.append(tuple(cur))
         per_rank.append(segments)
     patterns: dict = {}
