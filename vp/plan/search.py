@@ -121,7 +121,9 @@ def price(run: RunConfig, hw: Hardware, held: StageCommunicators, budget: float 
     budget = hw.memory_bytes if budget is None else budget
     memo = Memo() if memo is None else memo
     shape = (run.method, run.pp, run.microbatches, run.n_chunks)
-    sk = memo.skeletons.get(shape) or memo.skeletons.setdefault(shape, skeleton(run))
+    sk = memo.skeletons.get(shape)
+    if sk is None:
+        sk = memo.skeletons[shape] = skeleton(run)
     static = memo("fixed", fixed_bytes, run, hw, sk, held)
     zero = [0.0] * run.pp
     if max(static) > budget:
@@ -131,7 +133,7 @@ def price(run: RunConfig, hw: Hardware, held: StageCommunicators, budget: float 
     p = _Priced(run, sk, Costs({}, {}, memory), static, 0.0, act_lo, act_hi, 0.0)
     if p.memory_lo > budget * (1 + REL):
         return memory_rejection(p, hw, budget, exact=act_lo == act_hi)
-    p.tails = memo("tail", lambda r, sk: TailBound(r, hw, sk, memo("tail parts", _tail_parts, r, hw, sk)), run, sk)
+    p.tails = memo("tail", lambda r, sk: TailBound(r, hw, sk, memo("tail parts", tail_parts, r, hw, sk)), run, sk)
     p.tail = p.tails.at_least(sk)  # costs without communication: not the simulation's, so not read
     if upper is not None:  # the costs hold the held bytes alone (what bracket() reads)
         p.bound, p.borrowed = upper, True
@@ -140,10 +142,6 @@ def price(run: RunConfig, hw: Hardware, held: StageCommunicators, budget: float 
     p.span = memo("span", _sums_span, run, sk, p.costs)
     p.bound = _bound(run, hw, p.span, p.tail)
     return p
-
-
-def _tail_parts(run: RunConfig, hw: Hardware, sk: Schedule) -> tuple:
-    return tail_parts(run, hw, sk)
 
 
 def _bracket(_run: RunConfig, sk: Schedule, memory: dict) -> tuple[list[float], list[float]]:
