@@ -192,8 +192,12 @@ def compute_costs(run: RunConfig, hw: Hardware, sk: Schedule, memo: Memo | None 
     pass_costs'. Every time is at most pass_costs', so a bound from these is a bound. The search prices every
     candidate so, and asks pass_costs itself only of those it visits (full_costs, from these pass times)."""
     memo = Memo() if memo is None else memo
-    compute = memo("compute", compute_times, run, hw, sk)
-    return Costs(memo("pass", pass_times, run, hw, sk, compute), {}, memo("held", held_bytes, run, hw, sk))
+    return Costs(memo("pass", _pass_times, run, hw, sk, memo), {}, memo("held", held_bytes, run, hw, sk))
+
+
+def _pass_times(run: RunConfig, hw: Hardware, sk: Schedule, memo: Memo) -> dict:
+    """pass_times from the memoised work (asked for only where the pass times are not memoised yet)."""
+    return pass_times(run, hw, sk, memo("compute", compute_times, run, hw, sk))
 
 
 def bracket(p: _Priced, built: Built) -> None:
