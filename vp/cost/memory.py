@@ -151,20 +151,21 @@ def held_bytes(cfg: RunConfig, hw: Hardware, sched: Schedule) -> dict:
     split = Split.of(cfg)
     n, h, v = cfg.micro_batch_size * cfg.seq_len // split.blocks, cfg.hidden, cfg.padded_vocab_size
     memory, per_layer, last = {}, layer_activation_bytes(cfg, hw), sched.n_stages - 1
-    edges = {st: edge_bytes(cfg, hw, st, not sched.vocab_parallel) for st in (0, last)}  # the others keep none
+    parallel = sched.vocab_parallel
+    edges = {st: edge_bytes(cfg, hw, st, not parallel) for st in (0, last)}  # the others keep none
     kept = None  # under full recomputation with W split: what W needs of a layer, made again by B
     if sched.split_w and cfg.recompute == "full":
         kept = cfg.seq_len * cfg.micro_batch_size * cfg.hidden * _elements(split) * hw.act_bytes
     for st, layers in enumerate(cfg.stage_layers):
-        held = layers * per_layer + edges.get(st, 0.0)
+        held = layers * per_layer + edges[st] if st == 0 or st == last else layers * per_layer + 0.0
         if kept is not None:
             memory[("B", st)] = layers * (per_layer - kept)
-        if not sched.vocab_parallel and st == last:
+        if not parallel and st == last:
             rows = split.vocab_rows(v)
             held += n * rows * 4 + n * h * hw.act_bytes  # fp32 softmax of its rows, the input
             if sched.split_w:  # B frees the softmax; W needs the logits' gradient (act_bytes) and the input
                 memory[("B", st)] = memory.get(("B", st), 0.0) + n * rows * (4 - hw.act_bytes)
         memory[("F", st)] = held
-    if sched.vocab_parallel:
+    if parallel:
         memory[("S", None)] = n * split.vocab_rows(v, cfg.pp) * 4 + n * h * hw.act_bytes
     return memory

@@ -43,6 +43,7 @@ from vp.cost.profiles import Hardware
 from vp.schedule import Costs, Schedule
 from vp.schedule.actions import stage_of, stage_ranks
 from vp.schedule.methods import METHODS, get_method
+from vp.plan.disk_cache import DiskCache
 from vp.plan.order_bounds import after_first_b, barrier_counts, between_barriers, first_b_counts
 
 
@@ -53,10 +54,9 @@ def makespan_lower_bound(s: Schedule, costs: Costs, order: bool = True) -> float
     pp, m, v = s.pp, s.microbatches, s.vocab
     stages = s.n_stages
     rank_of, own_of, crossing = _geometry(s.placement, pp, s.chunks)
-    p2p = costs.p2p
+    p2p = costs.p2p if costs.comm else None  # no communication (the search's first costs): no transfer
     f, b = costs.times("F", range(stages)), costs.times("B", range(stages))
     w_ = costs.times("W", range(stages)) if s.split_w else [0.0] * stages
-    fbw = np.array([f, b, w_]).T
     head = [0.0] * stages  # earliest start of any F of stage st
     back = [0.0] * stages  # what must follow the end of a B of stage st
     down = [0.0] * stages  # B of stages 1 .. st, each with its transfer to the stage below
@@ -65,34 +65,41 @@ def makespan_lower_bound(s: Schedule, costs: Costs, order: bool = True) -> float
     into = [0.0] * (stages + 1)  # into[st]: the transfer stage st's F receives; out[st]: the one B of st - 1 does
     out = [0.0] * (stages + 1)
     for st in range(1, stages):
-        if crossing[st]:  # stages st - 1 and st on two ranks: a transfer each way
+        if p2p is not None and crossing[st]:  # stages st - 1 and st on two ranks: a transfer each way
             up, dn = p2p(rank_of[st - 1], rank_of[st]), p2p(rank_of[st], rank_of[st - 1])
+            into[st], out[st] = up, dn
         else:
             up = dn = 0.0
-        into[st], out[st] = up, dn
         head[st] = head[st - 1] + f[st - 1] + up
         back[st] = back[st - 1] + b[st - 1] + dn
         down[st] = down[st - 1] + b[st] + dn
     vocab = {k: m * costs.time(k, None) for k in ("S", "T", "IF", "IB")} if v.parallel else {}
     others = sum(t for k, t in vocab.items() if k != "IF")
     waits = m * costs.comm.get("IB", 0.0) if v.parallel else 0.0  # a rank but IB's root: IB(k) after its entry
-    best = 0.0
+    s_, t_ = vocab.get("S", 0.0), (vocab["T"] if v.grad_x_from in v.after_t else None)
+    best, first = 0.0, rank_of[0]
     for r, own in enumerate(own_of):
-        low = min(own)
-        fb = m * sum(f[st] + b[st] for st in own)
-        w = m * sum(w_[st] for st in own)
-        # its receives, each its transfer long on the rank, but the first F's (in head[low])
-        recv = m * sum(into[st] + out[st + 1] for st in own) - into[low]
-        a = head[low] + fb + w + others + recv + (waits if r != rank_of[0] else 0.0)
-        b_ = head[low] + fb + vocab.get("S", 0.0) + back[low] + recv
-        if v.grad_x_from in v.after_t:
-            b_ += vocab["T"]
+        if len(own) == 1:  # one chunk: the sums below of one term
+            low = st = own[0]
+            fb, w = m * (f[st] + b[st]), m * w_[st]
+            recv = m * (into[st] + out[st + 1]) - into[low]
+        else:
+            low = min(own)
+            fb = m * sum(f[st] + b[st] for st in own)
+            w = m * sum(w_[st] for st in own)
+            # its receives, each its transfer long on the rank, but the first F's (in head[low])
+            recv = m * sum(into[st] + out[st + 1] for st in own) - into[low]
+        a = head[low] + fb + w + others + recv + (waits if r != first else 0.0)
+        b_ = head[low] + fb + s_ + back[low] + recv
+        if t_ is not None:
+            b_ += t_
         best = max(best, a, b_)
     if v.parallel and not v.synchronous and not get_method(s.method).family.places_vocab:
         best = max(best, _output_cycle(s, costs, b, back))
     if not order:
         return float(best)
     _, _, after, barriers = _generated(s.method, pp, m, s.chunks)
+    fbw = np.array([f, b, w_]).T
     return float(max(best, after_first_b(s, costs, after, fbw, head, back, down),
                      between_barriers(s, costs, barriers, head)))
 
@@ -162,10 +169,24 @@ def _generated(method: str, pp: int, microbatches: int, chunks: int) -> tuple:
 
 @lru_cache(maxsize=4096)
 def _generated_order(family: str, vocab: str, pp: int, microbatches: int, chunks: int) -> tuple:
-    """_generated, from all it reads of the method: its family and vocabulary algorithm."""
+    """_generated, from all it reads of the method: its family and vocabulary algorithm; kept on disk between
+    processes (vp.plan.disk_cache: what the code alone makes, read back only by the same code)."""
+    key = (family, vocab, pp, microbatches, chunks)
+    got = ORDERS.get(key)
+    if got is None:
+        got = _from_order(*key)
+        ORDERS.put(key, got)
+    return got
+
+
+ORDERS = DiskCache("orders")
+
+
+def _from_order(family: str, vocab: str, pp: int, microbatches: int, chunks: int) -> tuple:
     spec = next(m for m in METHODS.values() if m.family.name == family and m.vocab.name == vocab)
     order = spec.family.generate(pp, microbatches, chunks, spec.vocab)
-    points = _stacked(tuple(_held_points(acts, spec.split_w, chunks) for acts in order))
+    points = _stacked(tuple(_held_points(acts, spec.split_w, chunks) for acts in order), spec.placement, pp,
+                      chunks)
     placed = spec.vocab_parallel and not spec.family.places_vocab
     last = tuple(None if placed or not acts else (acts[-1][0], acts[-1][2]) for acts in order)
     sk = Schedule(spec.name, pp, microbatches, chunks, spec.placement, spec.vocab, spec.split_w)
@@ -215,30 +236,56 @@ class TailBound:
         return got
 
 
+class Stack(NamedTuple):
+    """Held-count vectors of every rank as the rows of one array: rows[i] belongs to rank[i], rank r's rows start at
+    starts[r] (a rank without points has one zero row); column[i, j]: where row i's column j takes its bytes per
+    count in _peaks' vector (F of each stage, then W of each stage, then S)."""
+    rows: np.ndarray
+    column: np.ndarray
+    starts: np.ndarray
+
+
 class Points(NamedTuple):
     """Every rank's held-count vectors (_held_points) stacked, so that all ranks' peaks are a few array operations
-    (_peaks): rows[i] belongs to rank[i], rank r's rows start at starts[r]; a rank without points has one zero row,
-    and its peak is 0 (empty[r])."""
-    per_rank: tuple
-    rows: np.ndarray
-    rank: np.ndarray
-    starts: np.ndarray
+    (_peaks): all of them (every, in small integers), and of each rank only those no other of its vectors is at least
+    as large as in every column (top, as floats: where no column's bytes are negative, a peak is at one of them);
+    a rank without points has one zero row, and its peak is 0 (empty[r])."""
+    every: Stack
+    top: Stack
     empty: np.ndarray
 
 
-def _stacked(per_rank: tuple) -> Points:
-    width = per_rank[0].shape[1] if per_rank else 0
-    blocks = [p if len(p) else np.zeros((1, width)) for p in per_rank]
+def _stack(blocks: list, dtype, columns: np.ndarray) -> Stack:
     sizes = np.array([len(b) for b in blocks])
-    return Points(per_rank, np.concatenate(blocks) if blocks else np.zeros((0, width)),
-                  np.repeat(np.arange(len(blocks)), sizes), np.concatenate(([0], np.cumsum(sizes)[:-1])),
+    return Stack(np.concatenate(blocks).astype(dtype), columns[np.repeat(np.arange(len(blocks)), sizes)],
+                 np.concatenate(([0], np.cumsum(sizes)[:-1])))
+
+
+def _maximal(rows: np.ndarray) -> np.ndarray:
+    """The rows that no other row is at least as large as in every column (rows distinct): the largest remaining
+    row in lexicographic order is one (a row at least as large in every column would come after it), and every row
+    it is at least as large as goes."""
+    rest, keep = rows[np.lexsort(rows.T[::-1])[::-1]], []
+    while len(rest):
+        keep.append(rest[0])
+        rest = rest[1:][~(rest[1:] <= rest[0]).all(axis=1)]
+    return np.array(keep).reshape(-1, rows.shape[1])
+
+
+def _stacked(per_rank: tuple, placement: str, pp: int, chunks: int) -> Points:
+    """per_rank: each rank's vectors (_held_points) of a pipeline of this placement, pp and chunks."""
+    stage = np.array(_geometry(placement, pp, chunks)[1], dtype=np.int64).reshape(pp, chunks)  # [rank, chunk]
+    columns = np.concatenate((stage, pp * chunks + stage, np.full((pp, 1), 2 * pp * chunks)), axis=1)
+    blocks = [p if len(p) else np.zeros((1, 2 * chunks + 1)) for p in per_rank]
+    return Points(_stack(blocks, np.int32, columns), _stack([_maximal(b) for b in blocks], float, columns),
                   np.array([not len(p) for p in per_rank], dtype=bool))
 
 
 def built_points(s: Schedule) -> Points:
     """Per rank, the held-count vectors of a built schedule (exact, S and T included)."""
     return s.memo("plan_held_points", lambda s: _stacked(tuple(
-        _held_points([(a.kind, a.mb, a.chunk) for a in acts], s.split_w, s.chunks) for acts in s.ranks)))
+        _held_points([(a.kind, a.mb, a.chunk) for a in acts], s.split_w, s.chunks) for acts in s.ranks),
+        s.placement, s.pp, s.chunks))
 
 
 def _peaks(points: Points, s: Schedule, costs: Costs) -> list[float]:
@@ -246,12 +293,14 @@ def _peaks(points: Points, s: Schedule, costs: Costs) -> list[float]:
     of its chunks, W of each, S) dotted with each point, the largest."""
     if not s.pp:
         return []
-    stage = np.array(_geometry(s.placement, s.pp, s.chunks)[1])  # [rank, chunk] -> stage
-    f = np.array(costs.mems("F", range(s.n_stages)))
-    w = f - np.array(costs.mems("B", range(s.n_stages)))  # what W releases (Costs.mem("W"))
-    per_count = np.concatenate((f[stage], w[stage], np.full((s.pp, 1), costs.mem("S", None))), axis=1)
-    held = np.einsum("ij,ij->i", points.rows, per_count[points.rank])
-    peaks = np.maximum.reduceat(held, points.starts)
+    stages = range(s.n_stages)
+    f, b = costs.mems("F", stages), costs.mems("B", stages)
+    per_count = np.array(f + [x - y for x, y in zip(f, b)] + [costs.mem("S", None)])  # F, W (what it releases), S
+    # no column's bytes negative: a vector at least as large as another in every column holds at least as many
+    # bytes (each product and each partial sum rounds the same way for both), so the peak is at a top one
+    rows, column, starts = points.top if per_count.min() >= 0 else points.every
+    held = np.einsum("ij,ij->i", rows, per_count[column])
+    peaks = np.maximum.reduceat(held, starts)
     peaks[points.empty] = 0.0
     return peaks.tolist()
 

@@ -44,6 +44,7 @@ from vp.cost.memory import comm_buffer_bytes, held_bytes
 from vp.metrics import throughput
 from vp.plan.bounds import CriticalPaths, TailBound, activation_bounds, makespan_lower_bound
 from vp.plan.answer import MEMORY, REL, SIMULATED_MEMORY, Plan, Row, _Race, _rank_key, pareto, top_configurations
+from vp.plan.disk_cache import kept_communicators, kept_tables
 from vp.plan.memo import Built, Memo, Phases, StageCommunicators
 from vp.plan.space import KNOBS, RUN_FIELDS, Problem, Rejection, candidates, configuration
 from vp.plan.variants import dominates
@@ -270,13 +271,12 @@ def search(problem: Problem, hw: Hardware, top: int = 10, prune: bool = True, lo
     plan, priced, held, said, uppers = Plan(), [], StageCommunicators(), t0, {}
     budget, memo, phase = problem.budget(hw.memory_bytes), Memo(), Phases()
     plan.budget = budget
-    space, clock = iter(candidates(problem)), time.process_time  # the hot phases timed inline (Phases.add)
-    while True:
-        at = clock()
-        c = next(space, None)  # the candidates and vp.config's checks
-        phase.add("space", clock() - at)
-        if c is None:
-            break
+    with phase("disk cache"):  # what earlier processes worked out of this profile and problem (vp.plan.disk_cache)
+        kept = kept_tables(hw), kept_communicators(held, problem.base)
+    # the hot phases timed inline (Phases.add), with as few clock reads as they allow (one is a system call, about
+    # a microsecond): pricing per candidate priced, the space (the candidates and vp.config's checks) as the rest
+    clock, loop, pricing = time.process_time, time.process_time(), 0.0
+    for c in candidates(problem):
         plan.candidates += 1
         if log and time.perf_counter() - said > 30:
             said = time.perf_counter()
@@ -289,11 +289,13 @@ def search(problem: Problem, hw: Hardware, top: int = 10, prune: bool = True, lo
         p = price(c, hw, held, budget, memo, None if c.recompute == NO_RECOMPUTE else uppers.get(key))
         if key is not None and c.recompute == NO_RECOMPUTE and not isinstance(p, Rejection):
             uppers[key] = p.bound * (1 + REL)  # the variants' pass times sum as this one's, plus theirs
-        phase.add("price", clock() - at)
+        pricing += clock() - at
         if isinstance(p, Rejection):
             plan.reject(p)
         else:
             priced.append(p)
+    phase.add("price", pricing)
+    phase.add("space", clock() - loop - pricing)
     # best bound first; a tie keeps the order of the space
     heap = [(-p.bound, i, p) for i, p in enumerate(priced)]
     heapq.heapify(heap)
@@ -372,6 +374,9 @@ def search(problem: Problem, hw: Hardware, top: int = 10, prune: bool = True, lo
         simulated.setdefault(configuration(p.run), []).append(p)
     with phase("answer"):
         _answer(plan, top)
+    with phase("disk cache"):
+        for k in kept:
+            k.save()
     plan.phases = phase.seconds
     plan.memo = {name: (memo.calls[name], memo.computed[name]) for name in memo.calls}
     plan.seconds, plan.cpu_seconds = time.perf_counter() - t0, time.process_time() - c0
