@@ -135,7 +135,8 @@ def test_planner_phases_count_the_innermost_block():
 
 def test_planner_bench_prints_the_search_and_its_phases(capsys):
     """python -m vp.bench plan through the real harness.plan command (a small problem): the process's CPU seconds,
-    the plan's counts and its phases; a malformed problem is refused with how to write one."""
+    the plan's counts and its phases, and which disk cache it ran with; a malformed problem is refused with how to
+    write one."""
     from vp.bench.__main__ import main
 
     small = "tiny=model=small,vocab=32k,hardware=h100,plan.gpus=8,plan.global_batch=8,run.seq_len=256"
@@ -143,6 +144,7 @@ def test_planner_bench_prints_the_search_and_its_phases(capsys):
     (row,) = json.loads(capsys.readouterr().out)
     assert row["problem"] == "tiny" and row["process_cpu_s"] > 0 and row["candidates"] >= row["feasible"] > 0
     assert row["search_cpu_s"] <= row["process_cpu_s"] and "price" in row["phases"] and "tail" in row["memo"]
+    assert row["cache"] == "cold" and row["cold_cpu_s"] == row["process_cpu_s"]  # one round: with an empty cache
     assert main(["plan", "--problems", "tiny=model"]) == 2
     assert "NAME=KEY=VALUE" in capsys.readouterr().err
 

@@ -225,7 +225,9 @@ def main(argv=None) -> int:
     pl.add_argument("--json", action="store_true", help="print a list of row objects")
     pl.add_argument("--problems", nargs="+", default=["30b", "70b"],
                     help="30b, 70b (the issue's problems) or NAME=KEY=VALUE,KEY=VALUE,... (harness.plan overrides)")
-    pl.add_argument("--rounds", type=int, default=1, help="rounds over all problems; the least CPU time is shown")
+    pl.add_argument("--rounds", type=int, default=1,
+                    help="rounds over all problems: the first with an empty disk cache, the least CPU time of the others "
+                         "shown")
     add_overlap_parser(sub)
     add_sequence_parser(sub)
     c = sub.add_parser("comms", help="groups, world-wide creation calls and NCCL buffers per rank, no processes")
