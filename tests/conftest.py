@@ -16,7 +16,7 @@ os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("WANDB_SILENT", "true")
 # calibrated profiles go to the user's config folder (harness/profiles.py): a throwaway one, never the real one
 os.environ["VP_HARNESS_CONFIG"] = tempfile.mkdtemp(prefix="vp-harness-conf-")
-# what the planner keeps on disk between processes (vp.plan.disk_cache): the session's own, never the user's
+# what the planner keeps on disk between processes (vp.disk_cache): the session's own, never the user's
 os.environ["VP_CACHE_DIR"] = tempfile.mkdtemp(prefix="vp-harness-cache-")
 # A suite started in the background of a non-interactive shell (`make test &`) inherits SIGINT ignored, and so would
 # every process it starts: the Ctrl-C tests, which send SIGINT as a terminal does, would see it ignored.

@@ -1,4 +1,4 @@
-"""What the planner keeps on disk between processes (vp.plan.disk_cache) is what it would work out again: values
+"""What the planner keeps on disk between processes (vp.disk_cache) is what it would work out again: values
 read back only by the code that wrote them, a search from a warm cache equal to one from an empty cache, a cache
 that cannot be read or written never in the way; and the peaks of held activations taken at the top held-count
 vectors equal the peaks over all of them."""
@@ -13,7 +13,8 @@ from vp.config import RunConfig
 from vp.cost import PROFILES
 from vp.plan import Problem, search
 from vp.plan import bounds as B
-from vp.plan import disk_cache as D
+from vp.plan import memo as memo_module
+from vp import disk_cache as D
 from vp.schedule import Costs
 from vp.schedule.methods import METHODS
 
@@ -76,20 +77,28 @@ def _plan_figures(plan) -> tuple:
 def test_planner_search_from_a_warm_disk_cache_equals_one_from_an_empty_one(cache_dir, monkeypatch):
     """Each search as a new process runs it (no orders in memory, a profile without tables): the second reads what
     the first kept, and every figure of the plan is the same."""
+    from vp.cost import gemm
+    from vp.schedule import program
+
     problem = Problem(SMALL, 16, 16, methods=("vocab-1", "vhalf-vocab-2", "interleaved", "redis", "interlaced"))
-    runs = []
-    for _ in range(2):
+
+    def fresh_process():
         B._generated_order.cache_clear()
-        hw = replace(PROFILES["h100"])  # a fresh profile: its tables empty
-        runs.append(search(problem, hw))
-    cold, warm = runs
+        monkeypatch.setattr(program, "_TABLES", {})
+        return replace(PROFILES["h100"])  # a fresh profile: its tables empty
+
+    cold = search(problem, fresh_process())
+    warm = search(problem, fresh_process())
     assert _plan_figures(cold) == _plan_figures(warm) and cold.rows
     kept = {p.parent.parent.name for p in cache_dir.glob("*/*/*.pkl")}
-    assert kept == {"orders", "tables", "communicators"}
+    assert kept == {"orders", "shapes", "tables", "communicators"}
     made = []
     monkeypatch.setattr(B, "_from_order", lambda *key: made.append(key))
-    B._generated_order.cache_clear()
-    assert _plan_figures(search(problem, replace(PROFILES["h100"]))) == _plan_figures(cold) and not made
+    monkeypatch.setattr(program, "_make_table", lambda *key: made.append(key))
+    monkeypatch.setattr(memo_module, "rank_communicators", lambda *a: made.append(a))
+    monkeypatch.setattr(gemm, "_gemm_time", lambda *a: made.append(a))  # the profile's GEMM times: read back too
+    hw = fresh_process()
+    assert _plan_figures(search(problem, hw)) == _plan_figures(cold) and not made
     B._generated_order.cache_clear()
 
 
@@ -114,13 +123,13 @@ def test_planner_peaks_at_the_top_held_vectors_equal_the_peaks_over_all(method):
         points = B.generated_points(method, pp, m, sk.chunks)
         every = points.every
         assert len(points.top.rows) < len(every.rows) or len(every.rows) == pp
-        rank = np.repeat(np.arange(pp), np.diff(np.append(every.starts, len(every.rows))))
+        rank = every.rank
         for negative in (False, True) if sk.split_w else (False,):
             costs = _random_costs(sk, rng, negative)
             f = [costs.mem("F", st) for st in range(sk.n_stages)]
             per_count = np.array(f + [costs.mem("W", st) for st in range(sk.n_stages)] + [costs.mem("S", None)])
             assert (per_count.min() < 0) == negative
-            held = np.einsum("ij,ij->i", every.rows.astype(float), per_count[every.column])
+            held = np.einsum("ij,ij->i", every.rows.astype(float), per_count[points.columns[rank]])
             want = [0.0 if points.empty[r] else float(held[rank == r].max()) for r in range(pp)]
             assert B._peaks(points, sk, costs) == want, (method, pp, m, negative)
 

@@ -10,7 +10,7 @@ of what it was asked. Rounds run round-robin over the problems; the round with t
 with the spread of process CPU times (most / least): the machine is shared, and CPU time is disturbed less than
 the wall clock, not at all.
 
-What the planner keeps on disk between processes (vp.plan.disk_cache) lives in a folder of the benchmark's own for
+What the planner keeps on disk between processes (vp.disk_cache) lives in a folder of the benchmark's own for
 the whole run, empty at its start: the first round of each problem runs cold (cold_cpu_s: its process CPU seconds),
 and the later rounds find what the earlier ones kept, as a user's next run of a plan does. With two rounds or more,
 the figures shown are the later rounds' (warm); with one, the cold round's.
@@ -24,7 +24,7 @@ import tempfile
 from pathlib import Path
 
 from vp.bench import best_of_rounds
-from vp.plan.disk_cache import ENV
+from vp.disk_cache import ENV
 
 # name -> the command line of python -m harness.plan (the issue's problems: docs/planner.md)
 PROBLEMS = {
@@ -84,7 +84,7 @@ def run(problems: list[tuple[str, list[str]]], rounds: int, as_json: bool) -> li
         return rows
     shown = (f"best of the {rounds - 1} warm rounds" if rounds > 1 else "one cold round") + " by the process's CPU time"
     print(f"python -m harness.plan per problem, one fresh process per run; {shown} (spread = most / least); search = "
-          f"the plan's own cpu_seconds; cold = the first round's, with an empty disk cache (vp.plan.disk_cache)")
+          f"the plan's own cpu_seconds; cold = the first round's, with an empty disk cache (vp.disk_cache)")
     print(f"{'problem':>8} {'process CPU s':>13} {'spread':>6} {'search CPU s':>12} {'cold CPU s':>10} "
           f"{'candidates':>10} {'feasible':>8} {'simulated':>9}")
     for r in rows:

@@ -43,7 +43,7 @@ from vp.cost.profiles import Hardware
 from vp.schedule import Costs, Schedule
 from vp.schedule.actions import stage_of, stage_ranks
 from vp.schedule.methods import METHODS, get_method
-from vp.plan.disk_cache import DiskCache
+from vp.disk_cache import DiskCache
 from vp.plan.order_bounds import after_first_b, barrier_counts, between_barriers, first_b_counts
 
 
@@ -170,7 +170,7 @@ def _generated(method: str, pp: int, microbatches: int, chunks: int) -> tuple:
 @lru_cache(maxsize=4096)
 def _generated_order(family: str, vocab: str, pp: int, microbatches: int, chunks: int) -> tuple:
     """_generated, from all it reads of the method: its family and vocabulary algorithm; kept on disk between
-    processes (vp.plan.disk_cache: what the code alone makes, read back only by the same code)."""
+    processes (vp.disk_cache: what the code alone makes, read back only by the same code)."""
     key = (family, vocab, pp, microbatches, chunks)
     got = ORDERS.get(key)
     if got is None:
@@ -238,10 +238,9 @@ class TailBound:
 
 class Stack(NamedTuple):
     """Held-count vectors of every rank as the rows of one array: rows[i] belongs to rank[i], rank r's rows start at
-    starts[r] (a rank without points has one zero row); column[i, j]: where row i's column j takes its bytes per
-    count in _peaks' vector (F of each stage, then W of each stage, then S)."""
+    starts[r] (a rank without points has one zero row)."""
     rows: np.ndarray
-    column: np.ndarray
+    rank: np.ndarray
     starts: np.ndarray
 
 
@@ -249,15 +248,19 @@ class Points(NamedTuple):
     """Every rank's held-count vectors (_held_points) stacked, so that all ranks' peaks are a few array operations
     (_peaks): all of them (every, in small integers), and of each rank only those no other of its vectors is at least
     as large as in every column (top, as floats: where no column's bytes are negative, a peak is at one of them);
-    a rank without points has one zero row, and its peak is 0 (empty[r])."""
+    columns[r, j]: where rank r's column j takes its bytes per count in _peaks' vector (F of each stage, then W of
+    each stage, then S), top_column: the columns of each top row; a rank without points has one zero row, and its
+    peak is 0 (empty[r])."""
     every: Stack
     top: Stack
+    columns: np.ndarray
+    top_column: np.ndarray
     empty: np.ndarray
 
 
-def _stack(blocks: list, dtype, columns: np.ndarray) -> Stack:
+def _stack(blocks: list, dtype) -> Stack:
     sizes = np.array([len(b) for b in blocks])
-    return Stack(np.concatenate(blocks).astype(dtype), columns[np.repeat(np.arange(len(blocks)), sizes)],
+    return Stack(np.concatenate(blocks).astype(dtype), np.repeat(np.arange(len(blocks), dtype=np.int32), sizes),
                  np.concatenate(([0], np.cumsum(sizes)[:-1])))
 
 
@@ -277,7 +280,8 @@ def _stacked(per_rank: tuple, placement: str, pp: int, chunks: int) -> Points:
     stage = np.array(_geometry(placement, pp, chunks)[1], dtype=np.int64).reshape(pp, chunks)  # [rank, chunk]
     columns = np.concatenate((stage, pp * chunks + stage, np.full((pp, 1), 2 * pp * chunks)), axis=1)
     blocks = [p if len(p) else np.zeros((1, 2 * chunks + 1)) for p in per_rank]
-    return Points(_stack(blocks, np.int32, columns), _stack([_maximal(b) for b in blocks], float, columns),
+    top = _stack([_maximal(b) for b in blocks], float)
+    return Points(_stack(blocks, np.int32), top, columns, columns[top.rank],
                   np.array([not len(p) for p in per_rank], dtype=bool))
 
 
@@ -298,7 +302,10 @@ def _peaks(points: Points, s: Schedule, costs: Costs) -> list[float]:
     per_count = np.array(f + [x - y for x, y in zip(f, b)] + [costs.mem("S", None)])  # F, W (what it releases), S
     # no column's bytes negative: a vector at least as large as another in every column holds at least as many
     # bytes (each product and each partial sum rounds the same way for both), so the peak is at a top one
-    rows, column, starts = points.top if per_count.min() >= 0 else points.every
+    if per_count.min() >= 0:
+        rows, column, starts = points.top.rows, points.top_column, points.top.starts
+    else:
+        rows, column, starts = points.every.rows, points.columns[points.every.rank], points.every.starts
     held = np.einsum("ij,ij->i", rows, per_count[column])
     peaks = np.maximum.reduceat(held, starts)
     peaks[points.empty] = 0.0

@@ -44,7 +44,7 @@ from vp.cost.memory import comm_buffer_bytes, held_bytes
 from vp.metrics import throughput
 from vp.plan.bounds import CriticalPaths, TailBound, activation_bounds, makespan_lower_bound
 from vp.plan.answer import MEMORY, REL, SIMULATED_MEMORY, Plan, Row, _Race, _rank_key, pareto, top_configurations
-from vp.plan.disk_cache import kept_communicators, kept_tables
+from vp.disk_cache import kept_communicators, kept_tables
 from vp.plan.memo import Built, Memo, Phases, StageCommunicators
 from vp.plan.space import KNOBS, RUN_FIELDS, Problem, Rejection, candidates, configuration
 from vp.plan.variants import dominates
@@ -271,7 +271,7 @@ def search(problem: Problem, hw: Hardware, top: int = 10, prune: bool = True, lo
     plan, priced, held, said, uppers = Plan(), [], StageCommunicators(), t0, {}
     budget, memo, phase = problem.budget(hw.memory_bytes), Memo(), Phases()
     plan.budget = budget
-    with phase("disk cache"):  # what earlier processes worked out of this profile and problem (vp.plan.disk_cache)
+    with phase("disk cache"):  # what earlier processes worked out of this profile and problem (vp.disk_cache)
         kept = kept_tables(hw), kept_communicators(held, problem.base)
     # the hot phases timed inline (Phases.add), with as few clock reads as they allow (one is a system call, about
     # a microsecond): pricing per candidate priced, the space (the candidates and vp.config's checks) as the rest

@@ -2,12 +2,14 @@
 does not depend on costs, as arrays of integers, derived once per schedule object (vp/schedule/simulate.py
 runs it; validate() reads it for its input, link and collective-order checks).
 """
+import hashlib
 from collections.abc import Sequence
 from dataclasses import replace
 from typing import NamedTuple
 
 import numpy as np
 
+from vp.disk_cache import DiskCache
 from vp.schedule.actions import COLLECTIVES, KINDS, P2P, Action, Schedule
 from vp.schedule.derive import derive
 from vp.schedule import kernel
@@ -106,8 +108,16 @@ def _table(s: Schedule, keys_of: tuple) -> _Table:
     if got is None:
         if len(_TABLES) >= _TABLES_AT_MOST:
             _TABLES.clear()
-        got = _TABLES[key] = _make_table(s, keys_of)
+        name = (hashlib.sha1(repr(key).encode()).hexdigest()[:24],)  # on disk between processes (vp.disk_cache)
+        got = SHAPES.get(name)
+        if got is None:
+            got = _make_table(s, keys_of)
+            SHAPES.put(name, got)
+        _TABLES[key] = got
     return got
+
+
+SHAPES = DiskCache("shapes")
 
 
 def _make_table(s: Schedule, keys_of: tuple) -> _Table:

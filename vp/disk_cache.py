@@ -1,6 +1,7 @@
-"""What the search derives from the code and the profile alone, kept on disk between processes: a planner is run
-again and again while a user decides, and the generators' orders of a problem's pipeline shapes, and the cost model's
-figures of its layer shapes on one profile, are the same every time.
+"""What the planner and the simulator derive from the code and the profile alone, kept on disk between processes: a
+planner is run again and again while a user decides, and the generators' orders of a problem's pipeline shapes, the
+simulator's tables of its schedules' shapes and the cost model's figures of its layer shapes on one profile are the
+same every time.
 
 A DiskCache is a folder of pickles, one per key, under the cache root (VP_CACHE_DIR; else $XDG_CACHE_HOME/vp-harness,
 else ~/.cache/vp-harness; VP_CACHE_DIR set empty turns the cache off) in a folder named by the code version: a hash
@@ -12,10 +13,11 @@ value is made again, and one that cannot be written (a read-only or full disk) i
 whole or not at all (a temporary file renamed), so processes that share the folder never read half a file; where two
 write one key, the last one's stays.
 
-Kept: ORDERS (vp.plan.bounds: per pipeline shape, what the search reads of the generator's order), TABLES (a
-profile's cost tables, vp.cost.profiles.cost_table, and its GEMM times: figures of the profile and their keys alone,
-under the profile's hash) and COMMUNICATORS (what device 0 of each stage holds, vp.plan.memo.StageCommunicators,
-under the problem's fixed fields).
+Kept: "orders" (vp.plan.bounds: per pipeline shape, what the search reads of the generator's order), "shapes"
+(vp.schedule.program: the table of a kind of schedule's shapes, what the simulator's program reads besides its
+steps), "tables" (a profile's cost tables, vp.cost.profiles.cost_table, and its GEMM times: figures of the profile
+and their keys alone, under the profile's hash) and "communicators" (what device 0 of each stage holds,
+vp.plan.memo.StageCommunicators, under the problem's fixed fields).
 """
 import contextlib
 import hashlib
@@ -33,7 +35,7 @@ from pathlib import Path
 import numpy as np
 
 ENV = "VP_CACHE_DIR"
-VP = Path(__file__).resolve().parents[1]  # the package: its every module is part of the code version
+VP = Path(__file__).resolve().parent  # the package: its every module is part of the code version
 _KEY = re.compile(r"[\w.+-]+")
 
 
