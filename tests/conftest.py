@@ -16,8 +16,10 @@ os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("WANDB_SILENT", "true")
 # calibrated profiles go to the user's config folder (harness/profiles.py): a throwaway one, never the real one
 os.environ["VP_HARNESS_CONFIG"] = tempfile.mkdtemp(prefix="vp-harness-conf-")
-# what the planner keeps on disk between processes (vp.disk_cache): the session's own, never the user's
-os.environ["VP_CACHE_DIR"] = tempfile.mkdtemp(prefix="vp-harness-cache-")
+# what the planner keeps on disk between processes (vp.disk_cache): off, never the user's folder (a test process
+# prices hundreds of small problems on one profile, and each search would write the profile's growing tables again);
+# tests/test_planner_disk_cache.py turns it on in a folder of its own
+os.environ["VP_CACHE_DIR"] = ""
 # A suite started in the background of a non-interactive shell (`make test &`) inherits SIGINT ignored, and so would
 # every process it starts: the Ctrl-C tests, which send SIGINT as a terminal does, would see it ignored.
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:

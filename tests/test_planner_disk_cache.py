@@ -61,7 +61,7 @@ def test_planner_disk_cache_off_or_unwritable_is_never_in_the_way(tmp_path, monk
     assert plan.rows
 
 
-def test_planner_code_version_covers_every_module_of_the_package():
+def test_planner_code_version_covers_every_module_of_the_package(cache_dir):
     """The version reads every module of vp (a change anywhere starts a new folder), and the orders' and tables'
     keys name what their values are functions of."""
     assert D.VP.name == "vp" and (D.VP / "schedule" / "vhalf.py").exists() and len(D.code_version()) == 16

@@ -112,13 +112,15 @@ COMMUNICATORS = DiskCache("communicators")
 
 
 class Kept:
-    """Dicts a search fills, read from a DiskCache under key where they are all empty, and written back by save()
-    where they grew (size: how many values they hold)."""
+    """Dicts a search fills, read from a DiskCache under key() where they are all empty, and written back by save()
+    where they grew (size: how many values they hold; the whole dicts are written again, once per search that added
+    to them). Nothing is hashed, read or written where the cache is off."""
 
-    def __init__(self, cache: DiskCache, key: tuple, dicts: tuple, size=lambda dicts: sum(map(len, dicts))):
-        self.cache, self.key, self.dicts, self.count = cache, key, dicts, size
-        if cache_root() is not None and not any(dicts):
-            got = cache.get(key)
+    def __init__(self, cache: DiskCache, key, dicts: tuple, size=lambda dicts: sum(map(len, dicts))):
+        self.cache, self.dicts, self.count = cache, dicts, size
+        self.key = key() if cache_root() is not None else None
+        if self.key is not None and not any(dicts):
+            got = cache.get(self.key)
             if isinstance(got, tuple) and len(got) == len(dicts):
                 for d, value in zip(dicts, got):
                     d.update(value)
@@ -126,7 +128,7 @@ class Kept:
 
     def save(self) -> None:
         size = self.count(self.dicts)
-        if size != self.size:
+        if self.key is not None and size != self.size:
             self.cache.put(self.key, self.dicts)
             self.size = size
 
@@ -134,14 +136,14 @@ class Kept:
 def kept_tables(hw) -> Kept:
     """A profile's cost tables (hw.cost_memo: vp.cost.profiles.cost_table) and GEMM times (hw.gemm_memo), each
     figure a function of the profile (every field: the key is their hash) and of its keys alone."""
-    return Kept(TABLES, (_hash(hw.to_dict()),), (hw.cost_memo, hw.gemm_memo),
+    return Kept(TABLES, lambda: (_hash(hw.to_dict()),), (hw.cost_memo, hw.gemm_memo),
                 lambda d: sum(map(len, d[0].values())) + len(d[1]))
 
 
 def kept_communicators(held, base) -> Kept:
     """vp.plan.memo.StageCommunicators' values (held.held), under the problem's every field but those the search
     sets (base: vp.plan.space.Problem.base, hashed): within it, its own key holds all it reads."""
-    return Kept(COMMUNICATORS, (_hash(tuple(getattr(base, f.name) for f in fields(base))),), (held.held,))
+    return Kept(COMMUNICATORS, lambda: (_hash(tuple(getattr(base, f.name) for f in fields(base))),), (held.held,))
 
 
 def _hash(value) -> str:

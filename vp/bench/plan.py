@@ -10,10 +10,10 @@ of what it was asked. Rounds run round-robin over the problems; the round with t
 with the spread of process CPU times (most / least): the machine is shared, and CPU time is disturbed less than
 the wall clock, not at all.
 
-What the planner keeps on disk between processes (vp.disk_cache) lives in a folder of the benchmark's own for
-the whole run, empty at its start: the first round of each problem runs cold (cold_cpu_s: its process CPU seconds),
-and the later rounds find what the earlier ones kept, as a user's next run of a plan does. With two rounds or more,
-the figures shown are the later rounds' (warm); with one, the cold round's.
+What the planner keeps on disk between processes (vp.disk_cache) lives in a folder of the benchmark's own per
+problem, empty at its start: each problem's first round runs cold (cold_cpu_s: its process CPU seconds), and its
+later rounds find what the earlier ones kept, as a user's next run of a plan does. With two rounds or more, the
+figures shown are the later rounds' (warm); with one, the cold round's.
 """
 import json
 import os
@@ -70,9 +70,9 @@ def measure(name: str, overrides: list[str], cache: str) -> dict:
 
 def run(problems: list[tuple[str, list[str]]], rounds: int, as_json: bool) -> list[dict]:
     got = []
-    with tempfile.TemporaryDirectory(prefix="vp-bench-plan-cache-") as cache:
+    with tempfile.TemporaryDirectory(prefix="vp-bench-plan-cache-") as cache:  # a folder per problem
         for n in range(rounds):
-            got.append([measure(name, overrides, cache) for name, overrides in problems])
+            got.append([measure(name, overrides, f"{cache}/{i}") for i, (name, overrides) in enumerate(problems)])
             print(f"  round {n + 1} of {rounds} done", file=sys.stderr, flush=True)
     warm = got[1:] or got
     rows = [{**best, "process_cpu_s_per_round": [r[i]["process_cpu_s"] for r in got], "spread": spread,
