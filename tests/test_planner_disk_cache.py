@@ -43,6 +43,8 @@ def test_planner_disk_cache_reads_back_only_what_this_code_wrote(cache_dir, monk
     assert cache.get(("a", 1)) is None
     cache.put(("b", 2), 8)  # its first write removes the other versions
     assert [p.name for p in (cache_dir / "t").iterdir()] == ["other"] and cache.get(("b", 2)) == 8
+    cache.put(("c", 3), lambda: 0)  # a value pickle refuses: left unwritten, nothing half-written
+    assert cache.get(("c", 3)) is None and not list((cache_dir / "t" / "other").glob(".tmp-*"))
     with pytest.raises(ValueError, match="names and integers"):
         cache.get(("a/b",))
 

@@ -103,7 +103,7 @@ class DiskCache:
                 with contextlib.suppress(OSError):
                     os.unlink(tmp)
                 raise
-        except OSError:  # a read-only or full disk: the value is made again next time
+        except Exception:  # noqa: BLE001 - a read-only or full disk, a value pickle refuses: made again next time
             pass
 
 
