@@ -157,7 +157,7 @@ def held_bytes(cfg: RunConfig, hw: Hardware, sched: Schedule) -> dict:
     if sched.split_w and cfg.recompute == "full":
         kept = cfg.seq_len * cfg.micro_batch_size * cfg.hidden * _elements(split) * hw.act_bytes
     for st, layers in enumerate(cfg.stage_layers):
-        held = layers * per_layer + edges[st] if st == 0 or st == last else layers * per_layer + 0.0
+        held = layers * per_layer + edges.get(st, 0.0)
         if kept is not None:
             memory[("B", st)] = layers * (per_layer - kept)
         if not parallel and st == last:
