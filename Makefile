@@ -37,6 +37,7 @@ $(TORCH_STAMP): pyproject.toml
 	    $(PY) -m pip install --quiet --disable-pip-version-check $(TORCH); \
 	fi
 	$(PY) -m pip install --quiet --disable-pip-version-check -e ".[dev]"
+	$(PY) -m vp.schedule compile
 	touch $@
 
 # the suite on 3 pytest-xdist processes (2 cores: tests spend much of their time waiting on the processes they start;

@@ -258,6 +258,13 @@ def test_cli_simulate_json_and_show(tmp_path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_cli_compile_fills_the_cache_of_every_compiled_loop():
+    """make venv runs it so that no plan pays numba's compilation: each loop compiled (or loaded) on one schedule."""
+    out = run_cli("compile")
+    assert out.returncode == 0, out.stderr
+    assert "derive, pass_spans, run, walk" in out.stdout
+
+
 def test_costs_must_be_finite_and_not_negative(capsys):
     """nan and inf were accepted and printed as NaN/Infinity, which is not JSON."""
     for bad in ("F=nan", "B=inf", "S=-inf", "F=-1", "C1=NaN"):
@@ -274,6 +281,7 @@ def test_costs_must_be_finite_and_not_negative(capsys):
     (["--method", "vocab-2", "--pp", "1", "--microbatches", "4"], "needs pp >= 2"),
     (["--method", "vocab-2", "--pp", "4", "--microbatches", "3"], "use microbatches >= 4"),
     (["--method", "baseline", "--pp", "2", "--microbatches", "4", "--costs", "F=x"], "is not a number"),
+    (["--pp", "2"], "simulate needs --method, --microbatches"),
 ])
 def test_cli_refuses_bad_input(args, message):
     out = run_cli("simulate", *args)

@@ -3,6 +3,8 @@
 show      prints the per-rank action grid (and writes a timeline picture with --png FILE)
 simulate  prints makespan, bubble rate, per-rank busy time and peak activations (--json for one JSON object);
           --strict runs every rank's collectives on one ordered queue (NCCL without concurrent communicators)
+compile   compiles the simulator's loops into numba's cache beside their modules (make venv runs it), so that a fresh
+          clone's first plan does not pay for it (about 8 CPU-s); takes no other option
 """
 import argparse
 import json
@@ -39,10 +41,10 @@ def parse_costs(text: str | None) -> tuple[dict, dict]:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m vp.schedule", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("command", choices=["show", "simulate"])
-    ap.add_argument("--method", required=True)
-    ap.add_argument("--pp", type=int, required=True)
-    ap.add_argument("--microbatches", type=int, required=True)
+    ap.add_argument("command", choices=["show", "simulate", "compile"])
+    ap.add_argument("--method")
+    ap.add_argument("--pp", type=int)
+    ap.add_argument("--microbatches", type=int)
     ap.add_argument("--chunks", type=int, default=None, help="model chunks per rank (interleaved only)")
     ap.add_argument("--layers", type=int, default=None, help="check this layer count's split over the stages")
     ap.add_argument("--costs", default=None, help="e.g. F=1,B=2,W=0,S=0,T=0,IF=0,IB=0,C1=0,P2P=0")
@@ -53,6 +55,11 @@ def main(argv=None) -> int:
     ap.add_argument("--max-size", type=int, default=MAX_SCHEDULE_SIZE,
                     help=f"refuse schedules with pp x microbatches x chunks above this (default {MAX_SCHEDULE_SIZE})")
     args = ap.parse_args(argv)
+    if args.command == "compile":
+        return compile_loops()
+    missing = [f"--{name}" for name in ("method", "pp", "microbatches") if getattr(args, name) is None]
+    if missing:
+        ap.error(f"{args.command} needs {', '.join(missing)}")
     try:
         cfg = RunConfig(method=args.method, pp=args.pp, microbatches=args.microbatches, chunks=args.chunks,
                         layers=args.layers or 1, vocab_size=max(1000, args.pp))
@@ -85,6 +92,23 @@ def main(argv=None) -> int:
     if args.png:
         from vp.schedule.picture import draw
         print(f"wrote {draw(sched, result, args.png)}", file=sys.stderr)
+    return 0
+
+
+def compile_loops() -> int:
+    """Run every compiled loop (vp.schedule.kernel.jit) once on a schedule large enough to compile them: the
+    vocabulary placer's pass timeline, the program's derivation, the simulator and the critical path's walk. numba
+    keeps each in its cache on disk, where later processes load it."""
+    from vp.schedule import kernel
+    try:
+        import numba  # noqa: F401
+    except ImportError:
+        print("numba is not installed: the simulator's loops run as Python (vp/schedule/kernel.py)")
+        return 0
+    microbatches = kernel.COMPILE_FROM // 8 + 1  # vocab-1 at pp 4: 8 stage passes per microbatch (F and B x 4)
+    sched = validate(build("vocab-1", 4, microbatches, 1))
+    simulate(sched, unit_costs(sched), path=True)
+    print(f"compiled into numba's cache: {', '.join(sorted(f.__name__ for f in kernel._jitted))}")
     return 0
 
 
