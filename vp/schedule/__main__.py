@@ -4,7 +4,7 @@ show      prints the per-rank action grid (and writes a timeline picture with --
 simulate  prints makespan, bubble rate, per-rank busy time and peak activations (--json for one JSON object);
           --strict runs every rank's collectives on one ordered queue (NCCL without concurrent communicators)
 compile   compiles the simulator's loops into numba's cache beside their modules (make venv runs it), so that a fresh
-          clone's first plan does not pay for it (about 8 CPU-s); takes no other option
+          clone's first plan does not pay for it; takes no other option
 """
 import argparse
 import json
