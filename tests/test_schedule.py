@@ -258,7 +258,7 @@ def test_cli_simulate_json_and_show(tmp_path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-def test_cli_compile_fills_the_cache_of_every_compiled_loop():
+def test_planner_compile_command_fills_the_cache_of_every_compiled_loop():
     """make venv runs it so that no plan pays numba's compilation: each loop compiled (or loaded) on one schedule."""
     out = run_cli("compile")
     assert out.returncode == 0, out.stderr
